@@ -73,7 +73,9 @@ def load_raw_splits(data_dir: Path | None, hub_name: str) -> tuple[datasets.Data
         files = find_split_files(data_dir)
         raw = datasets.DatasetDict(
             {
-                split: datasets.load_dataset(DATA_EXTENSIONS[path.suffix], data_files=str(path), split="train")
+                split: datasets.load_dataset(
+                    DATA_EXTENSIONS[path.suffix], data_files=str(path), split="train"
+                )
                 for split, path in files.items()
             }
         )
@@ -114,6 +116,8 @@ class IMDbDataModule(LightningDataModule):
         hub_name: hub data set used when there is no local folder.
         cache_dir: where tokenized splits are cached.
         max_length: truncation length in tokens.
+        truncation_side: ``right`` keeps the start of a long review, ``left`` keeps its end (where reviews
+            usually give their verdict).
         batch_size: batch size for all loaders.
         train_size / val_size / test_size: rows used (None = all); val is carved out of train first.
         seed: seed of the validation split, the subsets and the length-grouped shuffling.
@@ -128,6 +132,7 @@ class IMDbDataModule(LightningDataModule):
         hub_name: str = "stanfordnlp/imdb",
         cache_dir: str = ".cache",
         max_length: int = 256,
+        truncation_side: str = "right",
         batch_size: int = 32,
         train_size: int | None = None,
         val_size: int = 1000,
@@ -142,6 +147,8 @@ class IMDbDataModule(LightningDataModule):
         require_positive_int("data.val_size", val_size)
         require_positive_int("data.train_size", train_size, allow_none=True)
         require_positive_int("data.test_size", test_size, allow_none=True)
+        if truncation_side not in ("left", "right"):
+            raise ConfigError(f"data.truncation_side={truncation_side!r}: must be 'left' or 'right'")
         self.save_hyperparameters(logger=False)
         if data_dir == "auto":
             self.data_dir = default_data_dir()
@@ -152,25 +159,46 @@ class IMDbDataModule(LightningDataModule):
             if not self.data_dir.is_dir():
                 raise ConfigError(f"data.data_dir={data_dir}: no such directory")
         self.tokenizer = load_tokenizer(tokenizer)
+        # Fingerprint now: calling a fast tokenizer with truncation changes its serialised state.
+        self.tokenizer_fingerprint = self._fingerprint(self.tokenizer)
+        self.tokenizer.truncation_side = truncation_side
+        self.collator = DataCollatorWithPadding(self.tokenizer, return_tensors="pt")
         self.splits: dict[str, datasets.Dataset] = {}
         self.cache_hits: dict[str, bool] = {}
 
     # ----------------------------------------------------------------------------------------------- tokenization
-    def _cache_key(self, source_identity: str, split: str) -> str:
-        tok = self.tokenizer
-        tok_state = tok.backend_tokenizer.to_str() if getattr(tok, "backend_tokenizer", None) else str(tok.get_vocab())
+    @staticmethod
+    def _fingerprint(tokenizer) -> str:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        state = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+        return hashlib.sha256(f"{type(tokenizer).__name__}:{state}".encode()).hexdigest()
+
+    def _cache_key(self, source_identity: str, split: str, rows: np.ndarray) -> str:
         blob = json.dumps(
-            [CACHE_VERSION, source_identity, split, type(tok).__name__, tok_state, self.hparams.max_length]
+            [
+                CACHE_VERSION,
+                source_identity,
+                split,
+                hashlib.sha256(np.ascontiguousarray(rows, dtype=np.int64).tobytes()).hexdigest(),
+                self.tokenizer_fingerprint,
+                self.hparams.max_length,
+                self.hparams.truncation_side,
+            ]
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
-    def _tokenized(self, raw: datasets.Dataset, source_identity: str, split: str) -> datasets.Dataset:
-        path = Path(self.hparams.cache_dir) / "tokenized" / self._cache_key(source_identity, split)
+    def _tokenized(
+        self, raw: datasets.Dataset, source_identity: str, split: str, rows: np.ndarray
+    ) -> datasets.Dataset:
+        """Rows ``rows`` of ``raw``, tokenized: from the cache when an identical request was made before."""
+        path = Path(self.hparams.cache_dir) / "tokenized" / self._cache_key(source_identity, split, rows)
         if (path / "dataset_info.json").is_file():
             log.info("Tokenized cache hit for '%s': %s", split, path)
             self.cache_hits[split] = True
             return datasets.load_from_disk(str(path))
-        log.info("Tokenizing '%s' (%d rows, max_length=%d) -> %s", split, len(raw), self.hparams.max_length, path)
+        log.info(
+            "Tokenizing '%s' (%d rows, max_length=%d) -> %s", split, len(rows), self.hparams.max_length, path
+        )
         self.cache_hits[split] = False
         max_length = self.hparams.max_length
 
@@ -178,7 +206,7 @@ class IMDbDataModule(LightningDataModule):
             enc = self.tokenizer(batch["text"], truncation=True, max_length=max_length)
             return {"input_ids": enc["input_ids"], "length": [len(ids) for ids in enc["input_ids"]]}
 
-        tokenized = raw.map(
+        tokenized = raw.select(rows).map(
             encode,
             batched=True,
             batch_size=1000,
@@ -211,14 +239,13 @@ class IMDbDataModule(LightningDataModule):
         )
         train_idx = rest[stratified_subset(train_labels[rest], hp.train_size, hp.seed)]
         test_idx = stratified_subset(np.asarray(raw["test"]["label"]), hp.test_size, hp.seed)
-        train_full = self._tokenized(raw["train"], identity, "train")
-        test_full = self._tokenized(raw["test"], identity, "test")
+        # Only the rows this run uses are tokenized (and cached under a key that includes which rows).
         self.splits = {
-            "train": train_full.select(train_idx),
-            "val": train_full.select(np.sort(val_idx)),
-            "test": test_full.select(np.sort(test_idx)),
+            "train": self._tokenized(raw["train"], identity, "train", train_idx),
+            "val": self._tokenized(raw["train"], identity, "val", np.sort(val_idx)),
+            "test": self._tokenized(raw["test"], identity, "test", np.sort(test_idx)),
         }
-        for name, split in self.splits.items():
+        for split in self.splits.values():
             split.set_format("torch", columns=["input_ids", "label"])
         log.info("Splits: %s", {k: len(v) for k, v in self.splits.items()})
 
@@ -226,10 +253,6 @@ class IMDbDataModule(LightningDataModule):
         batch = self.collator([{"input_ids": r["input_ids"]} for r in rows])
         batch["labels"] = torch.stack([r["label"] for r in rows])
         return batch
-
-    @property
-    def collator(self) -> DataCollatorWithPadding:
-        return DataCollatorWithPadding(self.tokenizer, return_tensors="pt")
 
     def _lengths(self, split: str) -> list[int]:
         return self.splits[split].with_format(None)["length"]

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
     path = Path(path)

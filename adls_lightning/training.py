@@ -31,6 +31,21 @@ log = logging.getLogger(__name__)
 # quantize first, then prune the (possibly quantized) layers, then compress, then compile the result.
 COMPRESSION_GROUPS = ("quant", "prune", "compress", "compile")
 METRICS_FILE = "metrics.json"
+# Python targets a config may name in `_target_` (Hydra 1.4 execution whitelist): a config cannot run other code.
+TARGET_WHITELIST = [
+    "adls_lightning.*",
+    "callbacks.*",
+    "lightning.*",
+    "torch.optim.*",
+    "transformers.*",
+    "peft.*",
+    "optuna.*",
+]
+
+
+def build(node: Any, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate`` restricted to :data:`TARGET_WHITELIST`."""
+    return instantiate(node, _execution_whitelist_=TARGET_WHITELIST, **kwargs)
 
 
 def instantiate_callbacks(cfg: DictConfig) -> list[L.Callback]:
@@ -41,7 +56,7 @@ def instantiate_callbacks(cfg: DictConfig) -> list[L.Callback]:
     for name, leaf in leaves:
         if isinstance(leaf, Mapping) and "_target_" in leaf:
             log.info("Instantiating callback %s <%s>", name, leaf["_target_"])
-            callbacks.append(instantiate(leaf, _convert_="partial"))
+            callbacks.append(build(leaf, _convert_="partial"))
     return callbacks
 
 
@@ -55,7 +70,7 @@ def instantiate_loggers(cfg: DictConfig) -> list[Logger]:
             if leaf["_target_"].endswith("WandbLogger") and not leaf.get("group") and _is_multirun():
                 # One W&B group per sweep, so a multirun's jobs sit together in the UI.
                 extra["group"] = Path(HydraConfig.get().sweep.dir).name
-            loggers.append(instantiate(leaf, **extra))
+            loggers.append(build(leaf, **extra))
     return loggers
 
 
@@ -102,17 +117,19 @@ def run(cfg: DictConfig) -> dict[str, float]:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
 
     log.info("Instantiating datamodule <%s>", cfg.data._target_)
-    datamodule = instantiate(cfg.data)
+    datamodule = build(cfg.data)
     datamodule.setup("fit")  # fail fast on data problems, before the model is built
     log.info("Instantiating model <%s>", cfg.model._target_)
-    model = instantiate(cfg.model, _convert_="partial")
+    model = build(cfg.model, _convert_="partial")
     callbacks = instantiate_callbacks(cfg)
     loggers = instantiate_loggers(cfg)
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    trainer: L.Trainer = build(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
     trainable, total = count_parameters(model)
     metrics: dict[str, float] = {"params/trainable": trainable, "params/total": total}
-    log.info("Parameters: %s trainable of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
+    log.info(
+        "Parameters: %s trainable of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total
+    )
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
         logger.log_metrics(metrics)

@@ -47,14 +47,14 @@ def run_plain_hf(cfg, datamodule) -> dict[str, float]:
     """The reference: HF Trainer + PEFT on the very same tokenized rows and hyper-parameters."""
     import numpy as np
     import torch
-    from hydra.utils import instantiate
     from peft import get_peft_model
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
 
     from adls_lightning.models import load_pretrained
+    from adls_lightning.training import build
 
     torch.manual_seed(cfg.seed)
-    model = get_peft_model(load_pretrained(cfg.model.backbone.name_or_path), instantiate(cfg.model.lora))
+    model = get_peft_model(load_pretrained(cfg.model.backbone.name_or_path), build(cfg.model.lora))
     columns = ["input_ids", "label"]
     train = datamodule.splits["train"].with_format(None).select_columns(columns)
     test = datamodule.splits["test"].with_format(None).select_columns(columns)
@@ -79,7 +79,10 @@ def run_plain_hf(cfg, datamodule) -> dict[str, float]:
             disable_tqdm=True,
         )
         trainer = Trainer(
-            model=model, args=args, train_dataset=train, data_collator=DataCollatorWithPadding(datamodule.tokenizer)
+            model=model,
+            args=args,
+            train_dataset=train,
+            data_collator=DataCollatorWithPadding(datamodule.tokenizer),
         )
         start = time.perf_counter()
         trainer.train()
@@ -90,7 +93,9 @@ def run_plain_hf(cfg, datamodule) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--train-size", type=int, default=800)
     parser.add_argument("--test-size", type=int, default=1000)
@@ -101,9 +106,7 @@ def main() -> None:
     parser.add_argument("--no-group-by-length", action="store_true")
     args = parser.parse_args()
 
-    from hydra.utils import instantiate
-
-    from adls_lightning.training import run
+    from adls_lightning.training import build, run
 
     with tempfile.TemporaryDirectory() as out:
         cfg = compose(
@@ -124,7 +127,7 @@ def main() -> None:
                 f"hydra.run.dir={out}",
             ]
         )
-        datamodule = instantiate(cfg.data)
+        datamodule = build(cfg.data)
         datamodule.setup("fit")
         print(f"[bench] plain HF Trainer + PEFT: {args.train_size} rows x {args.epochs} epoch(s)", flush=True)
         plain = run_plain_hf(cfg, datamodule)

@@ -20,7 +20,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 
 POSITIVE = ["great", "wonderful", "loved", "excellent", "superb", "brilliant"]
 NEGATIVE = ["awful", "terrible", "hated", "boring", "worst", "dreadful"]
-FILLER = "the movie film plot actors scene story was and it a of".split()
+FILLER = ["the", "movie", "film", "plot", "actors", "scene", "story", "was", "and", "it", "a", "of"]
 
 
 def make_reviews(n: int, seed: int) -> pd.DataFrame:

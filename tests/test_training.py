@@ -12,20 +12,26 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra.utils import instantiate
 
 from adls_lightning.config import ConfigError
-from adls_lightning.training import run
+from adls_lightning.training import build, run
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUIRED_METRICS = {"val/acc", "test/acc", "params/trainable", "params/total", "train/samples_per_sec", "time/fit_s"}
+REQUIRED_METRICS = {
+    "val/acc",
+    "test/acc",
+    "params/trainable",
+    "params/total",
+    "train/samples_per_sec",
+    "time/fit_s",
+}
 
 
 def test_full_finetune_learns_and_writes_metrics(compose_cfg, tmp_path):
     cfg = compose_cfg(["model/lora=none", "model.optimizer.lr=1e-3", "trainer.max_epochs=4"])
     metrics = run(cfg)
     on_disk = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert REQUIRED_METRICS <= on_disk.keys()
+    assert on_disk.keys() >= REQUIRED_METRICS
     assert on_disk == pytest.approx(metrics)
     # keyword sentiment is trivially learnable: far above the 0.5 chance level
     assert metrics["val/acc"] >= 0.9 and metrics["test/acc"] >= 0.9
@@ -35,7 +41,7 @@ def test_full_finetune_learns_and_writes_metrics(compose_cfg, tmp_path):
 
 def test_lora_freezes_base_keeps_bias_and_trains_adapters_and_head(compose_cfg):
     cfg = compose_cfg(["trainer.max_epochs=1", "model.optimizer.lr=1e-2"])
-    model = instantiate(cfg.model, _convert_="partial")
+    model = build(cfg.model, _convert_="partial")
     named = dict(model.named_parameters())
     base = {n: p.detach().clone() for n, p in named.items() if "base_layer" in n}
     adapters = {n: p.detach().clone() for n, p in named.items() if "lora_" in n}
@@ -51,7 +57,7 @@ def test_lora_freezes_base_keeps_bias_and_trains_adapters_and_head(compose_cfg):
 
     import lightning as L
 
-    datamodule = instantiate(cfg.data)
+    datamodule = build(cfg.data)
     L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False).fit(
         model, datamodule=datamodule
     )
@@ -63,21 +69,23 @@ def test_lora_freezes_base_keeps_bias_and_trains_adapters_and_head(compose_cfg):
 
 def test_tokenized_cache_is_reused(compose_cfg, tmp_path):
     cfg = compose_cfg(["data.max_length=48", f"paths.cache_dir={tmp_path / 'fresh_cache'}"])
-    first = instantiate(cfg.data)
+    first = build(cfg.data)
     first.setup("fit")
-    second = instantiate(cfg.data)
+    second = build(cfg.data)
     second.setup("fit")
-    assert first.cache_hits == {"train": False, "test": False}
-    assert second.cache_hits == {"train": True, "test": True}
+    assert first.cache_hits == {"train": False, "val": False, "test": False}
+    assert second.cache_hits == {"train": True, "val": True, "test": True}
     assert torch.equal(first.splits["train"][0]["input_ids"], second.splits["train"][0]["input_ids"])
-    other = instantiate(compose_cfg(["data.max_length=40", f"paths.cache_dir={tmp_path / 'fresh_cache'}"]).data)
+    other = build(compose_cfg(["data.max_length=40", f"paths.cache_dir={tmp_path / 'fresh_cache'}"]).data)
     other.setup("fit")
-    assert other.cache_hits == {"train": False, "test": False}, "a different max_length must not hit the cache"
+    assert other.cache_hits == {"train": False, "test": False}, (
+        "a different max_length must not hit the cache"
+    )
 
 
 def test_splits_are_stratified_disjoint_and_sized(compose_cfg):
     cfg = compose_cfg(["data.train_size=120", "data.val_size=60", "data.test_size=50"])
-    dm = instantiate(cfg.data)
+    dm = build(cfg.data)
     dm.setup("fit")
     sizes = {k: len(v) for k, v in dm.splits.items()}
     assert sizes == {"train": 120, "val": 60, "test": 50}
@@ -105,7 +113,7 @@ def test_csv_and_jsonl_folders_load(compose_cfg, tmp_path, fmt):
             frame.to_csv(folder / f"{split}.csv", index=False)
         else:
             frame.to_json(folder / f"{split}.jsonl", orient="records", lines=True)
-    dm = instantiate(compose_cfg([f"data.data_dir={folder}", "data.val_size=50"]).data)
+    dm = build(compose_cfg([f"data.data_dir={folder}", "data.val_size=50"]).data)
     dm.setup("fit")
     assert {k: len(v) for k, v in dm.splits.items()} == {"train": 100, "val": 50, "test": 40}
 
@@ -178,7 +186,9 @@ def test_killed_run_resumes_from_last_checkpoint(tiny_imdb_dir, cache_dir, tmp_p
     out = tmp_path / "killed"
     # 300 train rows / batch 8 = 38 steps per epoch; last.ckpt every 5 steps
     extra = ["trainer.max_epochs=3", "callbacks.last_checkpoint.every_n_train_steps=5"]
-    proc = subprocess.Popen(_train_cmd(tiny_imdb_dir, cache_dir, out, *extra), cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(
+        _train_cmd(tiny_imdb_dir, cache_dir, out, *extra), cwd=ROOT, start_new_session=True
+    )
     last = out / "checkpoints" / "last.ckpt"
     deadline = time.time() + 240
     while not last.exists() and time.time() < deadline and proc.poll() is None:

@@ -1,0 +1,107 @@
+"""The ``torch.ops.adls.mxint8_*`` operators.
+
+Schemas and fake (meta) kernels are defined here, once. The pure-PyTorch reference
+(:mod:`adls_lightning.mxint8.format`) is registered as the ``CompositeExplicitAutograd`` kernel, so
+the ops work on every device with no compiler. The compiled extension ``adls_lightning._C``
+(built by ``setup.py`` from ``csrc/``) adds faster CPU and CUDA kernels for the same schemas; a
+backend kernel takes precedence over the composite one, so loading it is all that is needed.
+
+The ops are not differentiable (their outputs are integers, or come from integers).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+
+import torch
+
+from adls_lightning.mxint8.format import (
+    check_dequantize_args,
+    check_quantize_args,
+    dequantize_reference,
+    quantize_reference,
+)
+
+log = logging.getLogger(__name__)
+
+#: Set to 1 to ignore a built extension and run the reference kernels everywhere.
+DISABLE_NATIVE_ENV = "ADLS_DISABLE_NATIVE_KERNELS"
+
+QUANTIZE_OP = "adls::mxint8_quantize"
+DEQUANTIZE_OP = "adls::mxint8_dequantize"
+
+_lib = torch.library.Library("adls", "FRAGMENT")  # kept alive for the life of the process
+_lib.define("mxint8_quantize(Tensor x, int group_size) -> (Tensor, Tensor)")
+_lib.define("mxint8_dequantize(Tensor mantissa, Tensor scale, int group_size, ScalarType dtype) -> Tensor")
+
+
+@torch.library.register_fake(QUANTIZE_OP, lib=_lib)
+def _quantize_fake(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    check_quantize_args(x, group_size)
+    scale_shape = (*x.shape[:-1], x.shape[-1] // group_size)
+    return x.new_empty(x.shape, dtype=torch.int8), x.new_empty(scale_shape, dtype=torch.uint8)
+
+
+@torch.library.register_fake(DEQUANTIZE_OP, lib=_lib)
+def _dequantize_fake(
+    mantissa: torch.Tensor, scale: torch.Tensor, group_size: int, dtype: torch.dtype
+) -> torch.Tensor:
+    check_dequantize_args(mantissa, scale, group_size, dtype)
+    return mantissa.new_empty(mantissa.shape, dtype=dtype)
+
+
+@torch.library.impl(_lib, "mxint8_quantize", "CompositeExplicitAutograd")
+def _quantize_default(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize_reference(x, group_size)
+
+
+@torch.library.impl(_lib, "mxint8_dequantize", "CompositeExplicitAutograd")
+def _dequantize_default(
+    mantissa: torch.Tensor, scale: torch.Tensor, group_size: int, dtype: torch.dtype
+) -> torch.Tensor:
+    return dequantize_reference(mantissa, scale, group_size, dtype)
+
+
+def _load_native_extension() -> bool:
+    """Import ``adls_lightning._C`` (registers the CPU/CUDA kernels); False when absent or disabled."""
+    if os.environ.get(DISABLE_NATIVE_ENV, "0") not in ("", "0"):
+        log.info("MXINT8: %s set, using the PyTorch reference kernels", DISABLE_NATIVE_ENV)
+        return False
+    try:
+        importlib.import_module("adls_lightning._C")
+    except ImportError as error:
+        log.info("MXINT8: native kernels not available (%s); using the PyTorch reference kernels", error)
+        return False
+    log.info("MXINT8: native kernels loaded (CPU%s)", ", CUDA" if native_cuda_kernels_loaded() else "")
+    return True
+
+
+def _has_kernel(op: str, dispatch_key: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op, dispatch_key)
+
+
+def native_kernels_loaded() -> bool:
+    """True when the compiled C++ CPU kernels serve ``torch.ops.adls.mxint8_*`` on CPU tensors."""
+    return _NATIVE_LOADED and _has_kernel(QUANTIZE_OP, "CPU") and _has_kernel(DEQUANTIZE_OP, "CPU")
+
+
+def native_cuda_kernels_loaded() -> bool:
+    """True when the extension was built with its CUDA kernels (torch with CUDA and nvcc at build time)."""
+    return _has_kernel(QUANTIZE_OP, "CUDA") and _has_kernel(DEQUANTIZE_OP, "CUDA")
+
+
+def quantize(x: torch.Tensor, group_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXINT8-quantize ``x`` along its last dimension: ``(int8 mantissa, uint8 scale)``."""
+    return torch.ops.adls.mxint8_quantize(x, group_size)
+
+
+def dequantize(
+    mantissa: torch.Tensor, scale: torch.Tensor, group_size: int = 32, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Dequantize MXINT8 ``(mantissa, scale)`` to ``dtype`` (float32, bfloat16 or float16)."""
+    return torch.ops.adls.mxint8_dequantize(mantissa, scale, group_size, dtype)
+
+
+_NATIVE_LOADED = _load_native_extension()

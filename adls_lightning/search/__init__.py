@@ -1,0 +1,1 @@
+"""adls_lightning.search: Optuna search through Hydra (sweeper, spaces, objectives, storage, plots)."""

@@ -1,0 +1,164 @@
+"""Define-by-run search spaces: callables ``space(trial) -> {Hydra override key: value}``.
+
+The sweeper (``hydra.sweeper.search_space``) calls the space once per trial, after ``study.ask()``; the space
+suggests Optuna parameters (which may depend on earlier ones: the square linears exist only for the chosen number
+of layers) and turns them into the overrides of that trial's job. A space rejects an impossible combination by
+raising ``optuna.TrialPruned`` with the reason; the sweeper records it as a pruned trial without running it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import optuna
+from torch import nn
+
+from adls_lightning.config import ConfigError
+from adls_lightning.nas import ARCH_KNOBS, square_linear_names
+from adls_lightning.quant.quantizers import QUANTIZERS, make_quantizer
+from adls_lightning.quant.transform import find_linear_layers
+
+LAYER_CHOICES = ("linear", "identity")
+
+
+def _check_choices(
+    key: str, choices: Any, valid: Sequence[Any] | None = None, positive_ints: bool = False
+) -> list[Any]:
+    """The choices as a list. Raises ConfigError (naming the key) unless non-empty and valid."""
+    choices = list(choices) if isinstance(choices, Sequence) and not isinstance(choices, str) else None
+    if not choices:
+        raise ConfigError(f"hydra.sweeper.search_space.{key}: must be a non-empty list of choices")
+    if valid is not None and not set(choices) <= set(valid):
+        raise ConfigError(f"hydra.sweeper.search_space.{key}={choices}: choices must be among {list(valid)}")
+    if positive_ints and not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in choices):
+        raise ConfigError(f"hydra.sweeper.search_space.{key}={choices}: choices must be positive integers")
+    return choices
+
+
+class NasSpace:
+    """Lab 2's NAS space over :func:`adls_lightning.nas.build_nas_bert`.
+
+    Parameters (Optuna names): the four ``BertConfig`` knobs, then, for each square linear of the chosen
+    architecture (its module name), ``linear`` or ``identity``. Architectures transformers cannot build
+    (hidden size not a multiple of the heads) are rejected with the reason.
+
+    Args:
+        num_hidden_layers: choices for the number of transformer layers.
+        num_attention_heads: choices for the heads per layer.
+        hidden_size: choices for the hidden width.
+        intermediate_size: choices for the feed-forward width.
+        layer_choices: what each square linear may become (``linear``, ``identity``).
+        target: config key of the model builder whose arguments the overrides set.
+    """
+
+    def __init__(
+        self,
+        num_hidden_layers: Sequence[int],
+        num_attention_heads: Sequence[int],
+        hidden_size: Sequence[int],
+        intermediate_size: Sequence[int],
+        layer_choices: Sequence[str] = LAYER_CHOICES,
+        target: str = "model.backbone",
+    ) -> None:
+        given = dict(
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=num_attention_heads,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+        )
+        self.knobs = {knob: _check_choices(knob, given[knob], positive_ints=True) for knob in ARCH_KNOBS}
+        self.layer_choices = _check_choices("layer_choices", layer_choices, LAYER_CHOICES)
+        self.target = target
+
+    def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
+        arch = {knob: trial.suggest_categorical(knob, choices) for knob, choices in self.knobs.items()}
+        try:
+            squares = square_linear_names(**arch)
+        except ConfigError as err:
+            raise optuna.TrialPruned(f"rejected architecture: {err}") from None
+        identities = [
+            name for name in squares if trial.suggest_categorical(name, self.layer_choices) == "identity"
+        ]
+        overrides = {f"{self.target}.{knob}": value for knob, value in arch.items()}
+        overrides[f"{self.target}.identity_layers"] = identities
+        return overrides
+
+
+FULL_PRECISION = "fp32"
+SLOTS = ("data_in", "weight", "bias")
+
+
+class MixedPrecisionSpace:
+    """Lab 3's mixed-precision space: per linear layer a number format and that format's widths.
+
+    Parameters (Optuna names): ``<layer>/format`` (only when more than one format is used), then for a
+    quantized layer ``<layer>/<format>.<parameter>`` for each parameter of the format (e.g. ``width``,
+    ``frac_width``); the names carry the format because each format has its own choices. A layer's format and
+    widths apply to the operands in ``slots`` (input, weight and bias by default). Combinations the format
+    rejects (checked by ``adls_lightning.quant.make_quantizer``) are rejected with the reason.
+
+    The overrides add one ``by: name`` entry per quantized layer under ``target`` (the quantization callback's
+    config); full-precision layers get none (they fall to the config's ``default``, no quantization).
+
+    Args:
+        backbone: the model being quantized (``${model.backbone}``: built once in the sweeper, cached in-process);
+            its linear layers, named as the quantization config names them, are the searched layers.
+        formats: ``{format: {params: {parameter: [choices]}, slots: [operands]}}``; ``fp32`` = full precision.
+        use: the formats searched (e.g. ``[fp32, integer]`` for one precision's curve); None = all of ``formats``.
+        layers: a regular expression a layer name must fully match to be searched; None = every linear layer.
+        target: config key of the quantization config the overrides extend.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        formats: Mapping[str, Mapping[str, Any]],
+        use: Sequence[str] | None = None,
+        layers: str | None = None,
+        target: str = "quant.config",
+    ) -> None:
+        use = list(formats) if use is None else _check_choices("use", use, list(formats))
+        self.formats: dict[str, tuple[dict[str, list[Any]], list[str]]] = {}
+        for name in use:
+            if name == FULL_PRECISION:
+                continue
+            if name not in QUANTIZERS:
+                raise ConfigError(
+                    f"hydra.sweeper.search_space.formats.{name}: unknown format "
+                    f"(valid: {FULL_PRECISION}, {', '.join(QUANTIZERS)})"
+                )
+            spec = formats[name] or {}
+            params = {
+                p: _check_choices(f"formats.{name}.params.{p}", choices)
+                for p, choices in (spec.get("params") or {}).items()
+            }
+            slots = _check_choices(f"formats.{name}.slots", spec.get("slots", SLOTS), SLOTS)
+            self.formats[name] = (params, slots)
+        self.use = use
+        names = [layer.name for layer in find_linear_layers(backbone)]
+        self.layers = [n for n in names if layers is None or re.fullmatch(layers, n)]
+        if not self.layers:
+            raise ConfigError(
+                f"hydra.sweeper.search_space.layers={layers}: matches no linear layer (e.g. {names[0]})"
+            )
+        self.target = target
+
+    def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
+        overrides: dict[str, Any] = {}
+        for layer in self.layers:
+            fmt = trial.suggest_categorical(f"{layer}/format", self.use) if len(self.use) > 1 else self.use[0]
+            if fmt == FULL_PRECISION:
+                continue
+            params, slots = self.formats[fmt]
+            values = {
+                p: trial.suggest_categorical(f"{layer}/{fmt}.{p}", choices) for p, choices in params.items()
+            }
+            try:
+                make_quantizer(fmt, **values)
+            except ConfigError as err:
+                raise optuna.TrialPruned(f"rejected {layer}: {fmt} {err}") from None
+            config = {"name": fmt} | {f"{slot}_{p}": v for slot in slots for p, v in values.items()}
+            overrides[f"++{self.target}.{layer}"] = {"config": config}
+        return overrides

@@ -1,0 +1,576 @@
+"""A Hydra sweeper over an Optuna study kept in an RDB storage (SQLite by default).
+
+What it adds to the stock ``hydra-optuna-sweeper`` (whose override-grammar parsing it reuses):
+
+- **Define-by-run spaces**: ``search_space`` is a callable ``space(trial) -> {override key: value}`` called after
+  ``study.ask()``, so a parameter may depend on earlier ones (the stock ``custom_search_space`` hook can only
+  suggest parameters whose names are also the override keys).
+- **One budget for all workers**: ``n_trials`` is the size of the study, not a per-process count. Before launching
+  a trial a worker checks that fewer than ``n_trials`` trials started before it (by start time, then number), so
+  any number of processes on one storage run exactly ``n_trials``; re-running the command resumes the study.
+  An over-budget ask is handed back as a ``WAITING`` ticket (no parameters, reused by the next ask) instead of
+  leaving a stray failed trial in the study.
+- **Crash safety**: trials send heartbeats; a trial whose worker died (or was interrupted) is failed and re-queued
+  with the same parameters (``RetryHeartbeatStaleTrialCallback``), and the retry does not count twice.
+- **Pruning**: the job gets the study name, storage URL and trial number as config (``search.trial.*``), so a
+  Lightning callback can reopen its trial and report per-epoch values; a job that raises ``optuna.TrialPruned``
+  is recorded ``PRUNED``, any other exception ``FAIL`` (with the reason), and the sweep goes on until more than
+  ``max_failure_rate * n_trials`` trials have failed.
+- **Reproducible seeds per trial**: the sampler is re-created with a seed derived from (``sampler.seed``, trial
+  number), so a resumed study or a second worker never replays the first worker's random draws (grid and QMC
+  samplers keep one seed: it defines their shared sequence, indexed by trial number).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import threading
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from hydra.core.override_parser.types import Quote, QuotedString
+from hydra.core.plugins import Plugins
+from hydra.errors import CompactHydraException
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from hydra.utils import instantiate
+from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from optuna.distributions import BaseDistribution
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.trial import FrozenTrial, TrialState
+
+from adls_lightning.config import ConfigError
+from adls_lightning.io_utils import atomic_write_json
+from adls_lightning.search.objective import TrialResult, objective_names
+from adls_lightning.search.storage import default_storage_url, open_storage
+
+log = logging.getLogger(__name__)
+# Heartbeat-based stale-trial handling and metric names are marked experimental in Optuna; this module relies on
+# their current behaviour (pinned by tests), so their warnings are noise to users.
+warnings.filterwarnings(
+    "ignore",
+    message=r".*(fail_stale_trials|RetryHeartbeatStaleTrialCallback|set_metric_names|heartbeat_interval|grace_period"
+    r"|heartbeat_stale_trial_callback).* is (an )?experimental",
+    category=optuna.exceptions.ExperimentalWarning,
+)
+# ask() warns that heartbeats are meant for Study.optimize; this sweeper sends them itself (``heartbeats``).
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+
+GRID_SAMPLER = "optuna.samplers.GridSampler"
+# Samplers whose seed fixes a sequence shared by all trials and workers (the grid's shuffled order, the scrambled
+# QMC sequence): they keep one seed. All others are re-seeded per trial.
+SEQUENCE_SAMPLERS = (GRID_SAMPLER, "optuna.samplers.QMCSampler")
+SAMPLER_WHITELIST = ("hydra_plugins.hydra_optuna_sweeper.*", "optuna.samplers.*")
+# Trials that use up the budget. WAITING trials are tickets not yet run; FAIL trials re-queued after a crash are
+# excluded separately (their retry counts instead).
+BUDGET_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+
+
+class SearchConfigError(ConfigError, CompactHydraException):
+    """Bad sweeper input; Hydra prints it as one line (a ``CompactHydraException``) and exits non-zero."""
+
+
+def format_override_value(value: Any) -> str:
+    """A value in Hydra's override grammar: strings quoted, lists and dicts recursively, None as null."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return QuotedString(value, Quote.single).with_quotes()
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{format_override_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, Sequence):
+        return "[" + ",".join(format_override_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as a Hydra override value")
+
+
+def trial_seed(base_seed: int, trial_number: int) -> int:
+    """A 32-bit seed for one trial, statistically independent across trial numbers (numpy ``SeedSequence``)."""
+    return int(np.random.SeedSequence([base_seed, trial_number]).generate_state(1)[0])
+
+
+def retried_trial_numbers(trials: Sequence[FrozenTrial]) -> set[int]:
+    """Numbers of the failed trials that were re-queued (their retry trials carry the history)."""
+    return {n for t in trials for n in RetryHeartbeatStaleTrialCallback.retry_history(t)}
+
+
+def budget_trials(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """The trials that use up ``n_trials``: started or finished, except failures that were re-queued."""
+    retried = retried_trial_numbers(trials)
+    return [t for t in trials if t.state in BUDGET_STATES and t.number not in retried]
+
+
+def job_failures(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
+    """Trials whose job raised (recorded with a ``fail_reason``); crashed-and-re-queued trials are not among them."""
+    return [t for t in trials if t.state == TrialState.FAIL and "fail_reason" in t.user_attrs]
+
+
+def _start_order(trial: FrozenTrial) -> tuple[datetime, int]:
+    # Trials added already finished (no start time) come first.
+    return trial.datetime_start or datetime.min, trial.number
+
+
+def trials_started_before(trials: Sequence[FrozenTrial], number: int) -> int:
+    """How many budget trials started before trial ``number``: all workers agree on this order."""
+    mine = next(t for t in trials if t.number == number)
+    return sum(1 for t in budget_trials(trials) if _start_order(t) < _start_order(mine))
+
+
+class GridTrialView:
+    """The trial as a space sees it under the grid sampler: parameters outside the grid keep their first choice.
+
+    A define-by-run space suggests more parameters (one per layer) than anyone wants to grid over, and Optuna's
+    ``GridSampler`` refuses a parameter missing from its grid. The fixed values are recorded as user attrs.
+    """
+
+    def __init__(self, trial: optuna.Trial, grid: Mapping[str, Sequence[Any]]) -> None:
+        self._trial, self._grid = trial, grid
+        self.asked: list[str] = []  # every parameter the space asked for, in the grid or not
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        self.asked.append(name)
+        if name in self._grid:
+            return self._trial.suggest_categorical(name, choices)
+        self._trial.set_user_attr(f"fixed/{name}", choices[0])
+        return choices[0]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trial, name)
+
+
+@contextlib.contextmanager
+def heartbeats(storage: RDBStorage, trial_ids: Sequence[int]) -> Iterator[None]:
+    """Record the trials' heartbeats every ``heartbeat_interval`` s while the block runs (jobs run in-process)."""
+    interval = storage.get_heartbeat_interval()
+    if not interval:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            for trial_id in trial_ids:
+                storage.record_heartbeat(trial_id)
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, name="optuna-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+class StudySweeper(Sweeper):
+    """Runs an Optuna study whose trials are Hydra jobs; see the module docstring.
+
+    Args:
+        sampler: sampler config (``hydra/sweeper/sampler=tpe|random|grid|cmaes|gp|nsgaii|qmc``); its ``seed``
+            is the base of every trial's seed.
+        direction: ``maximize``/``minimize``, or a list of them for a multi-objective study.
+        storage: SQLAlchemy URL; None = ``sqlite:///<hydra.sweep.dir>/<study_name>.db``.
+        study_name: the study (created, or loaded to resume).
+        n_trials: size of the study: trials already in the storage count, whichever worker ran them.
+        n_jobs: trials asked and launched together (the launcher may run them in parallel).
+        max_failure_rate: abort once more than ``max_failure_rate * n_trials`` trials of the study failed.
+        params: stock override-grammar space (``key: choice(...)``, ``interval(...)``, ``range(...)``).
+        search_space: a define-by-run space config (``_target_`` callable ``space(trial) -> overrides``).
+        grid: the explicit grid for the grid sampler: ``{parameter: [values]}``.
+        heartbeat_interval: seconds between a running trial's heartbeats (None disables crash detection).
+        grace_period: seconds without a heartbeat after which a running trial counts as crashed.
+    """
+
+    def __init__(
+        self,
+        sampler: DictConfig,
+        direction: Any = "maximize",
+        storage: str | None = None,
+        study_name: str | None = None,
+        n_trials: int = 20,
+        n_jobs: int = 1,
+        max_failure_rate: float = 0.0,
+        params: DictConfig | None = None,
+        search_space: DictConfig | None = None,
+        grid: DictConfig | None = None,
+        heartbeat_interval: int | None = 60,
+        grace_period: int | None = 180,
+    ) -> None:
+        self.sampler_cfg = sampler
+        self.directions = [direction] if isinstance(direction, str) else list(direction)
+        self.storage_url = storage
+        self.study_name = study_name
+        self.n_trials = n_trials
+        self.n_jobs = n_jobs
+        self.max_failure_rate = max_failure_rate
+        self.params = params
+        self.search_space_cfg = search_space
+        self.grid_cfg = grid
+        self.heartbeat_interval = heartbeat_interval
+        self.grace_period = grace_period
+        self._validate()
+
+    def _validate(self) -> None:
+        for d in self.directions:
+            if d not in ("maximize", "minimize"):
+                raise SearchConfigError(
+                    f"hydra.sweeper.direction={d}: must be maximize or minimize (or a list)"
+                )
+        if not isinstance(self.n_trials, int) or self.n_trials < 1:
+            raise SearchConfigError(f"hydra.sweeper.n_trials={self.n_trials}: must be a positive integer")
+        if not isinstance(self.n_jobs, int) or self.n_jobs < 1:
+            raise SearchConfigError(f"hydra.sweeper.n_jobs={self.n_jobs}: must be a positive integer")
+        if not 0.0 <= self.max_failure_rate <= 1.0:
+            raise SearchConfigError(
+                f"hydra.sweeper.max_failure_rate={self.max_failure_rate}: must be in [0, 1]"
+            )
+        if not self.study_name:
+            raise SearchConfigError(
+                "hydra.sweeper.study_name: must be set (it names the study and its .db file)"
+            )
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            config=config, hydra_context=hydra_context, task_function=task_function
+        )
+        self.sweep_dir = Path(str(config.hydra.sweep.dir))
+
+    # -- configuration ------------------------------------------------------------------------------------------
+
+    @property
+    def is_grid(self) -> bool:
+        return self.sampler_cfg.get("_target_") == GRID_SAMPLER
+
+    def _make_sampler(self, seed: int | None) -> optuna.samplers.BaseSampler:
+        if self.is_grid:
+            return optuna.samplers.GridSampler(self.grid, seed=seed)
+        cfg = OmegaConf.to_container(self.sampler_cfg, resolve=True)
+        if "seed" in cfg or seed is not None:
+            cfg["seed"] = seed
+        return instantiate(cfg, _execution_whitelist_=SAMPLER_WHITELIST)
+
+    def _build_grid(self, distributions: Mapping[str, BaseDistribution]) -> dict[str, list[Any]]:
+        grid = {name: OptunaSweeperImpl._to_grid_sampler_choices(d) for name, d in distributions.items()}
+        explicit = OmegaConf.to_container(self.grid_cfg, resolve=True) if self.grid_cfg is not None else {}
+        for name, values in explicit.items():
+            if not isinstance(values, list) or not values:
+                raise SearchConfigError(
+                    f"hydra.sweeper.grid.{name}={values}: must be a non-empty list of values"
+                )
+            grid[name] = values
+        if not grid:
+            raise SearchConfigError(
+                "hydra/sweeper/sampler=grid needs an explicit grid: set hydra.sweeper.grid, e.g. "
+                "'hydra.sweeper.grid={hidden_size:[128,256],num_hidden_layers:[2,4]}'"
+            )
+        return grid
+
+    def _check_objectives(self) -> None:
+        objective = OmegaConf.select(self.config, "search.objective")
+        if objective is None:
+            return
+        try:
+            names = objective_names(list(objective.metrics), objective.get("weights"))
+        except ConfigError as err:
+            raise SearchConfigError(str(err)) from None
+        if len(names) != len(self.directions):
+            raise SearchConfigError(
+                f"hydra.sweeper.direction={self.directions}: one direction per objective {list(names)} "
+                "(search.objective.metrics, or one for a weighted sum)"
+            )
+
+    def _open_study(self) -> optuna.Study:
+        url = self.storage_url or default_storage_url(self.sweep_dir, self.study_name)
+        self.storage_url = url
+        try:
+            self.storage = open_storage(
+                url,
+                heartbeat_interval=self.heartbeat_interval,
+                grace_period=self.grace_period,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
+            )
+        except ConfigError as err:
+            raise SearchConfigError(str(err)) from None
+        try:
+            study = optuna.create_study(
+                study_name=self.study_name,
+                storage=self.storage,
+                sampler=self._make_sampler(self.base_seed),
+                directions=self.directions,
+                load_if_exists=True,
+            )
+        except ValueError as err:  # e.g. an existing study with other directions
+            raise SearchConfigError(f"hydra.sweeper.study_name={self.study_name}: {err}") from None
+        if [d.name.lower() for d in study.directions] != self.directions:
+            raise SearchConfigError(
+                f"hydra.sweeper.direction={self.directions}: study {self.study_name} in {url} was created with "
+                f"{[d.name.lower() for d in study.directions]}; use another study_name or storage"
+            )
+        return study
+
+    # -- the sweep ----------------------------------------------------------------------------------------------
+
+    def sweep(self, arguments: list[str]) -> list[FrozenTrial]:
+        params = [f"{k!s}={v}" for k, v in (self.params or {}).items()] + list(arguments)
+        distributions, fixed_params, fixed_overrides = create_params_from_overrides(params)
+        for name in fixed_params:
+            distributions.pop(name, None)
+        self.fixed_overrides = [f"{k}={v}" for k, v in fixed_params.items()] + list(fixed_overrides)
+        self.distributions = distributions
+        self.space = instantiate(self.search_space_cfg) if self.search_space_cfg else None
+        if not distributions and self.space is None:
+            raise SearchConfigError(
+                "hydra.sweeper: no search space (set hydra.sweeper.search_space or params)"
+            )
+        self.base_seed = self.sampler_cfg.get("seed")
+        budget = self.n_trials
+        if self.is_grid:
+            self.grid = self._build_grid(distributions)
+            budget = min(budget, math.prod(len(v) for v in self.grid.values()))
+        self._check_objectives()
+        self._dry_run()
+
+        study = self._open_study()
+        log.info(
+            "Study %s in %s: %d of %d trials already counted",
+            self.study_name,
+            self.storage_url,
+            len(budget_trials(study.get_trials(deepcopy=False))),
+            budget,
+        )
+        allowed_failures = math.floor(self.max_failure_rate * budget)
+        while True:
+            optuna.storages.fail_stale_trials(study)
+            if len(budget_trials(study.get_trials(deepcopy=False))) >= budget:
+                break
+            trials = self._ask(study, budget)
+            if not trials:
+                break
+            jobs = []
+            for trial in trials:
+                try:
+                    jobs.append((trial, self._trial_overrides(trial)))
+                except optuna.TrialPruned as reason:
+                    trial.set_user_attr("pruned_reason", str(reason))
+                    self._tell(study, trial, state=TrialState.PRUNED)
+                    log.info("Trial %d not run: %s", trial.number, reason)
+                except BaseException as err:  # nothing of this batch is launched: fail it, with the reason
+                    for unlaunched in trials:
+                        if not self.storage.get_trial(unlaunched._trial_id).state.is_finished():
+                            unlaunched.set_user_attr("fail_reason", _one_line(err))
+                            self._tell(study, unlaunched, state=TrialState.FAIL)
+                    raise
+            if not jobs:
+                continue
+            for trial, job_failure in self._launch(study, jobs):
+                if job_failure is None:
+                    continue
+                failures = job_failures(study.get_trials(deepcopy=False))
+                if len(failures) > allowed_failures:
+                    log.error(
+                        "%d trials of the study failed, more than hydra.sweeper.max_failure_rate=%s x %d: stopping",
+                        len(failures),
+                        self.max_failure_rate,
+                        budget,
+                    )
+                    if isinstance(job_failure, ConfigError):
+                        raise SearchConfigError(f"trial {trial.number} failed: {job_failure}") from None
+                    raise job_failure
+        return self._report(study)
+
+    def _ask(self, study: optuna.Study, budget: int) -> list[optuna.Trial]:
+        trials = []
+        for _ in range(self.n_jobs):
+            trial = study.ask()
+            if trials_started_before(study.get_trials(deepcopy=False), trial.number) >= budget:
+                # Another worker took the last slot between our count and our ask: hand the ticket back.
+                self.storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
+                break
+            trials.append(trial)
+        return trials
+
+    def _space_overrides(self, trial: optuna.Trial, view: GridTrialView | None = None) -> dict[str, Any]:
+        """Sample the trial's parameters; the overrides (key -> value) of its job."""
+        for name, distribution in self.distributions.items():
+            trial._suggest(name, distribution)  # the stock sweeper's way to sample a prepared distribution
+        overrides = {name: trial.params[name] for name in self.distributions}
+        if self.space is not None:
+            if view is None and self.is_grid:
+                view = GridTrialView(trial, self.grid)
+            overrides.update(self.space(view or trial))
+        return overrides
+
+    def _dry_run(self) -> None:
+        """Sample one trial in memory and compose its job config: bad spaces, grids or keys fail before any run."""
+        sampler = (
+            optuna.samplers.GridSampler(self.grid, seed=0)
+            if self.is_grid
+            else optuna.samplers.RandomSampler(0)
+        )
+        verbosity = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "new study created in memory" line
+        try:
+            trial = optuna.create_study(sampler=sampler, directions=self.directions).ask()
+        finally:
+            optuna.logging.set_verbosity(verbosity)
+        view = GridTrialView(trial, self.grid) if self.is_grid else None
+        try:
+            overrides = self._space_overrides(trial, view)
+        except optuna.TrialPruned:
+            return
+        except ConfigError as err:
+            raise SearchConfigError(str(err)) from None
+        except ValueError as err:  # the grid sampler proposing a value outside the space's choices
+            if not self.is_grid:
+                raise
+            raise SearchConfigError(f"hydra.sweeper.grid: {err}") from None
+        if self.is_grid:
+            names = set(self.distributions) | set(view.asked)
+            if unknown := sorted(set(self.grid) - names):
+                raise SearchConfigError(
+                    f"hydra.sweeper.grid.{unknown[0]}: not a parameter of this search space (its parameters: "
+                    f"{', '.join(sorted(names))})"
+                )
+        fixed_keys = {o.split("=", 1)[0].lstrip("+~") for o in self.fixed_overrides}
+        if clash := sorted(fixed_keys & {k.lstrip("+~") for k in overrides}):
+            raise SearchConfigError(
+                f"{clash[0]}: set on the command line and by the search space; remove one"
+            )
+        self.validate_batch_is_legal([self._job_overrides(overrides, {})])
+
+    def _trial_overrides(self, trial: optuna.Trial) -> list[str]:
+        if self.base_seed is not None and self.sampler_cfg.get("_target_") not in SEQUENCE_SAMPLERS:
+            trial.study.sampler = self._make_sampler(trial_seed(self.base_seed, trial.number))
+        overrides = self._space_overrides(trial)
+        trial_keys = {"number": trial.number, "study_name": self.study_name, "storage": self.storage_url}
+        return self._job_overrides(overrides, trial_keys)
+
+    def _job_overrides(self, overrides: Mapping[str, Any], trial_keys: Mapping[str, Any]) -> list[str]:
+        """The job's command line: the sweep's own overrides, the sampled values, the trial's identity."""
+        return (
+            list(self.fixed_overrides)
+            + [f"{key}={format_override_value(value)}" for key, value in overrides.items()]
+            + [f"++search.trial.{key}={format_override_value(value)}" for key, value in trial_keys.items()]
+        )
+
+    def _tell(self, study: optuna.Study, trial: optuna.Trial, **kwargs: Any) -> None:
+        try:
+            study.tell(trial, **kwargs)
+        except RuntimeError as err:
+            # GridSampler calls study.stop() once the grid is exhausted, which only works inside optimize();
+            # the trial is stored before that (Optuna's tell stores it in a `finally`), and the budget stops us.
+            if not (self.is_grid and "Study.stop" in str(err)):
+                raise
+
+    def _launch(
+        self, study: optuna.Study, jobs: list[tuple[optuna.Trial, list[str]]]
+    ) -> Iterator[tuple[optuna.Trial, Exception | None]]:
+        """Run the jobs, record each outcome; yields (trial, the job's exception if it failed)."""
+        try:
+            with heartbeats(self.storage, [t._trial_id for t, _ in jobs]):
+                returns = self.launcher.launch([o for _, o in jobs], initial_job_idx=jobs[0][0].number)
+        except BaseException:
+            # Interrupted (Ctrl-C) or the launcher broke: fail the trials and queue them again for the next run.
+            for trial, _ in jobs:
+                self._tell(study, trial, state=TrialState.FAIL, skip_if_finished=True)
+                RetryHeartbeatStaleTrialCallback()(study, self.storage.get_trial(trial._trial_id))
+            raise
+        for (trial, _), ret in zip(jobs, returns):
+            yield trial, self._record(study, trial, ret)
+
+    def _record(self, study: optuna.Study, trial: optuna.Trial, ret: Any) -> Exception | None:
+        if ret.hydra_cfg is not None:
+            trial.set_user_attr("output_dir", str(ret.hydra_cfg.hydra.runtime.output_dir))
+        try:
+            value = ret.return_value
+        except optuna.TrialPruned as reason:
+            trial.set_user_attr("pruned_reason", str(reason))
+            self._tell(study, trial, state=TrialState.PRUNED)
+            log.info("Trial %d pruned: %s", trial.number, reason)
+            return None
+        except Exception as err:
+            return self._fail(study, trial, err)
+        if isinstance(value, TrialResult):
+            values = list(value.values)
+            trial.set_user_attr("metrics", value.metrics)
+            if study.metric_names is None:
+                study.set_metric_names(list(value.names))
+        else:  # a plain task function, as for the stock sweeper
+            values = list(value) if isinstance(value, (list, tuple, ListConfig)) else [value]
+        try:
+            values = [float(v) for v in values]
+            if len(values) != len(self.directions):
+                raise ValueError(f"{len(values)} objective values for {len(self.directions)} directions")
+            if any(math.isnan(v) for v in values):
+                raise ValueError(f"objective is NaN ({values})")
+        except (TypeError, ValueError) as err:
+            return self._fail(study, trial, err)
+        self._tell(study, trial, values=values)
+        log.info("Trial %d finished: %s", trial.number, values)
+        return None
+
+    def _fail(self, study: optuna.Study, trial: optuna.Trial, err: Exception) -> Exception:
+        """Record a failed trial with its reason; returns the error."""
+        trial.set_user_attr("fail_reason", _one_line(err))
+        self._tell(study, trial, state=TrialState.FAIL)
+        log.warning("Trial %d failed: %s", trial.number, _one_line(err))
+        return err
+
+    # -- the result ---------------------------------------------------------------------------------------------
+
+    def _report(self, study: optuna.Study) -> list[FrozenTrial]:
+        trials = study.get_trials(deepcopy=False)
+        counts = {state.name: sum(t.state == state for t in trials) for state in TrialState}
+        names = study.metric_names or [f"objective_{i}" for i in range(len(self.directions))]
+        summary: dict[str, Any] = {
+            "study_name": self.study_name,
+            "storage": self.storage_url,
+            "directions": self.directions,
+            "metric_names": names,
+            "trials": {k: v for k, v in counts.items() if v},
+        }
+
+        def describe(t: FrozenTrial) -> dict[str, Any]:
+            return {
+                "number": t.number,
+                "values": dict(zip(names, t.values)),
+                "params": t.params,
+                "metrics": t.user_attrs.get("metrics", {}),
+                "output_dir": t.user_attrs.get("output_dir"),
+            }
+
+        best = study.best_trials  # the Pareto front; a single best trial for one objective
+        if len(self.directions) == 1 and best:
+            best = best[:1]
+        summary["best_trials"] = [describe(t) for t in best]
+        path = self.sweep_dir / f"{self.study_name}_best.json"
+        atomic_write_json(path, summary)
+        if not best:
+            log.warning("Study %s: no completed trial (%s)", self.study_name, summary["trials"])
+        for t in best:
+            values = ", ".join(f"{n}={v:.4f}" for n, v in zip(names, t.values))
+            print(
+                f"Best trial {t.number} of study {self.study_name}: {values}  params={json.dumps(t.params)}"
+            )
+        print(f"Study summary written to {path}")
+        return best

@@ -1,0 +1,174 @@
+"""MXINT8 kernel throughput: native ops vs a plain copy and vs the pure-PyTorch reference, in one run.
+
+Dequantize moves ``n + n/g`` bytes in and ``n * out_bytes`` out; it is compared with
+``torch.empty_like(out).copy_(out)`` (a copy of the output size, allocation included like the op's
+own) and with :func:`adls_lightning.mxint8.dequantize_reference`. Quantize moves ``4n`` bytes in and
+``n + n/g`` out; it is compared with a copy of its float32 input and with ``quantize_reference``.
+Throughput is bytes read + written per second (GB/s on CPU, TB/s on a GPU), from the best of\ninterleaved rounds (see :func:`best_seconds`).
+
+    python benchmarks/bench_mxint8.py            # 4K ... 64M elements, CPU (+ GPU rows when present)
+    python benchmarks/bench_mxint8.py --quick    # 4K ... 4M elements, fewer repeats
+
+By default glibc malloc is told to keep freed blocks (``--allocator reuse``), as PyTorch's CUDA
+caching allocator does on a GPU: otherwise every tensor above 32 MB is a fresh ``mmap`` whose page
+faults, not the kernels, set the large-size numbers (on a small VM they cap even a plain copy at
+about 1 GB/s). ``--allocator os`` keeps glibc's defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import time
+from collections.abc import Callable
+
+import torch
+
+from adls_lightning.mxint8 import (
+    dequantize,
+    dequantize_reference,
+    native_cuda_kernels_loaded,
+    native_kernels_loaded,
+    quantize,
+    quantize_reference,
+)
+
+SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+QUICK_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20]
+ROW = 4096  # tensors are (n / 4096, 4096), like a linear layer's weight
+
+
+def best_seconds(
+    fns: dict[str, Callable[[], object]], device: torch.device, budget_s: float, max_rounds: int
+) -> dict[str, float]:
+    """Best wall time of each function over interleaved rounds (one call of each per round).
+
+    Interleaving gives every function the same share of a shared machine's noise, and the best
+    round is the least disturbed one.
+    """
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for fn in fns.values():  # warm-up
+        fn()
+    sync()
+    best = dict.fromkeys(fns, float("inf"))
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < max_rounds and (rounds < 3 or time.perf_counter() - start < budget_s):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            best[name] = min(best[name], time.perf_counter() - t0)
+        rounds += 1
+    return best
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc malloc serve large blocks from its heap and keep freed ones (True when it accepted)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from <malloc.h>
+    return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
+
+
+def bench_device(
+    device: torch.device, sizes: list[int], group_size: int, budget_s: float, max_rounds: int, allocator: str
+) -> None:
+    unit, scale = ("TB/s", 1e12) if device.type == "cuda" else ("GB/s", 1e9)
+    native = native_cuda_kernels_loaded() if device.type == "cuda" else native_kernels_loaded()
+    print(
+        f"\n{device.type.upper()}: group_size={group_size}, native kernels={'yes' if native else 'NO (reference)'}"
+        + (
+            f", threads={torch.get_num_threads()}, allocator={allocator}"
+            if device.type == "cpu"
+            else f", {torch.cuda.get_device_name()}"
+        )
+    )
+    header = (
+        f"{'elements':>9} {'op':<18} {'native':>9} {'copy':>9} {'reference':>9} {'vs copy':>8} {'vs ref':>8}"
+    )
+    print(f"{'':>28}{unit:>9} {unit:>9} {unit:>9}")
+    print(header)
+    print("-" * len(header))
+    for n in sizes:
+        bench_size(n, device, group_size, budget_s, max_rounds, scale)
+
+
+def bench_size(
+    n: int, device: torch.device, group_size: int, budget_s: float, max_rounds: int, scale: float
+) -> None:
+    """Rows for one tensor of ``n`` elements: dequantize to float32 and bfloat16, then quantize."""
+    x = torch.randn(max(n // ROW, 1), min(n, ROW), device=device)
+    mantissa, scales = quantize(x, group_size)
+    packed_bytes = n + n // group_size
+    for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        out = dequantize(mantissa, scales, group_size, dtype)
+        moved = packed_bytes + n * out.element_size()
+        t = best_seconds(
+            {
+                "native": lambda d=dtype: dequantize(mantissa, scales, group_size, d),
+                "copy": lambda o=out: torch.empty_like(o).copy_(o),
+                "reference": lambda d=dtype: dequantize_reference(mantissa, scales, group_size, d),
+            },
+            device,
+            budget_s,
+            max_rounds,
+        )
+        print_row(n, f"dequantize->{label}", moved, 2 * n * out.element_size(), t, scale)
+    t = best_seconds(
+        {
+            "native": lambda: quantize(x, group_size),
+            "copy": lambda: torch.empty_like(x).copy_(x),
+            "reference": lambda: quantize_reference(x, group_size),
+        },
+        device,
+        budget_s,
+        max_rounds,
+    )
+    print_row(n, "quantize fp32", 4 * n + packed_bytes, 8 * n, t, scale)
+
+
+def print_row(
+    n: int, name: str, op_bytes: int, copy_bytes: int, seconds: dict[str, float], scale: float
+) -> None:
+    op = op_bytes / seconds["native"] / scale
+    copy = copy_bytes / seconds["copy"] / scale
+    ref = op_bytes / seconds["reference"] / scale
+    print(
+        f"{size_label(n):>9} {name:<18} {op:9.3f} {copy:9.3f} {ref:9.3f} {op / copy:7.2f}x {op / ref:7.1f}x"
+    )
+
+
+def size_label(n: int) -> str:
+    return f"{n >> 20}M" if n >= 1 << 20 else f"{n >> 10}K"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="sizes up to 4M elements and fewer repeats")
+    parser.add_argument("--group-size", type=int, default=32)
+    parser.add_argument("--cpu-only", action="store_true", help="skip the GPU rows")
+    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's default)")
+    parser.add_argument(
+        "--allocator", choices=["reuse", "os"], default="reuse", help="keep freed CPU memory (default) or not"
+    )
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    allocator = args.allocator
+    if allocator == "reuse" and not keep_freed_memory():
+        allocator = "os (glibc malloc not configurable here)"
+    sizes = QUICK_SIZES if args.quick else SIZES
+    budget_s, max_rounds = (0.2, 5) if args.quick else (0.5, 10)
+    torch.manual_seed(0)
+    bench_device(torch.device("cpu"), sizes, args.group_size, budget_s, max_rounds, allocator)
+    if torch.cuda.is_available() and not args.cpu_only:
+        bench_device(torch.device("cuda"), sizes, args.group_size, budget_s, max(max_rounds, 50), "caching")
+
+
+if __name__ == "__main__":
+    main()

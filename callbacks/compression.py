@@ -1,0 +1,234 @@
+"""CompressionCallback: compression-aware fine-tuning (the labs' CompressionPipeline) inside one fit."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from omegaconf import DictConfig, OmegaConf
+from typing_extensions import override
+
+from adls_lightning.config import ConfigError
+from adls_lightning.prune import Pruner
+from adls_lightning.quant import QuantConfig, quantization_report, quantize_model
+from callbacks.pruning import PruningCallback, forget_best_checkpoints, log_sparsity
+
+PRUNE_KEYS = ("weight", "activation", "include", "exclude", "seed")
+
+
+def _plain(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if isinstance(config, DictConfig):
+        return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]
+    return copy.deepcopy(dict(config)) if config else None
+
+
+def validate_mid_fit(trainer: L.Trainer) -> None:
+    """Runs the fit's validation loop now (as Lightning does at a validation check), updating ``callback_metrics``.
+
+    Used from ``on_train_epoch_end`` to measure the model right after it changed, inside the same fit.
+    """
+    trainer.validating = True
+    trainer.fit_loop.epoch_loop.val_loop.run()
+    trainer.training = True
+
+
+class CompressionCallback(L.Callback):
+    """Train, compress (prune, then quantize the pruned weights), then keep training: all in one ``trainer.fit``.
+
+    After ``at_epoch`` training epochs (at the end of epoch ``at_epoch - 1``), the callback records the monitored
+    validation metric, applies the configured pruning and quantization, validates again right away, and lets the
+    fit continue for ``post_epochs`` more epochs. It sets ``trainer.max_epochs = at_epoch + post_epochs`` in
+    ``setup`` (before the optimizer and LR schedule are built), so ``compress.post_epochs=0`` on the command line
+    means no post-compression training.
+
+    Order: quantization wraps each ``nn.Linear`` in a ``QuantLinear`` that keeps the same layer (and the same
+    ``nn.Parameter`` objects, so the optimizer carries on), then the pruning masks go on the wrapped layers.
+    Masks are chosen from the full-precision weights and the forward computes ``quantize(mask * w)``: prune,
+    then quantize the pruned weights (zeros stay exactly zero). Checkpoints saved before compression hold a
+    different model, so the "best" checkpoint is forgotten at compression time and chosen among compressed ones.
+
+    Args:
+        at_epoch: Epochs of training before compressing (>= 1).
+        post_epochs: Epochs of training after compressing (>= 0).
+        quant: A quantization config for ``adls_lightning.quant.quantize_model`` (MASE style: ``by``,
+            ``default``, ``linear: {config: {name: integer, ...}}``), or ``None`` for no quantization.
+        prune: ``{weight, activation, include, exclude, seed}`` as for :class:`~callbacks.pruning.PruningCallback`,
+            or ``None`` for no pruning.
+        monitor: The validation metric reported before/after compression and at the end.
+
+    Raises:
+        ConfigError: On invalid settings, at construction time.
+    """
+
+    def __init__(
+        self,
+        at_epoch: int = 1,
+        post_epochs: int = 1,
+        quant: Mapping[str, Any] | None = None,
+        prune: Mapping[str, Any] | None = None,
+        monitor: str = "val/acc",
+    ) -> None:
+        if isinstance(at_epoch, bool) or not isinstance(at_epoch, int) or at_epoch < 1:
+            raise ConfigError(
+                f"compress.at_epoch={at_epoch!r}: must be an integer >= 1 (to compress before training use the "
+                "quant= and prune= groups)"
+            )
+        if isinstance(post_epochs, bool) or not isinstance(post_epochs, int) or post_epochs < 0:
+            raise ConfigError(f"compress.post_epochs={post_epochs!r}: must be an integer >= 0")
+        quant, prune = _plain(quant), _plain(prune)
+        if not quant and not prune:
+            raise ConfigError(
+                "compress.quant and compress.prune are both empty: nothing to compress (use compress=none)"
+            )
+        self.pruner = None
+        if prune:
+            unknown = sorted(set(prune) - set(PRUNE_KEYS))
+            if unknown:
+                raise ConfigError(
+                    f"compress.prune.{unknown[0]}: unknown key; valid keys are {', '.join(PRUNE_KEYS)}"
+                )
+            self.pruner = Pruner(**prune, key="compress.prune")
+        # Parse now (no model needed) so a bad config fails before training, not after at_epoch epochs.
+        self.quant = QuantConfig.parse(quant, key="compress.quant") if quant else None
+        self.at_epoch = at_epoch
+        self.post_epochs = post_epochs
+        self.monitor = monitor
+        self.compressed = False
+        self.before: float | None = None
+        self.after: float | None = None
+        self.final: float | None = None
+        self.act_sparsity: float | None = None
+        self._module: L.LightningModule | None = None
+        self._load_hooks: list[Any] = []
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.pruner is not None and any(isinstance(cb, PruningCallback) for cb in trainer.callbacks):
+            raise ConfigError(
+                "compress.prune and prune= are both set: prune either before training or in compress"
+            )
+        self._module = pl_module
+        if self.pruner is not None:
+            # Fixed structure (placeholder masks) before the optimizer is built: see Pruner.register_placeholders.
+            self.pruner.register_placeholders(pl_module)
+        if not self._load_hooks:
+            self._load_hooks = [
+                pl_module.register_load_state_dict_pre_hook(self._before_model_load),
+                pl_module.register_load_state_dict_post_hook(self._after_model_load),
+            ]
+        if stage == "fit":
+            epochs = self.at_epoch + self.post_epochs
+            if trainer.fit_loop.max_epochs != epochs:
+                rank_zero_info(
+                    f"compress: trainer.max_epochs {trainer.fit_loop.max_epochs} -> {epochs} "
+                    f"(at_epoch {self.at_epoch} + post_epochs {self.post_epochs})"
+                )
+                trainer.fit_loop.max_epochs = epochs
+
+    @staticmethod
+    def _inner_model(pl_module: torch.nn.Module) -> torch.nn.Module:
+        # Layer names in quant configs are the HF model's (``bert.encoder...``), so quantize the inner model.
+        inner = getattr(pl_module, "model", None)
+        return inner if isinstance(inner, torch.nn.Module) else pl_module
+
+    def _compress(self, pl_module: L.LightningModule) -> None:
+        """Applies quantization (module swap) and then pruning masks on the wrapped layers."""
+        if self.quant is not None:
+            quantize_model(self._inner_model(pl_module), self.quant)
+        if self.pruner is not None:
+            self.pruner.prune(pl_module)
+        self.compressed = True
+
+    def _before_model_load(
+        self, module: torch.nn.Module, state_dict: Mapping, prefix: str, *args: Any
+    ) -> None:
+        """A checkpoint with keys the uncompressed model lacks (quantized layers) is compressed: compress first."""
+        if self.compressed:
+            return
+        own = {prefix + key for key in module.state_dict(keep_vars=True)}
+        if set(state_dict) <= own:
+            return
+        self._compress(module)  # masks computed here are overwritten by the checkpoint's
+        rank_zero_info(
+            "compress: the checkpoint holds a compressed model; re-applied compression before loading"
+        )
+
+    def _after_model_load(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
+        """A prune-only compressed checkpoint has the same keys; its masks show that compression was applied."""
+        if not self.compressed and self.pruner is not None and self.pruner.has_pruned_weights(module):
+            self.pruner.attach_activation(module)
+            self.compressed = True
+
+    def _metric(self, trainer: L.Trainer) -> float | None:
+        value = trainer.callback_metrics.get(self.monitor)
+        return float(value) if value is not None else None
+
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.compressed or trainer.current_epoch + 1 != self.at_epoch:
+            return
+        self.before = self._metric(trainer)
+        self._compress(pl_module)
+        if self.pruner is not None:
+            log_sparsity(trainer, self.pruner, pl_module, prefix="compress")
+        forget_best_checkpoints(trainer)
+        validate_mid_fit(trainer)
+        self.after = self._metric(trainer)
+        rank_zero_info(
+            f"compress: {self.monitor} before {self.before} -> right after compression {self.after}"
+        )
+        for logger in trainer.loggers:
+            logger.log_metrics(self._accuracies(), step=trainer.global_step)
+
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.compressed:
+            self.final = self._metric(trainer)
+
+    @override
+    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.pruner is not None:
+            self.pruner.start_activation_count()
+
+    @override
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.pruner is not None:
+            self.act_sparsity = self.pruner.stop_activation_count()
+
+    def _accuracies(self) -> dict[str, float]:
+        values = {
+            f"compress/{self.monitor.replace('/', '_')}_before": self.before,
+            f"compress/{self.monitor.replace('/', '_')}_after_compression": self.after,
+            f"compress/{self.monitor.replace('/', '_')}_final": self.final,
+        }
+        return {key: value for key, value in values.items() if value is not None}
+
+    def report(self) -> dict[str, float]:
+        """The monitored metric before compression, right after it, and at the end of the fit; the pruning
+        sparsity (``prune/...``) and quantization bit widths (``quant/...``) of the compressed model."""
+        metrics = self._accuracies()
+        if self.quant is not None and self._module is not None and self.compressed:
+            metrics.update(quantization_report(self._inner_model(self._module)))
+        if self.pruner is not None and self._module is not None and self.compressed:
+            metrics["prune/weight_sparsity"] = self.pruner.weight_sparsity(self._module)
+            if self.act_sparsity is not None:
+                metrics["prune/act_sparsity"] = self.act_sparsity
+        return metrics
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"compressed": self.compressed, "before": self.before, "after": self.after}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.before = state_dict.get("before", self.before)
+        self.after = state_dict.get("after", self.after)
+        if state_dict.get("compressed", False) and not self.compressed:
+            # Only activation pruning leaves no trace in the model state: restore it from callback state.
+            assert self._module is not None and self.pruner is not None
+            self.pruner.attach_activation(self._module)
+            self.compressed = True

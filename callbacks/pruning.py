@@ -1,0 +1,167 @@
+"""PruningCallback: weight/activation pruning of linear layers that survives checkpoint resume."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+from adls_lightning.config import ConfigError
+from adls_lightning.prune import DEFAULT_EXCLUDE, Pruner, make_pruning_permanent
+
+
+def forget_best_checkpoints(trainer: L.Trainer) -> None:
+    """Makes every metric-monitoring ``ModelCheckpoint`` forget its best-so-far.
+
+    Called when the model changes mid-fit (pruning or compression after some epochs): checkpoints from before hold a
+    different model, with a different ``state_dict`` layout, and must not be selected as "best" afterwards. The
+    files stay on disk.
+    """
+    for checkpoint in trainer.checkpoint_callbacks:
+        if getattr(checkpoint, "monitor", None) is None:
+            continue
+        checkpoint.best_k_models = {}
+        checkpoint.kth_best_model_path = ""
+        checkpoint.best_model_path = ""
+        checkpoint.best_model_score = None
+        checkpoint.kth_value = torch.tensor(torch.inf if checkpoint.mode == "min" else -torch.inf)
+
+
+def log_sparsity(trainer: L.Trainer, pruner: Pruner, model: torch.nn.Module, prefix: str = "prune") -> float:
+    """Logs realised weight sparsity, overall and per layer, to the console and the trainer's loggers.
+
+    Returns:
+        The overall weight sparsity.
+    """
+    per_layer = pruner.layer_sparsity(model)
+    overall = pruner.weight_sparsity(model)
+    lines = [f"{prefix}: {len(per_layer)} layers, weight sparsity {overall:.4f} (counted zeros)"]
+    lines += [f"  {name}: {value:.4f}" for name, value in per_layer.items()]
+    rank_zero_info("\n".join(lines))
+    metrics = {f"{prefix}/weight_sparsity": overall}
+    metrics.update({f"{prefix}/layer/{name}": value for name, value in per_layer.items()})
+    for logger in trainer.loggers:
+        logger.log_metrics(metrics, step=trainer.global_step)
+    return overall
+
+
+class PruningCallback(L.Callback):
+    """Prunes the model's linear layers (weights and/or input activations) at a configured point of a fit.
+
+    Masks live in the model's ``state_dict`` (as ``...parametrizations.weight.0.mask`` buffers). ``setup`` registers
+    the mask parametrizations (all-ones placeholders until pruning is applied) before Lightning restores a checkpoint
+    and builds the optimizer, so a resumed fit, or a validate/test of a saved checkpoint, gets exactly the saved
+    masks and the same parameter order. Whether pruning was applied is callback state. Lightning's ``ModelPruning``
+    keeps no such state and loses its masks on resume.
+
+    Args:
+        weight: Weight pruning ``{sparsity, method: l1|random, scope: local|global}``; ``None``/``{}`` = none.
+        activation: Activation pruning ``{sparsity, method: l1|random, scope: local}``; ``None``/``{}`` = none.
+        at: ``"fit_start"`` (prune in ``setup``, before training) or ``N >= 1`` (prune after ``N`` epochs, at the
+            start of epoch ``N``; earlier best checkpoints are then forgotten, see :func:`forget_best_checkpoints`).
+        include: Regexes on layer names; when given, only matching layers are pruned.
+        exclude: Regexes on layer names to skip (default ``["classifier"]``).
+        seed: Seed for ``random`` masks.
+        make_permanent: Bake the zeros into plain weights at the end of each stage (for export or LoRA merging);
+            the next stage's ``setup`` re-creates the structure, so it can still load checkpoints with masks.
+
+    Raises:
+        ConfigError: On invalid settings, at construction time.
+
+    Example:
+        .. code-block:: python
+
+            trainer = L.Trainer(callbacks=[PruningCallback(weight={"sparsity": 0.5, "method": "l1"})])
+    """
+
+    def __init__(
+        self,
+        weight: Mapping[str, Any] | None = None,
+        activation: Mapping[str, Any] | None = None,
+        at: str | int = "fit_start",
+        include: Sequence[str] | None = None,
+        exclude: Sequence[str] | None = DEFAULT_EXCLUDE,
+        seed: int = 0,
+        make_permanent: bool = False,
+    ) -> None:
+        if at != "fit_start" and (isinstance(at, bool) or not isinstance(at, int) or at < 1):
+            raise ConfigError(f"prune.at={at!r}: must be fit_start or a number of epochs >= 1")
+        self.pruner = Pruner(weight, activation, include=include, exclude=exclude, seed=seed, key="prune")
+        self.at = at
+        self.make_permanent = bool(make_permanent)
+        self.applied = False
+        self.act_sparsity: float | None = None
+        self._module: L.LightningModule | None = None
+        self._load_hook: Any = None
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._module = pl_module
+        self.pruner.register_placeholders(pl_module)
+        if self._load_hook is None:
+            self._load_hook = pl_module.register_load_state_dict_post_hook(self._after_model_load)
+        if self.at == "fit_start" and not self.applied:
+            self._apply(trainer, pl_module)
+        elif self.applied:
+            # Moves the activation hooks to layers swapped in since (post-training quantization).
+            self.pruner.attach_activation(pl_module)
+
+    def _after_model_load(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
+        # A validate/test run that loads a checkpoint pruned after N epochs: callback state is only restored when
+        # fitting, so learn from the loaded masks that pruning was applied and switch on activation pruning.
+        if not self.applied and self.pruner.has_pruned_weights(module):
+            self.pruner.attach_activation(module)
+            self.applied = True
+
+    def _apply(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.pruner.prune(pl_module)
+        self.applied = True
+        log_sparsity(trainer, self.pruner, pl_module)
+
+    @override
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.at != "fit_start" and not self.applied and trainer.current_epoch >= self.at:
+            self._apply(trainer, pl_module)
+            forget_best_checkpoints(trainer)
+
+    @override
+    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.pruner.start_activation_count()
+
+    @override
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.act_sparsity = self.pruner.stop_activation_count()
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.make_permanent:
+            count = make_pruning_permanent(pl_module)
+            if count:
+                rank_zero_info(f"prune: made {count} pruned weights permanent")
+
+    def report(self) -> dict[str, float]:
+        """``prune/weight_sparsity`` (zeros counted in the pruned layers' effective weights) and
+        ``prune/act_sparsity`` (zeros counted in their inputs during the last test pass, if one ran)."""
+        if self._module is None:
+            return {}
+        metrics = {"prune/weight_sparsity": self.pruner.weight_sparsity(self._module)}
+        if self.act_sparsity is not None:
+            metrics["prune/act_sparsity"] = self.act_sparsity
+        return metrics
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"applied": self.applied, "act_sparsity": self.act_sparsity}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.act_sparsity = state_dict.get("act_sparsity", self.act_sparsity)
+        if state_dict.get("applied", False) and not self.applied:
+            # Activation-only pruning leaves no mask in the model state: re-enable the hooks from callback state.
+            assert self._module is not None
+            self.pruner.attach_activation(self._module)
+            self.applied = True

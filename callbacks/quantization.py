@@ -1,0 +1,188 @@
+"""Quantization as a Lightning callback: QAT (train the quantized model) or PTQ (quantize after training)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.trainer.states import TrainerFn
+from omegaconf import DictConfig, OmegaConf
+from typing_extensions import override
+
+from adls_lightning.config import ConfigError
+from adls_lightning.quant import QuantConfig, quantization_report, quantize_model, quantized_layers
+
+log = logging.getLogger(__name__)
+
+MODES = ("qat", "ptq")
+_EVALUATION_FNS = (TrainerFn.VALIDATING, TrainerFn.TESTING, TrainerFn.PREDICTING)
+
+
+class QuantizationCallback(L.Callback):
+    """Swaps the model's linear layers for fake-quantized ones (:func:`adls_lightning.quant.quantize_model`).
+
+    * ``mode="qat"``: quantizes in :meth:`setup`, before checkpoint restore and optimizer creation, so
+      training sees quantized forward passes, a resumed run comes back quantized, and the optimizer
+      holds the right parameters. With LoRA the adapters train over the quantized, frozen base
+      layers; ``train_base=True`` also unfreezes the quantized layers' weights and biases (full QAT).
+      Without LoRA every parameter trains anyway.
+    * ``mode="ptq"``: training runs at full precision; the model is quantized in :meth:`setup` of the
+      first validation/test run after fitting (``trainer.validate(ckpt_path="best")``), or of an
+      evaluation-only run. Full-precision checkpoints load into the quantized layers.
+      ``ptq/val_acc_before`` is the full-precision ``monitor`` score of the evaluated weights: the
+      score recorded in the loaded checkpoint when it is a ``ModelCheckpoint`` best checkpoint
+      monitoring it, or the last validation during fit when the in-memory weights are evaluated
+      (otherwise it is not reported). ``ptq/val_acc_after`` is the quantized validation score.
+
+    :meth:`report` returns ``quant/avg_weight_bits``, ``quant/avg_act_bits``, ``quant/weight_bytes``,
+    ``quant/layers`` and, for PTQ, ``ptq/val_acc_before``/``ptq/val_acc_after``.
+
+    Args:
+        config: MASE-style quantization config (see :mod:`adls_lightning.quant.transform`); copied,
+            never modified.
+        mode: ``"qat"`` or ``"ptq"``.
+        train_base: QAT only: train the quantized layers' weights too, not just LoRA adapters.
+        monitor: the validation metric reported as PTQ accuracy.
+
+    Raises:
+        ConfigError: bad mode or config (checked here, before training starts).
+
+    Example:
+        .. code-block:: python
+
+            cb = QuantizationCallback({"by": "type", "linear": {"config": {"name": "integer",
+                "data_in_width": 8, "data_in_frac_width": 4, "weight_width": 8, "weight_frac_width": 4}}})
+            L.Trainer(callbacks=[cb]).fit(module)
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any] | None = None,
+        mode: str = "qat",
+        train_base: bool = False,
+        monitor: str = "val/acc",
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"quant.mode={mode!r}: must be one of {', '.join(MODES)}")
+        if not isinstance(train_base, bool):
+            raise ConfigError(f"quant.train_base={train_base!r}: must be true or false")
+        if train_base and mode != "qat":
+            raise ConfigError("quant.train_base=true: only applies to quant.mode=qat (PTQ does not train)")
+        if isinstance(config, DictConfig):
+            config = OmegaConf.to_container(config, resolve=True)
+        self.config: dict[str, Any] = copy.deepcopy(dict(config or {}))
+        self._parsed = QuantConfig.parse(self.config, key="quant.config")
+        self.mode = mode
+        self.train_base = train_base
+        self.monitor = monitor
+        self.quantized = False
+        self.val_acc_before: float | None = None
+        self.val_acc_after: float | None = None
+        self._in_memory_score: float | None = None
+        self._report: dict[str, float] = {}
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.quantized:
+            return
+        if self.mode == "ptq" and trainer.state.fn not in _EVALUATION_FNS:
+            return
+        if self.mode == "ptq":
+            # The in-memory weights' full-precision score, in case no checkpoint is loaded (the
+            # checkpoint path is only known after setup).
+            self._in_memory_score = _as_float(trainer.callback_metrics.get(self.monitor))
+        self.quantize(pl_module)
+
+    def quantize(self, pl_module: L.LightningModule) -> None:
+        """Swap the layers of ``pl_module.model`` (or ``pl_module`` itself) now."""
+        model = getattr(pl_module, "model", pl_module)
+        names = quantize_model(model, self._parsed)
+        if self.train_base:
+            for layer in quantized_layers(model):
+                layer.linear.requires_grad_(True)
+        self.quantized = True
+        self._report = quantization_report(model)
+        log.info(
+            "Quantized %d linear layers (%s): %.2f weight bits, %.2f activation bits on average",
+            len(names),
+            self.mode,
+            self._report["quant/avg_weight_bits"],
+            self._report["quant/avg_act_bits"],
+        )
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """PTQ: the checkpoint's own ``ModelCheckpoint`` state holds its full-precision score when it is the best one."""
+        if self.mode != "ptq" or trainer.state.fn != TrainerFn.VALIDATING or self.val_acc_before is not None:
+            return
+        path = Path(str(trainer.ckpt_path))
+        for state in (checkpoint.get("callbacks") or {}).values():
+            if (
+                isinstance(state, dict)
+                and state.get("monitor") == self.monitor
+                and state.get("best_model_score") is not None
+                and Path(str(state.get("best_model_path"))).name == path.name
+            ):
+                self.val_acc_before = _as_float(state["best_model_score"])
+                return
+
+    @override
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.mode != "ptq" or trainer.state.fn != TrainerFn.VALIDATING or self.val_acc_before is not None:
+            return
+        if not trainer.ckpt_path:  # the in-memory weights, last validated at full precision during fit
+            self.val_acc_before = self._in_memory_score
+        if self.val_acc_before is None:
+            log.warning(
+                "PTQ: the full-precision %s of these weights is unknown; ptq/val_acc_before not reported",
+                self.monitor,
+            )
+
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if (
+            self.mode == "ptq"
+            and self.quantized
+            and trainer.state.fn == TrainerFn.VALIDATING
+            and self.monitor in trainer.callback_metrics
+        ):
+            self.val_acc_after = float(trainer.callback_metrics[self.monitor])
+
+    def report(self) -> dict[str, float]:
+        """Bit widths and storage of the quantized model, and for PTQ the accuracy before/after."""
+        out = dict(self._report)
+        if self.val_acc_before is not None:
+            out["ptq/val_acc_before"] = self.val_acc_before
+        if self.val_acc_after is not None:
+            out["ptq/val_acc_after"] = self.val_acc_after
+        return out
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "quantized": self.quantized,
+            "val_acc_before": self.val_acc_before,
+            "val_acc_after": self.val_acc_after,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("mode", self.mode) != self.mode:
+            log.warning(
+                "Checkpoint was made with quant.mode=%s; continuing with %s", state_dict["mode"], self.mode
+            )
+        # Evaluating a checkpoint also restores callback state: keep what this run has measured.
+        for key in ("val_acc_before", "val_acc_after"):
+            if state_dict.get(key) is not None and getattr(self, key) is None:
+                setattr(self, key, state_dict[key])
+
+
+def _as_float(value: Any) -> float | None:
+    return None if value is None else float(value)

@@ -1,0 +1,243 @@
+// MXINT8 CUDA kernels. Includes no torch headers (see mxint8_kernels.h); the arithmetic is the
+// shared host/device code in ../mxint8_math.h, so CPU, CUDA and the Python reference agree bit
+// for bit. Launched by mxint8_cuda.cpp (the torch binding).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../mxint8_math.h"
+#include "mxint8_kernels.h"
+
+namespace adls {
+namespace mxint8 {
+namespace cuda {
+namespace {
+
+constexpr int kThreadsPerBlock = 256;
+constexpr int64_t kMaxBlocks = 65535;  // grid-stride loops cover the rest
+constexpr int kBytesPerAccess = 16;    // one 128-bit load/store per access
+
+// How each float type is read into float32 and written from an exactly representable float32.
+template <FloatType T>
+struct Traits;
+
+template <>
+struct Traits<FloatType::kFloat32> {
+  using Storage = float;
+  static __device__ __forceinline__ float load(float value) { return value; }
+  static __device__ __forceinline__ float store(float value) { return value; }
+};
+
+template <>
+struct Traits<FloatType::kBFloat16> {
+  using Storage = uint16_t;
+  static __device__ __forceinline__ float load(uint16_t bits) { return bits_to_float(static_cast<uint32_t>(bits) << 16); }
+  static __device__ __forceinline__ uint16_t store(float value) { return exact_float_to_bfloat16_bits(value); }
+};
+
+template <>
+struct Traits<FloatType::kFloat16> {
+  using Storage = uint16_t;
+  static __device__ __forceinline__ float load(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+  // Rounds to nearest even, like the float32 -> float16 conversion of the CPU path.
+  static __device__ __forceinline__ uint16_t store(float value) { return __half_as_ushort(__float2half_rn(value)); }
+};
+
+__device__ __forceinline__ int64_t global_thread_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+
+__device__ __forceinline__ int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+int blocks_for(int64_t work_items) {
+  const int64_t blocks = (work_items + kThreadsPerBlock - 1) / kThreadsPerBlock;
+  return static_cast<int>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
+}
+
+bool is_aligned(const void* pointer, uintptr_t alignment) {
+  return reinterpret_cast<uintptr_t>(pointer) % alignment == 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantize
+
+// 16 mantissas per thread (one 128-bit load); needs group_size % 16 == 0 and 16-byte alignment.
+template <FloatType T>
+__global__ void dequantize_vectorized_kernel(const int8_t* __restrict__ mantissa, const uint8_t* __restrict__ scale,
+                                             typename Traits<T>::Storage* __restrict__ out, int64_t num_chunks,
+                                             int64_t group_size) {
+  using Storage = typename Traits<T>::Storage;
+  constexpr int kChunk = kBytesPerAccess;
+  constexpr int kStores = kChunk * sizeof(Storage) / kBytesPerAccess;
+  for (int64_t chunk = global_thread_index(); chunk < num_chunks; chunk += grid_stride()) {
+    const int64_t first = chunk * kChunk;
+    const float step = element_scale(__ldg(scale + first / group_size));
+    alignas(kBytesPerAccess) int8_t codes[kChunk];
+    *reinterpret_cast<int4*>(codes) = __ldg(reinterpret_cast<const int4*>(mantissa) + chunk);
+    alignas(kBytesPerAccess) Storage values[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) values[i] = Traits<T>::store(static_cast<float>(codes[i]) * step);
+    int4* destination = reinterpret_cast<int4*>(out + first);
+#pragma unroll
+    for (int i = 0; i < kStores; ++i) destination[i] = reinterpret_cast<const int4*>(values)[i];
+  }
+}
+
+// Any group size and alignment: one element per thread.
+template <FloatType T>
+__global__ void dequantize_elementwise_kernel(const int8_t* __restrict__ mantissa, const uint8_t* __restrict__ scale,
+                                              typename Traits<T>::Storage* __restrict__ out, int64_t numel,
+                                              int64_t group_size) {
+  for (int64_t i = global_thread_index(); i < numel; i += grid_stride()) {
+    out[i] = Traits<T>::store(static_cast<float>(mantissa[i]) * element_scale(__ldg(scale + i / group_size)));
+  }
+}
+
+template <FloatType T>
+cudaError_t dequantize_as(const int8_t* mantissa, const uint8_t* scale, void* out, int64_t numel, int64_t group_size,
+                          cudaStream_t stream) {
+  auto* typed_out = static_cast<typename Traits<T>::Storage*>(out);
+  if (group_size % kBytesPerAccess == 0 && is_aligned(mantissa, kBytesPerAccess) &&
+      is_aligned(out, kBytesPerAccess)) {
+    const int64_t num_chunks = numel / kBytesPerAccess;
+    dequantize_vectorized_kernel<T><<<blocks_for(num_chunks), kThreadsPerBlock, 0, stream>>>(
+        mantissa, scale, typed_out, num_chunks, group_size);
+  } else {
+    dequantize_elementwise_kernel<T>
+        <<<blocks_for(numel), kThreadsPerBlock, 0, stream>>>(mantissa, scale, typed_out, numel, group_size);
+  }
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantize
+
+template <int kCount>
+struct alignas(kCount) Bytes {
+  int8_t values[kCount];
+};
+
+// A team of kTeam consecutive lanes (kTeam a power of two <= 32) quantizes one group of
+// kTeam * kVec elements; each lane loads kVec elements with one 128-bit load, and the group amax
+// is reduced with warp shuffles. Needs a 16-byte-aligned input.
+template <FloatType T, int kTeam>
+__global__ void quantize_team_kernel(const typename Traits<T>::Storage* __restrict__ x, int8_t* __restrict__ mantissa,
+                                     uint8_t* __restrict__ scale, int64_t num_vectors) {
+  using Storage = typename Traits<T>::Storage;
+  constexpr int kVec = kBytesPerAccess / sizeof(Storage);
+  const int lane = threadIdx.x % 32;
+  // The loop condition is uniform across the warp (v - lane is the warp's first vector), so every
+  // lane reaches the shuffles; lanes past the end work on zeros and store nothing.
+  for (int64_t v = global_thread_index(); v - lane < num_vectors; v += grid_stride()) {
+    const bool active = v < num_vectors;
+    alignas(kBytesPerAccess) Storage raw[kVec];
+    if (active) {
+      *reinterpret_cast<int4*>(raw) = __ldg(reinterpret_cast<const int4*>(x) + v);
+    } else {
+      *reinterpret_cast<int4*>(raw) = make_int4(0, 0, 0, 0);
+    }
+    float values[kVec];
+    uint32_t amax_bits = 0;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      values[i] = Traits<T>::load(raw[i]);
+      amax_bits = max(amax_bits, abs_bits(values[i]));
+    }
+#pragma unroll
+    for (int offset = kTeam / 2; offset > 0; offset /= 2) {
+      amax_bits = max(amax_bits, __shfl_xor_sync(0xffffffffu, amax_bits, offset));
+    }
+    if (!active) continue;
+    const uint32_t group_scale = scale_from_amax_bits(amax_bits);
+    if (v % kTeam == 0) scale[v / kTeam] = static_cast<uint8_t>(group_scale);
+    Bytes<kVec> codes;
+    if (group_scale == kNanScale) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) codes.values[i] = 0;
+    } else {
+      const QuantizeFactors factors = quantize_factors(group_scale);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) codes.values[i] = quantize_element(values[i], factors);
+    }
+    reinterpret_cast<Bytes<kVec>*>(mantissa)[v] = codes;
+  }
+}
+
+// Any group size and alignment: one thread per group.
+template <FloatType T>
+__global__ void quantize_group_per_thread_kernel(const typename Traits<T>::Storage* __restrict__ x,
+                                                 int8_t* __restrict__ mantissa, uint8_t* __restrict__ scale,
+                                                 int64_t num_groups, int64_t group_size) {
+  for (int64_t group = global_thread_index(); group < num_groups; group += grid_stride()) {
+    const auto* group_x = x + group * group_size;
+    int8_t* group_mantissa = mantissa + group * group_size;
+    uint32_t amax_bits = 0;
+    for (int64_t i = 0; i < group_size; ++i) amax_bits = max(amax_bits, abs_bits(Traits<T>::load(group_x[i])));
+    const uint32_t group_scale = scale_from_amax_bits(amax_bits);
+    scale[group] = static_cast<uint8_t>(group_scale);
+    if (group_scale == kNanScale) {
+      for (int64_t i = 0; i < group_size; ++i) group_mantissa[i] = 0;
+      continue;
+    }
+    const QuantizeFactors factors = quantize_factors(group_scale);
+    for (int64_t i = 0; i < group_size; ++i) group_mantissa[i] = quantize_element(Traits<T>::load(group_x[i]), factors);
+  }
+}
+
+template <FloatType T, int kTeam>
+void launch_team(const void* x, int8_t* mantissa, uint8_t* scale, int64_t num_vectors, cudaStream_t stream) {
+  quantize_team_kernel<T, kTeam><<<blocks_for(num_vectors), kThreadsPerBlock, 0, stream>>>(
+      static_cast<const typename Traits<T>::Storage*>(x), mantissa, scale, num_vectors);
+}
+
+template <FloatType T>
+cudaError_t quantize_as(const void* x, int8_t* mantissa, uint8_t* scale, int64_t num_groups, int64_t group_size,
+                        cudaStream_t stream) {
+  constexpr int64_t kVec = kBytesPerAccess / sizeof(typename Traits<T>::Storage);
+  const int64_t team = group_size / kVec;
+  const bool team_fits = group_size % kVec == 0 && team <= 32 && (team & (team - 1)) == 0;
+  if (team_fits && is_aligned(x, kBytesPerAccess) && is_aligned(mantissa, kVec)) {
+    const int64_t num_vectors = num_groups * team;
+    switch (team) {
+      case 1: launch_team<T, 1>(x, mantissa, scale, num_vectors, stream); break;
+      case 2: launch_team<T, 2>(x, mantissa, scale, num_vectors, stream); break;
+      case 4: launch_team<T, 4>(x, mantissa, scale, num_vectors, stream); break;
+      case 8: launch_team<T, 8>(x, mantissa, scale, num_vectors, stream); break;
+      case 16: launch_team<T, 16>(x, mantissa, scale, num_vectors, stream); break;
+      default: launch_team<T, 32>(x, mantissa, scale, num_vectors, stream); break;
+    }
+  } else {
+    quantize_group_per_thread_kernel<T><<<blocks_for(num_groups), kThreadsPerBlock, 0, stream>>>(
+        static_cast<const typename Traits<T>::Storage*>(x), mantissa, scale, num_groups, group_size);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_quantize(const void* x, FloatType x_type, int8_t* mantissa, uint8_t* scale, int64_t num_groups,
+                            int64_t group_size, cudaStream_t stream) {
+  if (num_groups == 0) return cudaSuccess;
+  switch (x_type) {
+    case FloatType::kFloat32: return quantize_as<FloatType::kFloat32>(x, mantissa, scale, num_groups, group_size, stream);
+    case FloatType::kBFloat16: return quantize_as<FloatType::kBFloat16>(x, mantissa, scale, num_groups, group_size, stream);
+    case FloatType::kFloat16: return quantize_as<FloatType::kFloat16>(x, mantissa, scale, num_groups, group_size, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_dequantize(const int8_t* mantissa, const uint8_t* scale, void* out, FloatType out_type,
+                              int64_t numel, int64_t group_size, cudaStream_t stream) {
+  if (numel == 0) return cudaSuccess;
+  switch (out_type) {
+    case FloatType::kFloat32: return dequantize_as<FloatType::kFloat32>(mantissa, scale, out, numel, group_size, stream);
+    case FloatType::kBFloat16: return dequantize_as<FloatType::kBFloat16>(mantissa, scale, out, numel, group_size, stream);
+    case FloatType::kFloat16: return dequantize_as<FloatType::kFloat16>(mantissa, scale, out, numel, group_size, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace cuda
+}  // namespace mxint8
+}  // namespace adls

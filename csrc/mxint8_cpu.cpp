@@ -1,0 +1,164 @@
+// C++ CPU kernels of adls::mxint8_quantize / adls::mxint8_dequantize.
+//
+// The op schemas, fake kernels and the pure-PyTorch reference kernels live in
+// adls_lightning/mxint8/ops.py; this file only adds CPU implementations to the dispatcher.
+// Importing the module adls_lightning._C runs the static TORCH_LIBRARY_IMPL registrations.
+#include <ATen/Parallel.h>
+#include <Python.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "mxint8_checks.h"
+#include "mxint8_math.h"
+
+// The inner loops are written to auto-vectorise. The wheel must run on any x86-64, so GCC/Clang
+// also emit an AVX2 clone of each loop and pick it at load time (function multiversioning).
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#define MXINT8_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define MXINT8_CPU_CLONES
+#endif
+
+namespace adls {
+namespace mxint8 {
+namespace {
+
+// Groups per parallel task: enough elements per task to amortise the thread hand-off.
+constexpr int64_t kElementsPerTask = 32768;
+
+inline float load_as_float(float value) { return value; }
+inline float load_as_float(uint16_t bfloat16_bits) { return bits_to_float(static_cast<uint32_t>(bfloat16_bits) << 16); }
+
+template <typename In>
+inline void quantize_groups(const In* x, int8_t* mantissa, uint8_t* scale, int64_t group_size, int64_t first_group,
+                            int64_t end_group) {
+  for (int64_t group = first_group; group < end_group; ++group) {
+    const In* group_x = x + group * group_size;
+    int8_t* group_mantissa = mantissa + group * group_size;
+    uint32_t amax_bits = 0;
+    for (int64_t i = 0; i < group_size; ++i) {
+      amax_bits = std::max(amax_bits, abs_bits(load_as_float(group_x[i])));
+    }
+    const uint32_t group_scale = scale_from_amax_bits(amax_bits);
+    scale[group] = static_cast<uint8_t>(group_scale);
+    if (group_scale == kNanScale) {
+      std::memset(group_mantissa, 0, static_cast<size_t>(group_size));
+      continue;
+    }
+    const QuantizeFactors factors = quantize_factors(group_scale);
+    for (int64_t i = 0; i < group_size; ++i) {
+      group_mantissa[i] = quantize_element(load_as_float(group_x[i]), factors);
+    }
+  }
+}
+
+MXINT8_CPU_CLONES void quantize_float_groups(const float* x, int8_t* mantissa, uint8_t* scale, int64_t group_size,
+                                             int64_t first_group, int64_t end_group) {
+  quantize_groups(x, mantissa, scale, group_size, first_group, end_group);
+}
+
+MXINT8_CPU_CLONES void quantize_bfloat16_groups(const uint16_t* x, int8_t* mantissa, uint8_t* scale,
+                                                int64_t group_size, int64_t first_group, int64_t end_group) {
+  quantize_groups(x, mantissa, scale, group_size, first_group, end_group);
+}
+
+inline void store_float(float value, float* out) { *out = value; }
+inline void store_float(float value, uint16_t* bfloat16_out) { *bfloat16_out = exact_float_to_bfloat16_bits(value); }
+
+template <typename Out>
+inline void dequantize_groups(const int8_t* mantissa, const uint8_t* scale, Out* out, int64_t group_size,
+                              int64_t first_group, int64_t end_group) {
+  for (int64_t group = first_group; group < end_group; ++group) {
+    // A NaN step (scale 0xFF) makes every product NaN, so the NaN group needs no branch.
+    const float step = element_scale(scale[group]);
+    const int8_t* group_mantissa = mantissa + group * group_size;
+    Out* group_out = out + group * group_size;
+    for (int64_t i = 0; i < group_size; ++i) {
+      store_float(static_cast<float>(group_mantissa[i]) * step, group_out + i);
+    }
+  }
+}
+
+MXINT8_CPU_CLONES void dequantize_float_groups(const int8_t* mantissa, const uint8_t* scale, float* out,
+                                               int64_t group_size, int64_t first_group, int64_t end_group) {
+  dequantize_groups(mantissa, scale, out, group_size, first_group, end_group);
+}
+
+MXINT8_CPU_CLONES void dequantize_bfloat16_groups(const int8_t* mantissa, const uint8_t* scale, uint16_t* out,
+                                                  int64_t group_size, int64_t first_group, int64_t end_group) {
+  dequantize_groups(mantissa, scale, out, group_size, first_group, end_group);
+}
+
+int64_t groups_per_task(int64_t group_size) { return std::max<int64_t>(1, kElementsPerTask / group_size); }
+
+std::tuple<at::Tensor, at::Tensor> mxint8_quantize_cpu(const at::Tensor& x, int64_t group_size) {
+  check_quantize_args(x, group_size);
+  TORCH_INTERNAL_ASSERT(x.device().is_cpu());
+  // float16/float64 take the float32 path: float16 -> float32 is exact, and the format defines
+  // float64 input as rounded to float32 first.
+  const bool native_dtype = x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16;
+  const at::Tensor input = (native_dtype ? x : x.to(at::kFloat)).contiguous();
+  at::Tensor mantissa = at::empty(x.sizes(), x.options().dtype(at::kChar));
+  at::Tensor scale = at::empty(grouped_shape(x.sizes(), group_size), x.options().dtype(at::kByte));
+  const int64_t num_groups = scale.numel();
+  int8_t* mantissa_ptr = mantissa.data_ptr<int8_t>();
+  uint8_t* scale_ptr = scale.data_ptr<uint8_t>();
+  if (input.scalar_type() == at::kFloat) {
+    const float* x_ptr = input.const_data_ptr<float>();
+    at::parallel_for(0, num_groups, groups_per_task(group_size), [&](int64_t begin, int64_t end) {
+      quantize_float_groups(x_ptr, mantissa_ptr, scale_ptr, group_size, begin, end);
+    });
+  } else {
+    const auto* x_ptr = reinterpret_cast<const uint16_t*>(input.const_data_ptr<at::BFloat16>());
+    at::parallel_for(0, num_groups, groups_per_task(group_size), [&](int64_t begin, int64_t end) {
+      quantize_bfloat16_groups(x_ptr, mantissa_ptr, scale_ptr, group_size, begin, end);
+    });
+  }
+  return {mantissa, scale};
+}
+
+at::Tensor mxint8_dequantize_cpu(const at::Tensor& mantissa, const at::Tensor& scale, int64_t group_size,
+                                 at::ScalarType dtype) {
+  check_dequantize_args(mantissa, scale, group_size, dtype);
+  TORCH_INTERNAL_ASSERT(mantissa.device().is_cpu());
+  const at::Tensor mantissa_c = mantissa.contiguous();
+  const at::Tensor scale_c = scale.contiguous();
+  // float16 is produced by rounding the exact float32 result, as the reference does.
+  const at::ScalarType kernel_dtype = dtype == at::kHalf ? at::kFloat : dtype;
+  at::Tensor out = at::empty(mantissa.sizes(), mantissa.options().dtype(kernel_dtype));
+  const int64_t num_groups = scale_c.numel();
+  const int8_t* mantissa_ptr = mantissa_c.const_data_ptr<int8_t>();
+  const uint8_t* scale_ptr = scale_c.const_data_ptr<uint8_t>();
+  if (kernel_dtype == at::kFloat) {
+    float* out_ptr = out.data_ptr<float>();
+    at::parallel_for(0, num_groups, groups_per_task(group_size), [&](int64_t begin, int64_t end) {
+      dequantize_float_groups(mantissa_ptr, scale_ptr, out_ptr, group_size, begin, end);
+    });
+  } else {
+    auto* out_ptr = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+    at::parallel_for(0, num_groups, groups_per_task(group_size), [&](int64_t begin, int64_t end) {
+      dequantize_bfloat16_groups(mantissa_ptr, scale_ptr, out_ptr, group_size, begin, end);
+    });
+  }
+  return dtype == kernel_dtype ? out : out.to(dtype);
+}
+
+}  // namespace
+}  // namespace mxint8
+}  // namespace adls
+
+TORCH_LIBRARY_IMPL(adls, CPU, m) {
+  m.impl("mxint8_quantize", &adls::mxint8::mxint8_quantize_cpu);
+  m.impl("mxint8_dequantize", &adls::mxint8::mxint8_dequantize_cpu);
+}
+
+// An empty Python module: `import adls_lightning._C` loads this shared library, which runs the
+// registrations above (the pattern of pytorch/extension-cpp, limited-API friendly).
+extern "C" {
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}

@@ -1,0 +1,159 @@
+"""Lab 1 figure: best accuracy vs fixed-point width, one curve for PTQ and one for QAT, from run records.
+
+Reads every ``metrics.json`` under the given folders (the job folders of ``train.py -m`` sweeps) and
+Hydra's ``.hydra/config.yaml`` beside it. A run's mode is ``quant.mode`` and its width is the
+integer preset's ``weight_width`` (from the config; without one, ``quant/avg_weight_bits``, which
+is the width for the integer presets). Runs without quantization are drawn as a dashed
+"full precision" line. Any subset of widths and modes works.
+
+"Best accuracy": each run reports the accuracy of its best checkpoint (selected on ``val/acc``);
+when several runs share a width and mode (seeds, learning rates), the one with the best
+``--select`` metric is drawn, so the test split is never used for selection.
+
+Usage::
+
+    python scripts/plot_lab1_width.py outputs/cpu/multiruns/<date> --out docs/figures/lab1_width.png
+
+Prints a markdown table of the plotted points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+MODES = ("ptq", "qat")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One finished run: quantization mode (None = full precision), width, accuracy and selection score."""
+
+    mode: str | None
+    width: int | None
+    accuracy: float
+    score: float
+    run_dir: Path
+
+
+def _integer_width(config: dict, metrics: dict) -> int | None:
+    linear = ((config.get("quant") or {}).get("config") or {}).get("linear") or {}
+    layer = linear.get("config", linear) if isinstance(linear, dict) else {}
+    if layer.get("name") == "integer" and layer.get("weight_width") is not None:
+        return int(layer["weight_width"])
+    bits = metrics.get("quant/avg_weight_bits")
+    return round(bits) if bits is not None and not layer else None
+
+
+def read_runs(roots: Iterable[Path], metric: str = "test/acc", select: str = "val/acc") -> list[Run]:
+    """One :class:`Run` per ``metrics.json`` under ``roots``; runs without ``metric`` are skipped (noted on stderr)."""
+    runs = []
+    for root in roots:
+        for metrics_file in sorted(Path(root).rglob("metrics.json")):
+            run_dir = metrics_file.parent
+            metrics = json.loads(metrics_file.read_text())
+            if metric not in metrics:
+                print(f"skipping {run_dir}: no {metric} in metrics.json", file=sys.stderr)
+                continue
+            config_file = run_dir / ".hydra" / "config.yaml"
+            config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
+            quant = config.get("quant") or {}
+            mode = quant.get("mode")
+            if mode is None and "quant/avg_weight_bits" in metrics:  # no saved config: infer from the metrics
+                mode = "ptq" if "ptq/val_acc_after" in metrics else "qat"
+            width = _integer_width(config, metrics) if mode else None
+            if mode and width is None:
+                print(f"skipping {run_dir}: not a fixed-point (integer) run", file=sys.stderr)
+                continue
+            score = float(metrics.get(select, metrics[metric]))
+            runs.append(Run(mode, width, float(metrics[metric]), score, run_dir))
+    return runs
+
+
+def best_per_width(runs: Iterable[Run]) -> dict[str, list[tuple[int, float]]]:
+    """Mode -> [(width, accuracy of the run with the best selection score)] sorted by width."""
+    best: dict[tuple[str, int], Run] = {}
+    for run in runs:
+        if run.mode is None:
+            continue
+        key = (run.mode, run.width)
+        if key not in best or run.score > best[key].score:
+            best[key] = run
+    return {
+        mode: sorted((width, run.accuracy) for (m, width), run in best.items() if m == mode)
+        for mode in MODES
+        if any(m == mode for m, _ in best)
+    }
+
+
+def full_precision(runs: Iterable[Run]) -> float | None:
+    baseline = [run for run in runs if run.mode is None]
+    return max(baseline, key=lambda run: run.score).accuracy if baseline else None
+
+
+def markdown_table(runs: list[Run], metric: str) -> str:
+    curves = best_per_width(runs)
+    widths = sorted({w for values in curves.values() for w, _ in values})
+    lines = [f"| width | {' | '.join(m.upper() for m in curves)} |", "|---" * (len(curves) + 1) + "|"]
+    for width in widths:
+        cells = [next((f"{acc:.4f}" for w, acc in values if w == width), "") for values in curves.values()]
+        lines.append(f"| {width} | {' | '.join(cells)} |")
+    baseline = full_precision(runs)
+    if baseline is not None:
+        lines.append(f"\nfull precision {metric}: {baseline:.4f}")
+    return "\n".join(lines)
+
+
+def plot(runs: list[Run], out: Path, metric: str, title: str) -> None:
+    """Draws accuracy vs width (PTQ and QAT curves, full precision dashed) and saves a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=150)
+    curves = best_per_width(runs)
+    for mode, values in curves.items():
+        widths, accuracies = zip(*values)
+        ax.plot(widths, accuracies, marker="o", label=mode.upper())
+    baseline = full_precision(runs)
+    if baseline is not None:
+        ax.axhline(baseline, color="gray", linestyle="--", label="full precision")
+    ax.set_xticks(sorted({w for values in curves.values() for w, _ in values}))
+    ax.set_xlabel("fixed-point width (bits; frac = width / 2)")
+    ax.set_ylabel(f"best {metric}")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("roots", nargs="+", type=Path, help="folder(s) to search for metrics.json (multirun dirs)")
+    parser.add_argument("--out", type=Path, default=Path("docs/figures/lab1_width.png"), help="PNG to write")
+    parser.add_argument("--metric", default="test/acc", help="metrics.json key on the y axis (default test/acc)")
+    parser.add_argument("--select", default="val/acc", help="picks the best of repeated runs (default val/acc)")
+    parser.add_argument("--title", default="Lab 1: accuracy vs fixed-point width")
+    args = parser.parse_args(argv)
+    runs = read_runs(args.roots, args.metric, args.select)
+    if not any(run.mode for run in runs):
+        print(f"error: no quantized run with {args.metric} under {', '.join(map(str, args.roots))}", file=sys.stderr)
+        return 2
+    plot(runs, args.out, args.metric, args.title)
+    print(markdown_table(runs, args.metric))
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""search.py end to end on tiny models and synthetic data: each space, storage contents, resume, pruning, bad input.
+
+The sweeper's mechanics (workers, crashes, samplers, failure rates) are covered on a toy app in
+test_search_sweeper.py; here every trial is a real training run of the training core.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from test_nas import expected_param_count
+
+ROOT = Path(__file__).resolve().parents[1]
+MINILM_VOCAB, POSITIONS = 30522, 512
+TINY_NAS = [
+    "hydra.sweeper.search_space.num_hidden_layers=[1,2]",
+    "hydra.sweeper.search_space.num_attention_heads=[2,4]",
+    "hydra.sweeper.search_space.hidden_size=[16,32]",
+    "hydra.sweeper.search_space.intermediate_size=[32,64]",
+]
+
+
+@pytest.fixture
+def search(tmp_path, tiny_imdb_dir, cache_dir):
+    """``search(*overrides)`` runs search.py on the tiny data, sweep dir ``tmp_path/sweep``."""
+
+    def run(*overrides: str) -> subprocess.CompletedProcess:
+        cmd = [
+            sys.executable, str(ROOT / "search.py"),
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}",
+            "trainer=cpu", "trainer.max_epochs=1", "callbacks.rich_progress_bar=null",
+            "data.max_length=32", "data.batch_size=16", "data.val_size=64", "data.train_size=128",
+            "data.test_size=64",
+            *overrides,
+        ]  # fmt: skip
+        env = {**os.environ, "PROJECT_ROOT": str(ROOT)}
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+    return run
+
+
+def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def load(tmp_path: Path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'sweep' / name}.db")
+
+
+def test_nas_trials_build_the_sampled_architectures_and_resume(search, tmp_path):
+    ok(search("search=nas", "hydra.sweeper.n_trials=3", *TINY_NAS))
+    study = load(tmp_path, "nas-acc-tpe")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+    for t in study.trials:
+        p, metrics = t.params, t.user_attrs["metrics"]
+        identities = sum(v == "identity" for k, v in p.items() if k.startswith("bert."))
+        # each knob reached the model: its parameter count is the hand-derived one for the sampled architecture
+        assert metrics["params/total"] == expected_param_count(
+            p["num_hidden_layers"],
+            p["hidden_size"],
+            p["intermediate_size"],
+            identities,
+            MINILM_VOCAB,
+            POSITIONS,
+        )
+        assert t.value == metrics["val/acc"]
+        assert Path(t.user_attrs["output_dir"], "metrics.json").is_file()
+        # one validation during fit, reported to the trial at step 1 (the best checkpoint is that epoch's)
+        assert list(t.intermediate_values) == [1]
+        assert t.intermediate_values[1] == pytest.approx(metrics["val/acc"])
+    best = json.loads((tmp_path / "sweep" / "nas-acc-tpe_best.json").read_text())
+    assert best["best_trials"][0]["values"]["val/acc"] == max(t.value for t in study.trials)
+
+    ok(search("search=nas", "hydra.sweeper.n_trials=3", *TINY_NAS))  # the same command again: nothing to do
+    assert [(t.number, t.datetime_complete) for t in load(tmp_path, "nas-acc-tpe").trials] == [
+        (t.number, t.datetime_complete) for t in study.trials
+    ]
+
+
+def test_pruner_stops_lightning_trials_and_they_are_recorded_pruned(search, tmp_path):
+    # a threshold above any accuracy prunes every trial at its first validation
+    ok(
+        search(
+            "search=nas",
+            "hydra.sweeper.n_trials=2",
+            "trainer.max_epochs=3",
+            *TINY_NAS,
+            "search.pruner._target_=optuna.pruners.ThresholdPruner",
+            "++search.pruner.lower=1.01",
+        )
+    )
+    study = load(tmp_path, "nas-acc-tpe")
+    assert [t.state for t in study.trials] == [TrialState.PRUNED] * 2
+    for t in study.trials:
+        assert list(t.intermediate_values) == [1]
+        assert t.user_attrs["train/epochs"] == 1.0  # stopped after 1 of 3 epochs
+        assert "pruned at validation 1" in t.user_attrs["pruned_reason"]
+
+
+def linear_layers(hidden: int, intermediate: int, layers: int) -> dict[str, int]:
+    """Weight element counts of every linear layer of a BERT classifier, by name (hand-written)."""
+    sizes = {}
+    for i in range(layers):
+        prefix = f"bert.encoder.layer.{i}."
+        for name in (
+            "attention.self.query",
+            "attention.self.key",
+            "attention.self.value",
+            "attention.output.dense",
+        ):
+            sizes[prefix + name] = hidden * hidden
+        sizes[prefix + "intermediate.dense"] = hidden * intermediate
+        sizes[prefix + "output.dense"] = intermediate * hidden
+    sizes["bert.pooler.dense"] = hidden * hidden
+    sizes["classifier"] = hidden * 2
+    return sizes
+
+
+def test_mixed_precision_trials_quantize_each_layer_as_sampled(search, tmp_path):
+    ok(
+        search(
+            "search=mixed_precision",
+            "model=tiny_random",
+            "search/objective=acc_bits",
+            "hydra/sweeper/sampler=nsgaii",
+            "hydra.sweeper.n_trials=2",
+        )
+    )
+    study = load(tmp_path, "mixed_precision-integer-acc_bits-nsgaii")
+    sizes = linear_layers(hidden=32, intermediate=64, layers=2)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    for t in study.trials:
+        assert {k.split("/")[0] for k in t.params} == set(sizes)  # one format choice per linear layer
+        bits = {
+            layer: t.params[f"{layer}/integer.width"] if t.params[f"{layer}/format"] == "integer" else 32
+            for layer in sizes
+        }
+        expected = sum(bits[n] * sizes[n] for n in sizes) / sum(sizes.values())
+        assert t.values[1] == pytest.approx(expected)
+        quantized = sum(t.params[f"{n}/format"] == "integer" for n in sizes)
+        assert t.user_attrs["metrics"]["quant/layers"] == quantized
+
+
+def test_compression_aware_nas_scores_after_compression(search, tmp_path):
+    ok(search("search=nas_compression", "compress.post_epochs=0", "hydra.sweeper.n_trials=1", *TINY_NAS))
+    (trial,) = load(tmp_path, "nas_compression-post0-acc-tpe").trials
+    metrics = trial.user_attrs["metrics"]
+    assert trial.state == TrialState.COMPLETE
+    assert trial.value == metrics["val/acc"] == pytest.approx(metrics["compress/val_acc_after_compression"])
+    assert metrics["prune/weight_sparsity"] == pytest.approx(0.5, abs=0.05)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["search=nosuch"], "Could not find 'search/nosuch'"),
+        (["hydra/sweeper/sampler=nosuch"], "Could not find 'hydra/sweeper/sampler/nosuch'"),
+        (["hydra/sweeper/sampler=grid"], "hydra/sweeper/sampler=grid needs an explicit grid"),
+        (
+            ["hydra.sweeper.storage=postgresql://nobody@localhost:1/none"],
+            "hydra.sweeper.storage=postgresql://",
+        ),
+    ],
+)
+def test_bad_input_is_one_line(search, overrides, message):
+    proc = search(*overrides)
+    assert proc.returncode != 0
+    # the error is one line (Hydra's own composition errors list the valid options after it), no traceback
+    assert any(message in line for line in proc.stderr.splitlines()), proc.stderr
+    assert "Traceback" not in proc.stderr

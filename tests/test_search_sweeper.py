@@ -1,0 +1,333 @@
+"""The Optuna study sweeper on a toy Hydra app (trials take milliseconds, no training).
+
+The app is written to a temporary folder and run as a subprocess, as a user runs ``search.py``: the sweeper is
+found as a Hydra plugin, its config comes from the project's ``conf/hydra/sweeper``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+ROOT = Path(__file__).resolve().parents[1]
+
+APP = """
+import json, os, sys, time
+from pathlib import Path
+import hydra
+
+@hydra.main(config_path=".", config_name="toy", execution_whitelist=["test_search_sweeper.*", "optuna.pruners.*"])
+def main(cfg):
+    x = cfg.x
+    if cfg.log_pid:
+        Path(cfg.log_pid).mkdir(exist_ok=True)
+        (Path(cfg.log_pid) / f"{cfg.search.trial.number}").write_text(str(os.getpid()))
+    time.sleep(cfg.sleep)
+    if x in cfg.fail_at:
+        raise RuntimeError(f"toy failure at x={x}")
+    if cfg.report:  # a job that reports per-step values to its trial and is pruned like a Lightning run
+        from adls_lightning.search.storage import open_trial
+        from hydra.utils import instantiate
+        t = cfg.search.trial
+        trial = open_trial(t.storage, t.study_name, t.number, instantiate(cfg.pruner))
+        for step in range(1, 4):
+            trial.report(float(x) * step, step)
+            if trial.should_prune():
+                import optuna
+                raise optuna.TrialPruned(f"pruned at step {step}")
+    if cfg.two_objectives:
+        return [float(x), float(cfg.y)]
+    return float(x)
+
+if __name__ == "__main__":
+    main()
+"""
+
+CONFIG = """
+defaults:
+  - override hydra/sweeper: optuna_study
+  - _self_
+seed: 0
+x: 0
+y: 0
+sleep: 0.0
+fail_at: []
+report: false
+two_objectives: false
+log_pid: null
+pruner: {_target_: optuna.pruners.NopPruner}
+search:
+  name: toy
+  trial: {study_name: null, storage: null, number: null}
+hydra:
+  searchpath: ["file://ROOT/conf"]
+  mode: MULTIRUN
+  sweep:
+    dir: ???
+    subdir: ${hydra.job.num}
+  sweeper:
+    study_name: toy-${hydra:runtime.choices.hydra/sweeper/sampler}
+    n_trials: 6
+    max_failure_rate: 0.0
+    heartbeat_interval: 1
+    grace_period: 3
+    search_space:
+      _target_: test_search_sweeper.ToySpace
+"""
+
+
+class ToySpace:
+    """x in 0..9, and y in 0..3 only when x is odd (a conditional parameter); x == 7 is rejected."""
+
+    def __call__(self, trial):
+        x = trial.suggest_categorical("x", list(range(10)))
+        if x == 7:
+            raise optuna.TrialPruned("rejected: x=7 is not allowed")
+        out = {"x": x}
+        if x % 2:
+            out["y"] = trial.suggest_categorical("y", [0, 1, 2, 3])
+        return out
+
+
+@pytest.fixture
+def toy(tmp_path):
+    """Run the toy app: ``toy(*overrides, wait=True)`` -> CompletedProcess (or Popen when wait=False)."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "toy.py").write_text(APP)
+    (tmp_path / "app" / "toy.yaml").write_text(textwrap.dedent(CONFIG).replace("ROOT", str(ROOT)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)])}
+
+    def run(*overrides, sweep_dir=tmp_path / "sweep", wait=True):
+        cmd = [sys.executable, str(tmp_path / "app" / "toy.py"), f"hydra.sweep.dir={sweep_dir}", *overrides]
+        if not wait:
+            return subprocess.Popen(
+                cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+        return subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    return run
+
+
+def load(sweep_dir: Path, name: str = "toy-tpe") -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{sweep_dir / name}.db")
+
+
+def states(study: optuna.Study) -> list[str]:
+    return [t.state.name for t in study.trials]
+
+
+def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_runs_n_trials_into_sqlite_and_writes_the_best(toy, tmp_path):
+    proc = ok(toy("hydra.sweeper.n_trials=6", "hydra/sweeper/sampler=random"))
+    study = load(tmp_path / "sweep", "toy-random")
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert len(study.trials) == 6
+    # every completed trial returned its x, as sampled; odd x also sampled the conditional y
+    assert all(t.value == t.params["x"] for t in done)
+    assert all(("y" in t.params) == (t.params["x"] % 2 == 1) for t in study.trials if "x" in t.params)
+    best = json.loads((tmp_path / "sweep" / "toy-random_best.json").read_text())
+    assert best["best_trials"][0]["values"]["objective_0"] == max(t.value for t in done)
+    assert f"Best trial {best['best_trials'][0]['number']} of study toy-random" in proc.stdout
+
+
+def test_same_seed_same_trials_and_resume_does_not_repeat(toy, tmp_path):
+    ok(toy("hydra.sweeper.n_trials=3", "hydra/sweeper/sampler=random", sweep_dir=tmp_path / "a"))
+    first = load(tmp_path / "a", "toy-random").trials
+    ok(toy("hydra.sweeper.n_trials=5", "hydra/sweeper/sampler=random", sweep_dir=tmp_path / "a"))
+    ok(
+        toy("hydra.sweeper.n_trials=5", "hydra/sweeper/sampler=random", sweep_dir=tmp_path / "a")
+    )  # nothing left
+    resumed = load(tmp_path / "a", "toy-random").trials
+    assert [t.number for t in resumed] == [0, 1, 2, 3, 4]
+    assert [(t.params, t.datetime_complete) for t in resumed[:3]] == [
+        (t.params, t.datetime_complete) for t in first
+    ]
+
+    ok(toy("hydra.sweeper.n_trials=5", "hydra/sweeper/sampler=random", sweep_dir=tmp_path / "b"))
+    fresh = load(tmp_path / "b", "toy-random").trials
+    # the seed of trial n depends on (seed, n) only: a resumed study draws exactly what one run draws
+    assert [t.params for t in fresh] == [t.params for t in resumed]
+    ok(toy("hydra.sweeper.n_trials=5", "hydra/sweeper/sampler=random", "seed=1", sweep_dir=tmp_path / "c"))
+    assert [t.params for t in load(tmp_path / "c", "toy-random").trials] != [t.params for t in fresh]
+
+
+def test_two_workers_share_one_budget(toy, tmp_path):
+    args = [
+        "hydra.sweeper.n_trials=8",
+        "hydra/sweeper/sampler=random",
+        "sleep=0.3",
+        f"log_pid={tmp_path / 'pids'}",
+    ]
+    workers = [toy(*args, wait=False) for _ in range(2)]
+    outputs = [w.communicate(timeout=300)[0].decode() for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    study = load(tmp_path / "sweep", "toy-random")
+    ran = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(ran) == 8
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING) for t in study.trials)
+    pids = {p.read_text() for p in (tmp_path / "pids").iterdir()}
+    assert len(pids) == 2, "both workers should have run trials"
+    # different trial numbers draw different seeds, so the workers do not replay each other's samples
+    assert len({t.params["x"] for t in ran}) > 2
+
+
+def test_failed_trial_is_recorded_and_the_sweep_goes_on(toy, tmp_path):
+    ok(
+        toy(
+            "hydra.sweeper.n_trials=8",
+            "hydra.sweeper.max_failure_rate=1.0",
+            "fail_at=[0,2,4,6,8]",
+            "hydra/sweeper/sampler=random",
+        )
+    )
+    study = load(tmp_path / "sweep", "toy-random")
+    by_state = {s: [t for t in study.trials if t.state == s] for s in TrialState}
+    assert len(study.trials) == 8
+    assert by_state[TrialState.FAIL] and by_state[TrialState.COMPLETE]
+    assert all(t.params["x"] % 2 == 0 for t in by_state[TrialState.FAIL])
+    assert all(
+        t.user_attrs["fail_reason"] == f"RuntimeError: toy failure at x={t.params['x']}"
+        for t in by_state[TrialState.FAIL]
+    )
+    assert all(
+        t.params["x"] == 7 and "x=7 is not allowed" in t.user_attrs["pruned_reason"]
+        for t in by_state[TrialState.PRUNED]
+    )
+
+
+@pytest.mark.parametrize(("rate", "failures"), [(0.0, 1), (0.5, 5)])
+def test_too_many_failures_stop_the_sweep(toy, tmp_path, rate, failures):
+    # 8 trials may have at most rate * 8 failures: the one after that stops the sweep
+    proc = toy(
+        "hydra.sweeper.n_trials=8", f"hydra.sweeper.max_failure_rate={rate}", "fail_at=[0,1,2,3,4,5,6,8,9]"
+    )
+    assert proc.returncode != 0
+    assert "toy failure" in proc.stderr
+    assert states(load(tmp_path / "sweep")).count("FAIL") == failures
+    assert states(load(tmp_path / "sweep"))[-1] == "FAIL"
+
+
+def test_job_raising_trial_pruned_is_recorded_pruned(toy, tmp_path):
+    ok(
+        toy(
+            "hydra.sweeper.n_trials=6",
+            "report=true",
+            "hydra/sweeper/sampler=random",
+            "pruner._target_=optuna.pruners.ThresholdPruner",
+            "++pruner.upper=10.0",
+        )
+    )
+    study = load(tmp_path / "sweep", "toy-random")
+    for t in study.trials:
+        if t.params["x"] == 7:
+            continue
+        # values x, 2x, 3x are reported; the threshold pruner stops at the first step above 10
+        over = [step for step in (1, 2, 3) if t.params["x"] * step > 10]
+        assert t.state == (TrialState.PRUNED if over else TrialState.COMPLETE)
+        assert max(t.intermediate_values) == (over[0] if over else 3)
+
+
+def test_crashed_worker_trial_is_retried_with_its_parameters(toy, tmp_path):
+    worker = toy("hydra.sweeper.n_trials=3", "sleep=60", "hydra/sweeper/sampler=random", wait=False)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until its first trial runs
+        try:
+            db = tmp_path / "sweep" / "toy-random.db"
+            if db.exists() and any(
+                t.state == TrialState.RUNNING for t in load(tmp_path / "sweep", "toy-random").trials
+            ):
+                break
+        except KeyError:  # the study is not created yet
+            pass
+        time.sleep(0.5)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait()
+    crashed = next(t for t in load(tmp_path / "sweep", "toy-random").trials if t.state == TrialState.RUNNING)
+    time.sleep(4)  # past the 3 s grace period: its heartbeat is stale
+
+    ok(toy("hydra.sweeper.n_trials=3", "hydra/sweeper/sampler=random"))
+    trials = load(tmp_path / "sweep", "toy-random").trials
+    assert trials[crashed.number].state == TrialState.FAIL
+    (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == crashed.number]
+    assert retry.params == crashed.params
+    assert retry.state in (TrialState.COMPLETE, TrialState.PRUNED)
+    # the crashed trial does not use up the budget: 3 trials ran besides it
+    assert len([t for t in trials if t.state != TrialState.FAIL]) == 3
+
+
+def test_grid_sampler_runs_the_explicit_grid_once(toy, tmp_path):
+    ok(toy("hydra/sweeper/sampler=grid", "hydra.sweeper.grid={x:[1,2,4]}", "hydra.sweeper.n_trials=10"))
+    study = load(tmp_path / "sweep", "toy-grid")
+    assert sorted(t.params["x"] for t in study.trials) == [1, 2, 4]
+    # y is not in the grid: it keeps its first choice and is recorded as fixed
+    assert [t.user_attrs.get("fixed/y") for t in study.trials if t.params["x"] == 1] == [0]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["hydra/sweeper/sampler=grid"], "hydra/sweeper/sampler=grid needs an explicit grid"),
+        (
+            ["hydra/sweeper/sampler=grid", "hydra.sweeper.grid={z:[1]}"],
+            "hydra.sweeper.grid.z: not a parameter",
+        ),
+        (["hydra/sweeper/sampler=grid", "hydra.sweeper.grid={x:[11]}"], "hydra.sweeper.grid: "),
+        (
+            ["hydra.sweeper.storage=sqlite:////nonexistent/dir/x.db"],
+            "hydra.sweeper.storage=sqlite:////nonexistent",
+        ),
+        (["hydra.sweeper.storage=nosuchdb://x"], "hydra.sweeper.storage=nosuchdb://x: cannot be opened"),
+        (["hydra/sweeper/sampler=nosuch"], "Could not find 'hydra/sweeper/sampler/nosuch'"),
+        (["hydra.sweeper.direction=up"], "hydra.sweeper.direction=up: must be maximize or minimize"),
+    ],
+)
+def test_bad_input_fails_with_one_line(toy, tmp_path, overrides, message):
+    proc = toy(*overrides)
+    assert proc.returncode != 0
+    # the error is one line (Hydra's own composition errors list the valid options after it), no traceback
+    assert any(message in line for line in proc.stderr.splitlines()), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random", "cmaes", "gp", "nsgaii", "qmc"])
+def test_each_sampler_runs(toy, tmp_path, sampler):
+    ok(toy(f"hydra/sweeper/sampler={sampler}", "hydra.sweeper.n_trials=4"))
+    study = load(tmp_path / "sweep", f"toy-{sampler}")
+    assert len(study.trials) == 4
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
+
+
+def test_two_objectives_give_a_pareto_front(toy, tmp_path):
+    ok(
+        toy(
+            "two_objectives=true",
+            "hydra.sweeper.direction=[maximize,minimize]",
+            "hydra.sweeper.n_trials=8",
+            "hydra/sweeper/sampler=nsgaii",
+        )
+    )
+    study = load(tmp_path / "sweep", "toy-nsgaii")
+    front = json.loads((tmp_path / "sweep" / "toy-nsgaii_best.json").read_text())["best_trials"]
+    done = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    # a trial is on the front iff no other trial has x >= and y <= with one strict (hand-written dominance)
+    dominated = {
+        t.number
+        for t in done
+        for o in done
+        if o.values[0] >= t.values[0] and o.values[1] <= t.values[1] and o.values != t.values
+    }
+    assert sorted(f["number"] for f in front) == sorted(t.number for t in done if t.number not in dominated)

@@ -1,0 +1,179 @@
+"""Unit tests of the search library: override formatting, objectives, budget counting, spaces, plots."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import math
+import random
+
+import optuna
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState, create_trial
+from transformers import BertConfig, BertForSequenceClassification
+
+from adls_lightning.config import ConfigError
+from adls_lightning.search.objective import objective_names, objective_values
+from adls_lightning.search.plots import best_so_far, pareto_front
+from adls_lightning.search.spaces import MixedPrecisionSpace, NasSpace
+from adls_lightning.search.sweeper import budget_trials, format_override_value, trials_started_before
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "sqlite:////tmp/a b/it's.db",
+        "back\\slash",
+        ["bert.encoder.layer.0.attention.self.query", "bert.pooler.dense"],
+        [],
+        {"config": {"name": "integer", "weight_width": 8, "bias_frac_width": 4}},
+        {"config": {"name": None}},
+        True,
+        3,
+        1e-05,
+    ],
+)
+def test_override_values_parse_back_to_themselves(value):
+    parsed = OverridesParser.create().parse_override(f"key={format_override_value(value)}")
+    assert parsed.value() == value
+
+
+def test_objectives_are_named_metrics_or_their_weighted_sum():
+    metrics = {"val/acc": 0.8, "quant/avg_weight_bits": 8.0}
+    assert objective_values(metrics, ["val/acc", "quant/avg_weight_bits"]) == (0.8, 8.0)
+    assert objective_values(metrics, ["val/acc", "quant/avg_weight_bits"], [1.0, -0.01]) == pytest.approx(
+        (0.72,)
+    )
+    assert objective_names(["val/acc", "quant/avg_weight_bits"], [1.0, -0.01]) == (
+        "1*val/acc + -0.01*quant/avg_weight_bits",
+    )
+    with pytest.raises(ConfigError, match="'quant/avg_weight_bits' is not a metric of this run"):
+        objective_values({"val/acc": 0.8}, ["val/acc", "quant/avg_weight_bits"])
+    with pytest.raises(ConfigError, match="one weight per metric"):
+        objective_values(metrics, ["val/acc"], [1.0, 2.0])
+
+
+def _trial(number, state, start_s, **system_attrs):
+    start = dt.datetime(2026, 1, 1) + dt.timedelta(seconds=start_s)
+    trial = create_trial(
+        state=state,
+        value=1.0 if state == TrialState.COMPLETE else None,
+        params={"x": 1},
+        distributions={"x": CategoricalDistribution([1, 2])},
+        system_attrs=system_attrs,
+    )
+    trial.number, trial.datetime_start = number, start
+    return trial
+
+
+def test_budget_counts_started_trials_except_retried_crashes():
+    trials = [
+        _trial(0, TrialState.COMPLETE, 0),
+        _trial(1, TrialState.FAIL, 1),  # crashed, re-queued as trial 4
+        _trial(2, TrialState.FAIL, 2),  # its job raised: counts
+        _trial(3, TrialState.PRUNED, 3),
+        _trial(4, TrialState.RUNNING, 9, failed_trial=1, retry_history=[1]),
+        _trial(5, TrialState.RUNNING, 5),
+        _trial(6, TrialState.WAITING, 6),  # a ticket: not started
+    ]
+    assert [t.number for t in budget_trials(trials)] == [0, 2, 3, 4, 5]
+    # order by start time, not number: the retry (4) started after trial 5
+    assert trials_started_before(trials, 5) == 3
+    assert trials_started_before(trials, 4) == 4
+
+
+def test_pareto_front_matches_brute_force_dominance():
+    rng = random.Random(0)
+    points = [(rng.choice([4, 8, 12, 16, 32]), round(rng.random(), 2)) for _ in range(60)]
+    dominated = {
+        i for i, j in itertools.permutations(range(len(points)), 2)
+        if points[j][0] <= points[i][0] and points[j][1] >= points[i][1] and points[j] != points[i]
+    }  # fmt: skip
+    expected = {i for i in range(len(points)) if i not in dominated}
+    front = pareto_front(points)
+    # duplicates of a front point: the front keeps one of them
+    assert {points[i] for i in front} == {points[i] for i in expected}
+    assert len(front) == len({points[i] for i in expected})
+
+
+@pytest.mark.parametrize(
+    ("direction", "expected"), [("maximize", [0.5, 0.5, 0.7, 0.7]), ("minimize", [0.5, 0.2, 0.2, 0.2])]
+)
+def test_best_so_far_carries_the_best_over_pruned_trials(direction, expected):
+    study = optuna.create_study(direction=direction)
+    for value, state in [
+        (0.5, TrialState.COMPLETE),
+        (0.2, TrialState.COMPLETE),
+        (0.7, TrialState.COMPLETE),
+        (None, TrialState.PRUNED),
+    ]:
+        study.add_trial(create_trial(state=state, value=value, intermediate_values={1: 0.1}))
+    curve = best_so_far(study)
+    assert curve.trials == [0, 1, 2, 3]
+    assert curve.best == expected
+    assert curve.reached_at == (2 if direction == "maximize" else 1)
+    assert math.isnan(best_so_far(optuna.create_study()).final)
+
+
+def test_nas_space_rejects_impossible_architectures_with_the_reason():
+    space = NasSpace([2], [3], [32], [64])
+    trial = optuna.create_study().ask()
+    with pytest.raises(
+        optuna.TrialPruned, match="hidden size \\(32\\) is not a multiple of the number of attention"
+    ):
+        space(trial)
+    with pytest.raises(ConfigError, match="num_hidden_layers=\\[0\\]: choices must be positive integers"):
+        NasSpace([0], [2], [32], [64])
+
+
+def test_nas_space_asks_one_choice_per_square_linear_of_the_sampled_depth():
+    space = NasSpace([1, 3], [2], [32], [64])
+    for seed in range(4):
+        trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed)).ask()
+        overrides = space(trial)
+        layers = trial.params["num_hidden_layers"]
+        per_layer = [k for k in trial.params if k.startswith("bert.encoder.layer.")]
+        assert len(per_layer) == 4 * layers
+        assert overrides["model.backbone.identity_layers"] == [
+            k for k, v in trial.params.items() if v == "identity"
+        ]
+
+
+@pytest.fixture(scope="module")
+def tiny_bert():
+    config = BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    return BertForSequenceClassification(config)
+
+
+def test_mixed_precision_space_writes_one_quant_entry_per_quantized_layer(tiny_bert):
+    formats = {"fp32": {}, "integer": {"params": {"width": [4, 8], "frac_width": [2]}}}
+    space = MixedPrecisionSpace(tiny_bert, formats, use=["fp32", "integer"])
+    assert len(space.layers) == 8  # q, k, v, attention output, intermediate, output, pooler, classifier
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(1)).ask()
+    overrides = space(trial)
+    quantized = [n for n in space.layers if trial.params[f"{n}/format"] == "integer"]
+    assert sorted(overrides) == sorted(f"++quant.config.{n}" for n in quantized)
+    for n in quantized:
+        width = trial.params[f"{n}/integer.width"]
+        assert overrides[f"++quant.config.{n}"] == {"config": {
+            "name": "integer",
+            **{f"{slot}_{p}": v for slot in ("data_in", "weight", "bias") for p, v in
+               (("width", width), ("frac_width", 2))},
+        }}  # fmt: skip
+
+
+def test_mixed_precision_space_checks_its_config(tiny_bert):
+    with pytest.raises(ConfigError, match="formats.posit: unknown format"):
+        MixedPrecisionSpace(tiny_bert, {"posit": {}})
+    with pytest.raises(ConfigError, match="layers=nothing.*: matches no linear layer"):
+        MixedPrecisionSpace(tiny_bert, {"fp32": {}}, layers="nothing.*")
+    # a width the format refuses is a rejected trial, not a crash
+    space = MixedPrecisionSpace(tiny_bert, {"integer": {"params": {"width": [0]}}}, layers="classifier")
+    with pytest.raises(optuna.TrialPruned, match="rejected classifier: integer width=0"):
+        space(optuna.create_study().ask())
