@@ -2,7 +2,7 @@
 
 Every knob changes the model. MASE's Tutorial 5 set ``num_layers``/``num_heads`` on the ``BertConfig``, whose real
 fields are ``num_hidden_layers``/``num_attention_heads``, so two of its four knobs were silently ignored; here the
-four knobs are the ``BertConfig`` fields themselves and :func:`build_nas_bert` checks the built model against them.
+four knobs are the ``BertConfig`` fields themselves (``tests/test_nas.py`` checks built models against them).
 
 Like MASE, every square ``nn.Linear`` (``in_features == out_features``) may be replaced by an identity: the
 attention query/key/value/output projections of each layer, the pooler, and the feed-forward pair when

@@ -8,8 +8,8 @@ sweep minus the trials' own training and evaluation time), from the no-pruner ru
     python benchmarks/bench_search_pruner.py                         # successive halving, 12 trials x 3 epochs
     python benchmarks/bench_search_pruner.py --pruner median --trials 20
 
-Defaults are sized for a 2-core CPU (~30 min in all): a small NAS space over random-init BERTs on a
-stratified IMDb subset (../shared/data/imdb, or $ADLS_IMDB_DIR), sequences cut to 64 tokens.
+Defaults are sized for a 2-core CPU (~45 min in all): a small NAS space over random-init BERTs on a
+stratified IMDb subset (2000 reviews, 300 for validation; ../shared/data/imdb or $ADLS_IMDB_DIR), cut to 64 tokens.
 """
 
 from __future__ import annotations
@@ -27,8 +27,16 @@ from optuna.trial import TrialState
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def load_run(out: Path) -> tuple[optuna.Study, float]:
+    """A finished run's study and the wall time of its trials (first start to last end)."""
+    study = optuna.load_study(study_name="bench", storage=f"sqlite:///{out / 'bench.db'}")
+    trials = study.get_trials(deepcopy=False)
+    wall = (max(t.datetime_complete for t in trials) - min(t.datetime_start for t in trials)).total_seconds()
+    return study, wall
+
+
 def run_search(out: Path, pruner: str, args: argparse.Namespace) -> tuple[optuna.Study, float]:
-    """One search.py run into ``out``; returns its study and the wall time of its trials (first start to end)."""
+    """One search.py run into ``out``; returns its study and the wall time of its trials."""
     overrides = [
         "search=nas",
         "hydra/sweeper/sampler=random",
@@ -45,8 +53,8 @@ def run_search(out: Path, pruner: str, args: argparse.Namespace) -> tuple[optuna
         f"data.val_size={args.val_size}",
         f"data.test_size={args.val_size}",
         f"data.max_length={args.max_length}",
-        "data.batch_size=32",
-        "model.optimizer.lr=1e-3",
+        "data.batch_size=16",
+        "model.optimizer.lr=2e-3",
         "search.nas.num_hidden_layers=[1,2]",
         "search.nas.num_attention_heads=[2,4]",
         "search.nas.hidden_size=[32,64,128]",
@@ -64,14 +72,13 @@ def run_search(out: Path, pruner: str, args: argparse.Namespace) -> tuple[optuna
             cwd=ROOT,
             stdout=handle,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PROJECT_ROOT": str(ROOT)},
+            # one thread per process: on a shared or small CPU, more threads than free cores spin and slow
+            # training down several-fold (set OMP_NUM_THREADS yourself to override)
+            env={"OMP_NUM_THREADS": "1", **os.environ, "PROJECT_ROOT": str(ROOT)},
         )
     if proc.returncode:
         sys.exit(f"search with pruner={pruner} failed (exit {proc.returncode}); see {log}")
-    study = optuna.load_study(study_name="bench", storage=f"sqlite:///{out / 'bench.db'}")
-    trials = study.get_trials(deepcopy=False)
-    wall = (max(t.datetime_complete for t in trials) - min(t.datetime_start for t in trials)).total_seconds()
-    return study, wall
+    return load_run(out)
 
 
 def summarize(study: optuna.Study) -> dict[str, float]:
@@ -100,15 +107,24 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--train-size", type=int, default=600)
-    parser.add_argument("--val-size", type=int, default=200)
+    parser.add_argument("--train-size", type=int, default=2000)
+    parser.add_argument("--val-size", type=int, default=300)
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_search_pruner")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="reuse the no-pruner run in this folder (<out>/<stamp>/none) of the same settings",
+    )
     parser.add_argument("override", nargs="*", help="extra search.py overrides for both runs")
     args = parser.parse_args()
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base, base_wall = run_search(args.out / stamp / "none", "none", args)
+    base, base_wall = (
+        load_run(args.baseline) if args.baseline else run_search(args.out / stamp / "none", "none", args)
+    )
+    if len(base.trials) != args.trials:
+        sys.exit(f"--baseline {args.baseline}: {len(base.trials)} trials, expected --trials {args.trials}")
     pruned, _ = run_search(args.out / stamp / args.pruner, args.pruner, args)
     a, b = summarize(base), summarize(pruned)
     same = [t.params for t in base.trials] == [t.params for t in pruned.trials]

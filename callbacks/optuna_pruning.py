@@ -19,7 +19,8 @@ from adls_lightning.search.storage import open_trial
 
 class OptunaPruning(L.Callback):
     """Reports ``monitor`` at each validation during fit (step = 1, 2, ...) and raises ``optuna.TrialPruned``
-    when the study's pruner says so; the sweeper then records the trial as PRUNED.
+    when the study's pruner says so (except after the last validation, when stopping saves nothing); the sweeper
+    then records the trial as PRUNED.
 
     Outside a search (``trial_number`` None) it does nothing.
 
@@ -72,7 +73,9 @@ class OptunaPruning(L.Callback):
         if not self.reports:
             return
         self.trial.report(float(value), step=self.validations)
-        if self.trial.should_prune():
+        # After the fit's last validation there is nothing left to save: the trial completes with its value.
+        last = trainer.max_epochs is not None and trainer.max_epochs > 0 and self.epochs >= trainer.max_epochs
+        if not last and self.trial.should_prune():
             raise optuna.TrialPruned(
                 f"pruned at validation {self.validations} ({self.monitor}={float(value):.4f}, "
                 f"{self.epochs:.2f} epochs)"

@@ -139,15 +139,24 @@ def plot(runs: list[Run], out: Path, metric: str, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("roots", nargs="+", type=Path, help="folder(s) to search for metrics.json (multirun dirs)")
+    parser.add_argument(
+        "roots", nargs="+", type=Path, help="folder(s) to search for metrics.json (multirun dirs)"
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/figures/lab1_width.png"), help="PNG to write")
-    parser.add_argument("--metric", default="test/acc", help="metrics.json key on the y axis (default test/acc)")
-    parser.add_argument("--select", default="val/acc", help="picks the best of repeated runs (default val/acc)")
+    parser.add_argument(
+        "--metric", default="test/acc", help="metrics.json key on the y axis (default test/acc)"
+    )
+    parser.add_argument(
+        "--select", default="val/acc", help="picks the best of repeated runs (default val/acc)"
+    )
     parser.add_argument("--title", default="Lab 1: accuracy vs fixed-point width")
     args = parser.parse_args(argv)
     runs = read_runs(args.roots, args.metric, args.select)
     if not any(run.mode for run in runs):
-        print(f"error: no quantized run with {args.metric} under {', '.join(map(str, args.roots))}", file=sys.stderr)
+        print(
+            f"error: no quantized run with {args.metric} under {', '.join(map(str, args.roots))}",
+            file=sys.stderr,
+        )
         return 2
     plot(runs, args.out, args.metric, args.title)
     print(markdown_table(runs, args.metric))

@@ -72,7 +72,8 @@ def test_train_base_unfreezes_the_quantized_weights(compose_cfg):
 
 def test_ptq_quantizes_only_for_final_evaluation_and_reports_before_after(compose_cfg, tmp_path):
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/acc", mode="max")
-    learnable = ["model/lora=none", "model.optimizer.lr=1e-3"]  # full fine-tuning learns the keywords in 4 epochs
+    # full fine-tuning learns the keywords in 4 epochs
+    learnable = ["model/lora=none", "model.optimizer.lr=1e-3"]
     model, callback, datamodule, trainer = build(
         compose_cfg, ["quant=int4", "quant.mode=ptq", *learnable], callbacks=[checkpoint], max_epochs=4
     )
@@ -90,7 +91,9 @@ def test_ptq_quantizes_only_for_final_evaluation_and_reports_before_after(compos
     # the best full-precision checkpoint loads into the quantized model again for the test run
     trainer.test(model, datamodule=datamodule, ckpt_path="best", verbose=False)
     query = model.model.bert.encoder.layer[0].attention.self.query
-    assert torch.equal(query.linear.weight, best_state["model.bert.encoder.layer.0.attention.self.query.weight"])
+    assert torch.equal(
+        query.linear.weight, best_state["model.bert.encoder.layer.0.attention.self.query.weight"]
+    )
 
     # PTQ of that checkpoint in another trainer (an evaluation-only run, as a PTQ width sweep does):
     # "before" comes from the score stored in the checkpoint; 32-bit fixed point loses nothing here
@@ -105,7 +108,9 @@ def test_ptq_run_writes_before_and_after_to_metrics(compose_cfg, tmp_path):
     metrics = run(compose_cfg(["quant=int8", "quant.mode=ptq"]))
     best = next((tmp_path / "run" / "checkpoints").glob("best-*.ckpt"))
     states = torch.load(best, weights_only=True)["callbacks"]
-    score = next(s["best_model_score"] for k, s in states.items() if k.startswith("ModelCheckpoint") and s["monitor"])
+    score = next(
+        s["best_model_score"] for k, s in states.items() if k.startswith("ModelCheckpoint") and s["monitor"]
+    )
     assert metrics["ptq/val_acc_before"] == pytest.approx(float(score))
     assert metrics["ptq/val_acc_after"] == metrics["val/acc"]
     assert metrics["quant/avg_weight_bits"] == 8.0 and metrics["quant/layers"] == TINY_LINEARS

@@ -7,9 +7,11 @@ import itertools
 import math
 import random
 
+import lightning as L
 import optuna
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from lightning.pytorch.demos.boring_classes import BoringModel
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 from transformers import BertConfig, BertForSequenceClassification
@@ -177,3 +179,32 @@ def test_mixed_precision_space_checks_its_config(tiny_bert):
     space = MixedPrecisionSpace(tiny_bert, {"integer": {"params": {"width": [0]}}}, layers="classifier")
     with pytest.raises(optuna.TrialPruned, match="rejected classifier: integer width=0"):
         space(optuna.create_study().ask())
+
+
+class _LogsAccuracy(BoringModel):
+    def validation_step(self, batch, batch_idx):
+        self.log("val/acc", 0.25 + 0.25 * self.current_epoch)  # 0.25, 0.5, 0.75 over epochs
+
+
+@pytest.mark.parametrize(("max_epochs", "pruned"), [(3, True), (1, False)])
+def test_pruning_callback_reports_to_the_stored_trial_and_prunes(tmp_path, max_epochs, pruned):
+    from callbacks.optuna_pruning import OptunaPruning
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="s", storage=url, direction="maximize")
+    trial = study.ask()
+    # the threshold prunes any value below 0.4: the first validation (0.25), unless it is the fit's last one
+    callback = OptunaPruning(url, "s", trial.number, pruner=optuna.pruners.ThresholdPruner(lower=0.4))
+    trainer = L.Trainer(
+        max_epochs=max_epochs, callbacks=[callback], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_train_batches=2, limit_val_batches=1,
+    )  # fmt: skip
+    if pruned:
+        with pytest.raises(optuna.TrialPruned, match="pruned at validation 1"):
+            trainer.fit(_LogsAccuracy())
+    else:
+        trainer.fit(_LogsAccuracy())
+    stored = optuna.load_study(study_name="s", storage=url).trials[0]
+    assert stored.intermediate_values == {1: 0.25}
+    assert stored.user_attrs["train/epochs"] == 1.0
+    assert callback.report() == {"search/epochs": 1.0, "search/validations": 1.0}

@@ -78,7 +78,7 @@ def test_tokenized_cache_is_reused(compose_cfg, tmp_path):
     assert torch.equal(first.splits["train"][0]["input_ids"], second.splits["train"][0]["input_ids"])
     other = build(compose_cfg(["data.max_length=40", f"paths.cache_dir={tmp_path / 'fresh_cache'}"]).data)
     other.setup("fit")
-    assert other.cache_hits == {"train": False, "test": False}, (
+    assert other.cache_hits == {"train": False, "val": False, "test": False}, (
         "a different max_length must not hit the cache"
     )
 
@@ -90,10 +90,10 @@ def test_splits_are_stratified_disjoint_and_sized(compose_cfg):
     sizes = {k: len(v) for k, v in dm.splits.items()}
     assert sizes == {"train": 120, "val": 60, "test": 50}
     for split in dm.splits.values():
-        labels = split["label"].tolist()
+        labels = split.with_format(None)["label"]
         assert abs(sum(labels) - len(labels) / 2) <= 1  # stratified: balanced like the source
-    train_ids = {tuple(x.tolist()) for x in dm.splits["train"]["input_ids"]}
-    val_ids = {tuple(x.tolist()) for x in dm.splits["val"]["input_ids"]}
+    train_ids = {tuple(x) for x in dm.splits["train"].with_format(None)["input_ids"]}
+    val_ids = {tuple(x) for x in dm.splits["val"].with_format(None)["input_ids"]}
     assert not train_ids & val_ids
     batch = next(iter(dm.train_dataloader()))
     assert set(batch) == {"input_ids", "attention_mask", "labels"}

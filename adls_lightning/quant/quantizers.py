@@ -287,7 +287,31 @@ class IntegerQuantizer(Quantizer):
         return f"width={self.width}, frac_width={self.frac_width}" + (", floor=True" if self.floor else "")
 
 
-class _MinifloatBase(Quantizer):
+class _SignMagnitudeQuantizer(Quantizer):
+    """Elementwise formats stored as sign + magnitude code that saturate: round ``|x|``, restore the sign.
+
+    Subclasses set ``width`` and ``clip_threshold`` (inputs at or beyond it get zero gradient) and
+    implement :meth:`_round_magnitude`.
+    """
+
+    width: int
+    clip_threshold: float
+
+    def _round_magnitude(self, a: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def quantize(self, x: Tensor, need_mask: bool) -> tuple[Tensor, Tensor | None]:
+        xf = _float_compute(x)
+        a = xf.abs()
+        q = self._round_magnitude(a)
+        mask = a < self.clip_threshold if need_mask else None
+        return torch.copysign(q, xf).to(x.dtype), mask
+
+    def bits_per_element(self, last_dim: int) -> float:
+        return float(self.width)
+
+
+class _MinifloatBase(_SignMagnitudeQuantizer):
     """Shared parameters of the two minifloats: 1 sign bit, ``exponent_width`` exponent bits, the rest mantissa."""
 
     min_mantissa_bits: ClassVar[int] = 0
@@ -324,15 +348,8 @@ class _MinifloatBase(Quantizer):
     def _grid(self) -> tuple[int, int, float]:
         raise NotImplementedError
 
-    def quantize(self, x: Tensor, need_mask: bool) -> tuple[Tensor, Tensor | None]:
-        xf = _float_compute(x)
-        a = xf.abs()
-        q = _round_to_float_grid(a, self.precision, self.min_exponent, self.max_value, self.lowest_step)
-        mask = a < self.clip_threshold if need_mask else None
-        return torch.copysign(q, xf).to(x.dtype), mask
-
-    def bits_per_element(self, last_dim: int) -> float:
-        return float(self.width)
+    def _round_magnitude(self, a: Tensor) -> Tensor:
+        return _round_to_float_grid(a, self.precision, self.min_exponent, self.max_value, self.lowest_step)
 
     def extra_repr(self) -> str:
         return f"width={self.width}, exponent_width={self.exponent_width}, exponent_bias={self.exponent_bias}"
@@ -377,7 +394,7 @@ class MinifloatDenormQuantizer(_MinifloatBase):
         return m, -self.exponent_bias - 1, math.ldexp(2.0**m - 1, self.max_exponent - m)
 
 
-class LogQuantizer(Quantizer):
+class LogQuantizer(_SignMagnitudeQuantizer):
     """Logarithmic: 1 sign bit and ``width - 1`` exponent bits, values ``+-2^k`` and 0.
 
     Exponent codes cover ``[-B, 2^(w-1) - 1 - B]`` (bias ``B`` default ``2^(w-2) - 1``); the lowest
@@ -404,15 +421,8 @@ class LogQuantizer(Quantizer):
             )
         self.clip_threshold = 2.0 ** (self.max_exponent + 0.5)
 
-    def quantize(self, x: Tensor, need_mask: bool) -> tuple[Tensor, Tensor | None]:
-        xf = _float_compute(x)
-        a = xf.abs()
-        q = _round_to_log_grid(a, -self.exponent_bias, self.max_exponent)
-        mask = a < self.clip_threshold if need_mask else None
-        return torch.copysign(q, xf).to(x.dtype), mask
-
-    def bits_per_element(self, last_dim: int) -> float:
-        return float(self.width)
+    def _round_magnitude(self, a: Tensor) -> Tensor:
+        return _round_to_log_grid(a, -self.exponent_bias, self.max_exponent)
 
     def extra_repr(self) -> str:
         return f"width={self.width}, exponent_bias={self.exponent_bias}"
