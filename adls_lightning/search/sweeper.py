@@ -402,6 +402,9 @@ class StudySweeper(Sweeper):
         trials = []
         for _ in range(self.n_jobs):
             trial = study.ask()
+            if self.storage.get_heartbeat_interval():
+                # A first heartbeat at once: a worker killed before launching still leaves a trial that goes stale.
+                self.storage.record_heartbeat(trial._trial_id)
             if trials_started_before(study.get_trials(deepcopy=False), trial.number) >= budget:
                 # Another worker took the last slot between our count and our ask: hand the ticket back.
                 self.storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
