@@ -140,9 +140,12 @@ def run(cfg: DictConfig) -> dict[str, float]:
             trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
             metrics.update(_float_metrics(trainer.callback_metrics))
         metrics["time/fit_s"] = time.perf_counter() - start
-        best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-        if not best:
-            log.warning("No best checkpoint found: evaluating the current weights")
+        if cfg.get("train", True):
+            best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+            if not best:
+                log.warning("No best checkpoint found: evaluating the current weights")
+        else:  # evaluation only: the given checkpoint, or the initial weights
+            best = cfg.get("ckpt_path") or ""
         ckpt = best or None
         trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
         metrics.update(_float_metrics(trainer.callback_metrics))

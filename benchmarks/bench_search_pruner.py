@@ -116,6 +116,11 @@ def main() -> None:
         type=Path,
         help="reuse the no-pruner run in this folder (<out>/<stamp>/none) of the same settings",
     )
+    parser.add_argument(
+        "--pruned",
+        type=Path,
+        help="reuse the pruner run in this folder (<out>/<stamp>/<pruner>) instead of running it: report only",
+    )
     parser.add_argument("override", nargs="*", help="extra search.py overrides for both runs")
     args = parser.parse_args()
 
@@ -125,7 +130,11 @@ def main() -> None:
     )
     if len(base.trials) != args.trials:
         sys.exit(f"--baseline {args.baseline}: {len(base.trials)} trials, expected --trials {args.trials}")
-    pruned, _ = run_search(args.out / stamp / args.pruner, args.pruner, args)
+    pruned, _ = (
+        load_run(args.pruned)
+        if args.pruned
+        else run_search(args.out / stamp / args.pruner, args.pruner, args)
+    )
     a, b = summarize(base), summarize(pruned)
     same = [t.params for t in base.trials] == [t.params for t in pruned.trials]
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy.exc
 from optuna.trial import TrialState
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,7 +252,7 @@ def test_crashed_worker_trial_is_retried_with_its_parameters(toy, tmp_path):
                 t.state == TrialState.RUNNING for t in load(tmp_path / "sweep", "toy-random").trials
             ):
                 break
-        except KeyError:  # the study is not created yet
+        except (KeyError, sqlalchemy.exc.OperationalError):  # the worker is still creating the study
             pass
         time.sleep(0.5)
     os.kill(worker.pid, signal.SIGKILL)

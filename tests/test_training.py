@@ -67,6 +67,18 @@ def test_lora_freezes_base_keeps_bias_and_trains_adapters_and_head(compose_cfg):
     assert all(not torch.equal(after[n], v) for n, v in head.items() if n.endswith("weight"))
 
 
+def test_evaluation_only_run_scores_the_given_checkpoint(compose_cfg, tmp_path):
+    trained = run(compose_cfg(["model/lora=none", "model.optimizer.lr=1e-3", "trainer.max_epochs=2"]))
+    best = sorted((tmp_path / "run" / "checkpoints").glob("best-*.ckpt"))
+    assert len(best) == 1
+    evaluated = run(compose_cfg(["train=false", f"ckpt_path={best[0]}"], output_dir=tmp_path / "eval"))
+    # the same weights on the same splits: the same scores as the trained run's final evaluation
+    assert evaluated["val/acc"] == pytest.approx(trained["val/acc"])
+    assert evaluated["test/acc"] == pytest.approx(trained["test/acc"])
+    assert evaluated["test/acc"] >= 0.9  # not the untrained initial weights (chance level)
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["test/acc"] == evaluated["test/acc"]
+
+
 def test_tokenized_cache_is_reused(compose_cfg, tmp_path):
     cfg = compose_cfg(["data.max_length=48", f"paths.cache_dir={tmp_path / 'fresh_cache'}"])
     first = build(cfg.data)

@@ -32,10 +32,11 @@ def open_storage(url: str, key: str = "hydra.sweeper.storage", **rdb_kwargs) -> 
     for attempt in range(1, CREATE_ATTEMPTS + 1):
         try:
             return RDBStorage(url, **rdb_kwargs)
-        except sqlalchemy.exc.IntegrityError as err:
-            # Workers started together race to create the schema (UNIQUE constraint on alembic_version): the
-            # loser finds the tables made by the winner on its next try.
-            if attempt == CREATE_ATTEMPTS:
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
+            # Processes opening a new storage together race to create the schema ("UNIQUE constraint failed:
+            # alembic_version", "table ... already exists"): the loser finds the winner's tables on its next try.
+            lost_race = isinstance(err, sqlalchemy.exc.IntegrityError) or "already exists" in str(err)
+            if not lost_race or attempt == CREATE_ATTEMPTS:
                 raise ConfigError(f"{key}={url}: cannot be opened ({_first_line(err)})") from None
             time.sleep(0.5 * attempt)
         except Exception as err:  # SQLAlchemy/driver errors have no common base worth naming here
