@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from adls_lightning.config import ConfigError, validate_run_config
 from adls_lightning.io_utils import atomic_write_json
 from adls_lightning.module import count_parameters
+from adls_lightning.runtime import keep_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     check_output_dir(output_dir, cfg)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
+    if cfg.get("keep_freed_memory", True) and not keep_freed_memory():
+        log.info("keep_freed_memory: not available on this platform (glibc malloc only)")
 
     log.info("Instantiating datamodule <%s>", cfg.data._target_)
     datamodule = build(cfg.data)

@@ -18,7 +18,6 @@ about 1 GB/s). ``--allocator os`` keeps glibc's defaults.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import time
 from collections.abc import Callable
 
@@ -32,6 +31,7 @@ from adls_lightning.mxint8 import (
     quantize,
     quantize_reference,
 )
+from adls_lightning.runtime import keep_freed_memory
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20]
@@ -61,16 +61,6 @@ def best_seconds(
             best[name] = min(best[name], time.perf_counter() - t0)
         rounds += 1
     return best
-
-
-def keep_freed_memory() -> bool:
-    """Make glibc malloc serve large blocks from its heap and keep freed ones (True when it accepted)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3  # from <malloc.h>
-    return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
 
 
 def bench_device(

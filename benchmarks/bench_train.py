@@ -8,7 +8,9 @@ are evaluated on the same test subset. Prints samples/s of each, their ratio, an
 
 The plain script uses the Trainer's defaults for batching (random order, dynamic padding via
 ``DataCollatorWithPadding``); our path groups training batches by length (``data.group_by_length``), which is
-where most of the difference comes from (``--no-group-by-length`` turns that off to show it).
+where much of the difference comes from (``--no-group-by-length`` turns that off to show it). The plain
+script runs first, with glibc malloc's defaults; our path then sets ``keep_freed_memory`` as ``train.py``
+does (``--no-keep-freed-memory`` turns that off to show its share).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def run_plain_hf(cfg, datamodule) -> dict[str, float]:
             num_train_epochs=cfg.trainer.max_epochs,
             learning_rate=cfg.model.optimizer.lr,
             weight_decay=cfg.model.optimizer.weight_decay,
-            warmup_ratio=cfg.model.warmup_ratio,
+            warmup_steps=float(cfg.model.warmup_ratio),  # transformers 5: a float < 1 is a ratio
             lr_scheduler_type="linear",
             max_grad_norm=cfg.trainer.gradient_clip_val,
             report_to="none",
@@ -104,6 +106,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--data-dir", default="auto")
     parser.add_argument("--no-group-by-length", action="store_true")
+    parser.add_argument(
+        "--no-keep-freed-memory",
+        action="store_true",
+        help="run our path with glibc malloc's defaults (keep_freed_memory=false), like the plain script",
+    )
     args = parser.parse_args()
 
     from adls_lightning.training import build, run
@@ -122,6 +129,7 @@ def main() -> None:
                 f"data.batch_size={args.batch_size}",
                 f"data.group_by_length={not args.no_group_by_length}",
                 f"trainer.max_epochs={args.epochs}",
+                f"keep_freed_memory={not args.no_keep_freed_memory}",
                 "callbacks.rich_progress_bar=null",
                 "callbacks.last_checkpoint=null",
                 f"hydra.run.dir={out}",

@@ -68,10 +68,12 @@ def test_lora_freezes_base_keeps_bias_and_trains_adapters_and_head(compose_cfg):
 
 
 def test_evaluation_only_run_scores_the_given_checkpoint(compose_cfg, tmp_path):
-    trained = run(compose_cfg(["model/lora=none", "model.optimizer.lr=1e-3", "trainer.max_epochs=2"]))
+    trained = run(compose_cfg(["model/lora=none", "model.optimizer.lr=1e-3", "trainer.max_epochs=4"]))
     best = sorted((tmp_path / "run" / "checkpoints").glob("best-*.ckpt"))
     assert len(best) == 1
-    evaluated = run(compose_cfg(["train=false", f"ckpt_path={best[0]}"], output_dir=tmp_path / "eval"))
+    evaluated = run(
+        compose_cfg(["model/lora=none", "train=false", f"ckpt_path={best[0]}"], output_dir=tmp_path / "eval")
+    )
     # the same weights on the same splits: the same scores as the trained run's final evaluation
     assert evaluated["val/acc"] == pytest.approx(trained["val/acc"])
     assert evaluated["test/acc"] == pytest.approx(trained["test/acc"])
@@ -223,3 +225,18 @@ def test_killed_run_resumes_from_last_checkpoint(tiny_imdb_dir, cache_dir, tmp_p
     assert {"val/acc", "test/acc"} <= metrics.keys()
     # the resumed run trained only the remaining steps, not all of them again
     assert metrics["train/samples_seen"] < 3 * 300
+
+
+def test_raw_splits_are_read_once_per_process_and_source(tiny_imdb_dir, tmp_path):
+    import shutil
+
+    from adls_lightning.data import load_raw_splits
+
+    first, identity = load_raw_splits(tiny_imdb_dir, "unused")
+    again, same_identity = load_raw_splits(tiny_imdb_dir, "unused")
+    assert again is first and same_identity == identity  # trials in one process share the loaded splits
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_imdb_dir, copy)
+    other, other_identity = load_raw_splits(copy, "unused")
+    assert other is not first and other_identity != identity  # another source is loaded on its own
+    assert other["train"]["label"] == first["train"]["label"]

@@ -1,0 +1,31 @@
+"""Process-level settings for CPU runs."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+# From glibc's <malloc.h>.
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_KEEP_BYTES = 1 << 30
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc malloc serve large blocks from its heap and keep freed ones for reuse.
+
+    By default every CPU tensor above 32 MB is a fresh ``mmap`` that is returned on free, so each
+    training step page-faults its activations in again; on small VMs those page faults cost more than
+    the copies themselves. Keeping freed blocks (what PyTorch's caching allocator does on CUDA)
+    makes a MiniLM LoRA training step 15-25 % faster on this project's 2-core machine. The price is
+    that the process's resident memory stays at its peak. Returns False where malloc is not glibc's.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES)) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES)
+    )
