@@ -65,6 +65,9 @@ def validate_run_config(cfg: Mapping) -> None:
     if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0):
         raise ConfigError(f"model.optimizer.lr={lr!r}: must be a positive number")
     require_fraction("model.warmup_ratio", _get(cfg, "model.warmup_ratio", 0.0))
+    init_ckpt = cfg.get("init_ckpt")
+    if init_ckpt is not None and not Path(str(init_ckpt)).is_file():
+        raise ConfigError(f"init_ckpt={init_ckpt}: no such checkpoint file (give a .ckpt path or null)")
     ckpt = cfg.get("ckpt_path")
     if ckpt not in (None, "last", "best") and not Path(str(ckpt)).is_file():
         raise ConfigError(f"ckpt_path={ckpt}: no such checkpoint file (give a .ckpt path, 'last', or null)")

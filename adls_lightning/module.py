@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -10,6 +11,8 @@ from peft import LoraConfig, get_peft_model
 from torchmetrics import MetricCollection
 from torchmetrics.classification import BinaryAccuracy, BinaryF1Score
 from transformers import PreTrainedModel
+
+log = logging.getLogger(__name__)
 
 
 def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
@@ -31,6 +34,10 @@ class SequenceClassifier(LightningModule):
         scheduler: partial ``(optimizer, num_warmup_steps, num_training_steps) -> LRScheduler`` (stepped per batch).
         lora: a ``peft.LoraConfig`` or None for full fine-tuning.
         warmup_ratio: fraction of the training steps used for linear warm-up.
+        init_ckpt: a Lightning checkpoint whose model weights this module starts from (not its trainer state:
+            epochs, optimizer and schedule start afresh), e.g. QAT or pruning of an already fine-tuned model.
+            Loaded in :meth:`setup`, after the callbacks' ``setup`` has swapped quantized layers in, so both a
+            full-precision and a quantized checkpoint of the same architecture load.
     """
 
     def __init__(
@@ -40,16 +47,26 @@ class SequenceClassifier(LightningModule):
         scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
         lora: LoraConfig | None = None,
         warmup_ratio: float = 0.1,
+        init_ckpt: str | None = None,
     ) -> None:
         super().__init__()
         # Factories are kept as attributes (not hparams): they are callables, not checkpointable values.
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.warmup_ratio = warmup_ratio
+        self.init_ckpt = init_ckpt
+        self._init_loaded = False
         self.model = get_peft_model(backbone, lora) if lora is not None else backbone
         metrics = MetricCollection({"acc": BinaryAccuracy(), "f1": BinaryF1Score()})
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
+
+    def setup(self, stage: str) -> None:
+        if self.init_ckpt and not self._init_loaded:
+            checkpoint = torch.load(self.init_ckpt, map_location="cpu", weights_only=False)
+            self.load_state_dict(checkpoint["state_dict"], strict=True)
+            self._init_loaded = True
+            log.info("Model weights initialised from %s", self.init_ckpt)
 
     def forward(self, input_ids, attention_mask=None, labels=None):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)

@@ -123,7 +123,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     datamodule = build(cfg.data)
     datamodule.setup("fit")  # fail fast on data problems, before the model is built
     log.info("Instantiating model <%s>", cfg.model._target_)
-    model = build(cfg.model, _convert_="partial")
+    init = {"init_ckpt": str(cfg.init_ckpt)} if cfg.get("init_ckpt") else {}
+    model = build(cfg.model, _convert_="partial", **init)
     callbacks = instantiate_callbacks(cfg)
     loggers = instantiate_loggers(cfg)
     trainer: L.Trainer = build(cfg.trainer, callbacks=callbacks, logger=loggers or False)

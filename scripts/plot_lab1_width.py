@@ -64,7 +64,8 @@ def read_runs(roots: Iterable[Path], metric: str = "test/acc", select: str = "va
             config_file = run_dir / ".hydra" / "config.yaml"
             config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
             quant = config.get("quant") or {}
-            mode = quant.get("mode")
+            # quant=none (no callback) is full precision even when a sweep added ++quant.mode to it
+            mode = quant.get("mode") if "_target_" in quant or "config" in quant else None
             if mode is None and "quant/avg_weight_bits" in metrics:  # no saved config: infer from the metrics
                 mode = "ptq" if "ptq/val_acc_after" in metrics else "qat"
             width = _integer_width(config, metrics) if mode else None
@@ -95,6 +96,12 @@ def best_per_width(runs: Iterable[Run]) -> dict[str, list[tuple[int, float]]]:
 def full_precision(runs: Iterable[Run]) -> float | None:
     baseline = [run for run in runs if run.mode is None]
     return max(baseline, key=lambda run: run.score).accuracy if baseline else None
+
+
+def best_run(runs: Iterable[Run], mode: str = "qat") -> Run | None:
+    """The run of ``mode`` with the best selection score; ties go to the lower width (the more compressed)."""
+    candidates = [run for run in runs if run.mode == mode]
+    return max(candidates, key=lambda run: (run.score, -run.width)) if candidates else None
 
 
 def markdown_table(runs: list[Run], metric: str) -> str:
@@ -150,8 +157,20 @@ def main(argv: list[str] | None = None) -> int:
         "--select", default="val/acc", help="picks the best of repeated runs (default val/acc)"
     )
     parser.add_argument("--title", default="Lab 1: accuracy vs fixed-point width")
+    parser.add_argument(
+        "--best-run",
+        action="store_true",
+        help="print '<run dir> <width>' of the best QAT run (by --select) instead of plotting",
+    )
     args = parser.parse_args(argv)
     runs = read_runs(args.roots, args.metric, args.select)
+    if args.best_run:
+        best = best_run(runs)
+        if best is None:
+            print(f"error: no QAT run under {', '.join(map(str, args.roots))}", file=sys.stderr)
+            return 2
+        print(best.run_dir, best.width)
+        return 0
     if not any(run.mode for run in runs):
         print(
             f"error: no quantized run with {args.metric} under {', '.join(map(str, args.roots))}",

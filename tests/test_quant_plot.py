@@ -111,3 +111,21 @@ def test_any_subset_of_the_sweep_works(tmp_path, capsys):
     write_run(tmp_path / "none" / "0", {"test/acc": 0.9, "val/acc": 0.9}, {})
     assert plot_lab1_width.main([str(tmp_path / "none"), "--out", str(tmp_path / "b.png")]) == 2
     assert not (tmp_path / "b.png").exists()
+
+
+def test_quant_none_with_a_swept_mode_key_is_full_precision_and_best_run_prefers_lower_width(
+    tmp_path, capsys
+):
+    sweep = tmp_path / "sweep"
+    # `quant=none ++quant.mode=ptq` in a sweep leaves {mode: ptq} without a callback: full precision
+    write_run(sweep / "0", {"test/acc": 0.87, "val/acc": 0.90}, {"mode": "ptq"})
+    write_run(sweep / "1", {"test/acc": 0.85, "val/acc": 0.88}, integer_quant("qat", 8))
+    write_run(sweep / "2", {"test/acc": 0.86, "val/acc": 0.90}, integer_quant("qat", 16))
+    write_run(sweep / "3", {"test/acc": 0.88, "val/acc": 0.90}, integer_quant("qat", 12))
+    write_run(sweep / "4", {"test/acc": 0.80, "val/acc": 0.95}, integer_quant("ptq", 32))
+    runs = plot_lab1_width.read_runs([sweep])
+    assert plot_lab1_width.full_precision(runs) == 0.87
+    # best QAT val/acc is 0.90 at widths 12 and 16: the lower width wins; PTQ runs are not candidates
+    assert plot_lab1_width.main([str(sweep), "--best-run"]) == 0
+    assert capsys.readouterr().out.split() == [str(sweep / "3"), "12"]
+    assert plot_lab1_width.main([str(tmp_path / "empty"), "--best-run"]) == 2

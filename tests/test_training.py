@@ -81,6 +81,28 @@ def test_evaluation_only_run_scores_the_given_checkpoint(compose_cfg, tmp_path):
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["test/acc"] == evaluated["test/acc"]
 
 
+def test_init_ckpt_starts_from_the_checkpoint_weights_also_when_quantized(compose_cfg, tmp_path):
+    trained = run(compose_cfg(["model/lora=none", "model.optimizer.lr=1e-3", "trainer.max_epochs=4"]))
+    best = next((tmp_path / "run" / "checkpoints").glob("best-*.ckpt"))
+    plain = run(compose_cfg(["model/lora=none", "train=false"], output_dir=tmp_path / "random"))
+    assert plain["test/acc"] < 0.8  # the untrained initial weights
+    started = run(
+        compose_cfg(["model/lora=none", "train=false", f"init_ckpt={best}"], output_dir=tmp_path / "init")
+    )
+    assert started["test/acc"] == pytest.approx(trained["test/acc"])
+    # a full-precision checkpoint loads into QAT-quantized layers; 32-bit fixed point (16 fractional bits) is
+    # finer than these weights need, so the scores stay those of the trained run
+    quantized = run(
+        compose_cfg(
+            ["model/lora=none", "train=false", f"init_ckpt={best}", "quant=int32"], output_dir=tmp_path / "q"
+        )
+    )
+    assert quantized["quant/avg_weight_bits"] == 32.0
+    assert quantized["test/acc"] == pytest.approx(trained["test/acc"])
+    with pytest.raises(ConfigError, match="init_ckpt="):
+        run(compose_cfg([f"init_ckpt={tmp_path / 'missing.ckpt'}"], output_dir=tmp_path / "missing"))
+
+
 def test_tokenized_cache_is_reused(compose_cfg, tmp_path):
     cfg = compose_cfg(["data.max_length=48", f"paths.cache_dir={tmp_path / 'fresh_cache'}"])
     first = build(cfg.data)
