@@ -184,6 +184,29 @@ class WeightMask(nn.Module):
         return weight
 
 
+def _accept_unpruned_state(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+) -> None:
+    """Load-state-dict pre-hook of a masked linear: a state saved before pruning loads into it.
+
+    Such a state names the weight ``weight`` (a wrapping ``QuantLinear`` may already have renamed it) and has no
+    mask: the weight goes to ``parametrizations.weight.original`` and the layer keeps its current mask (all ones
+    until pruning is applied). States saved with masks load as they are.
+    """
+    original, plain = prefix + "parametrizations.weight.original", prefix + "weight"
+    if not is_weight_pruned(module):
+        return
+    if original not in state_dict:
+        if plain not in state_dict:
+            return
+        state_dict[original] = state_dict.pop(plain)
+    for index, parametrization in enumerate(module.parametrizations.weight):
+        if isinstance(parametrization, WeightMask):
+            state_dict.setdefault(
+                f"{prefix}parametrizations.weight.{index}.mask", parametrization.mask.clone()
+            )
+
+
 class ActivationSparsifier:
     """Forward pre-hook that prunes a layer's input per sample and counts zeros of what it passes on.
 
@@ -390,6 +413,9 @@ class Pruner:
             if not is_weight_pruned(target.linear):
                 mask = torch.ones_like(target.linear.weight, dtype=torch.bool)
                 parametrize.register_parametrization(target.linear, "weight", WeightMask(mask))
+            if not getattr(target.linear, "_accepts_unpruned_state", False):
+                target.linear.register_load_state_dict_pre_hook(_accept_unpruned_state)
+                target.linear._accepts_unpruned_state = True
 
     def prune(self, model: nn.Module) -> dict[str, float]:
         """Computes weight masks from the current (effective) weights and starts activation pruning.

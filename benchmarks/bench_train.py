@@ -4,7 +4,7 @@ Both fine-tune the same model (MiniLM + the same LoRA config) on the same tokeni
 batch size, max length, optimiser, schedule and number of epochs, one after the other in this process; then both
 are evaluated on the same test subset. Prints samples/s of each, their ratio, and both accuracies.
 
-    python benchmarks/bench_train.py --train-size 800 --test-size 1000
+    python benchmarks/bench_train.py --train-size 800 --test-size 1000   # the `make train` preset's settings
 
 The plain script uses the Trainer's defaults for batching (random order, dynamic padding via
 ``DataCollatorWithPadding``); our path groups training batches by length (``data.group_by_length``), which is
@@ -98,6 +98,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument(
+        "--experiment",
+        default="cpu",
+        help="experiment preset for everything not set here (learning rate, truncation side; default: the "
+        "`make train` preset); 'none' for the plain defaults",
+    )
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--train-size", type=int, default=800)
     parser.add_argument("--test-size", type=int, default=1000)
@@ -118,6 +124,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as out:
         cfg = compose(
             [
+                *([f"experiment={args.experiment}"] if args.experiment != "none" else []),
                 f"model={args.model}",
                 "logger=none",
                 "trainer=cpu",
@@ -150,8 +157,8 @@ def main() -> None:
     print(
         f"speed ratio (ours / HF) = {ratio:.2f}x; accuracy difference = "
         f"{100 * (ours['test/acc'] - plain['test_acc']):+.2f} pt "
-        f"(model={args.model}, max_length={args.max_length}, batch={args.batch_size}, "
-        f"train={args.train_size}, test={args.test_size})"
+        f"(experiment={args.experiment}, model={args.model}, max_length={args.max_length}, "
+        f"batch={args.batch_size}, lr={cfg.model.optimizer.lr}, train={args.train_size}, test={args.test_size})"
     )
 
 

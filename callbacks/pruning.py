@@ -61,7 +61,7 @@ class PruningCallback(L.Callback):
     Args:
         weight: Weight pruning ``{sparsity, method: l1|random, scope: local|global}``; ``None``/``{}`` = none.
         activation: Activation pruning ``{sparsity, method: l1|random, scope: local}``; ``None``/``{}`` = none.
-        at: ``"fit_start"`` (prune in ``setup``, before training) or ``N >= 1`` (prune after ``N`` epochs, at the
+        at: ``"fit_start"`` (prune in ``on_fit_start``, after checkpoints and ``init_ckpt`` load) or ``N >= 1`` (prune after ``N`` epochs, at the
             start of epoch ``N``; earlier best checkpoints are then forgotten, see :func:`forget_best_checkpoints`).
         include: Regexes on layer names; when given, only matching layers are pruned.
         exclude: Regexes on layer names to skip (default ``["classifier"]``).
@@ -104,11 +104,27 @@ class PruningCallback(L.Callback):
         self.pruner.register_placeholders(pl_module)
         if self._load_hook is None:
             self._load_hook = pl_module.register_load_state_dict_post_hook(self._after_model_load)
-        if self.at == "fit_start" and not self.applied:
-            self._apply(trainer, pl_module)
-        elif self.applied:
+        if self.applied:
             # Moves the activation hooks to layers swapped in since (post-training quantization).
             self.pruner.attach_activation(pl_module)
+
+    # `at: fit_start` prunes once the weights are final, not in setup: a resumed or evaluated checkpoint and the
+    # module's init_ckpt load after setup, and the masks must come from the weights that are trained or scored.
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._apply_at_start(trainer, pl_module)
+
+    @override
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._apply_at_start(trainer, pl_module)  # evaluation-only runs (train=false)
+
+    @override
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._apply_at_start(trainer, pl_module)
+
+    def _apply_at_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.at == "fit_start" and not self.applied:
+            self._apply(trainer, pl_module)
 
     def _after_model_load(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
         # A validate/test run that loads a checkpoint pruned after N epochs: callback state is only restored when

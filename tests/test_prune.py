@@ -188,6 +188,47 @@ def test_placeholders_receive_saved_masks_and_keep_parameter_order():
     assert [n for n, _ in source.named_parameters()] == [n for n, _ in target.named_parameters()]
 
 
+@pytest.mark.parametrize("quantized", [False, True])
+def test_state_saved_before_pruning_loads_into_placeholders_and_real_masks(quantized):
+    """init_ckpt of a dense (optionally quantized) model into a model whose pruning structure exists already."""
+    quant = pytest.importorskip("adls_lightning.quant")
+    int16 = {
+        "name": "integer",
+        "weight_width": 16,
+        "weight_frac_width": 8,
+        "data_in_width": 16,
+        "data_in_frac_width": 8,
+    }
+
+    def build(seed: int, quantize: bool) -> nn.Sequential:
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(9, 7), nn.ReLU(), nn.Linear(7, 5))
+        if quantize:
+            quant.quantize_model(model, {"by": "type", "linear": {"config": int16}})
+        return model
+
+    dense = build(1, quantize=False)
+    plain_state = {k: v.clone() for k, v in dense.state_dict().items()}  # keys "0.weight", "0.bias", ...
+    # the source may be the plain model or a quantized one ("0.linear.weight"): both load
+    source_state = build(1, quantize=quantized).state_dict() if quantized else plain_state
+    for already_pruned in (False, True):
+        target = build(2, quantize=True)
+        pruner = Pruner(weight={"sparsity": 0.4, "method": "l1"}, exclude=None)
+        (pruner.prune if already_pruned else pruner.register_placeholders)(target)
+        masks = [m.linear.parametrizations.weight[0].mask.clone() for m in quant.quantized_layers(target)]
+        target.load_state_dict(source_state, strict=True)
+        for index, layer in zip((0, 2), quant.quantized_layers(target)):
+            assert torch.equal(layer.linear.parametrizations.weight.original, plain_state[f"{index}.weight"])
+            assert torch.equal(layer.linear.bias, plain_state[f"{index}.bias"])
+        # the layers keep their own masks: all ones before pruning, the computed ones after
+        kept = [m.linear.parametrizations.weight[0].mask for m in quant.quantized_layers(target)]
+        assert all(torch.equal(a, b) for a, b in zip(masks, kept))
+        assert pruner.has_pruned_weights(target) == already_pruned
+    plain_target = mlp()
+    Pruner(weight={"sparsity": 0.5, "method": "l1"}, exclude=None).register_placeholders(plain_target)
+    plain_target.load_state_dict(mlp().state_dict(), strict=True)  # an unquantized dense model too
+
+
 def independent_activation_mask(x: torch.Tensor, sparsity: float) -> torch.Tensor:
     """Keep-mask per sample from a stable argsort of |x| (ties: lower index pruned first)."""
     rows = x.reshape(x.shape[0], -1)

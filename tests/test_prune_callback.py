@@ -152,3 +152,37 @@ def test_bad_preset_overrides_fail_on_construction(compose_cfg, overrides, messa
 def test_prune_and_compress_pruning_together_is_refused(compose_cfg):
     with pytest.raises(ConfigError, match="compress.prune and prune= are both set"):
         run(compose_cfg([*SMALL, "compress=int8_l1_0.5", "prune=l1_0.5"]))
+
+
+def test_fit_start_masks_come_from_the_init_ckpt_weights(compose_cfg, tmp_path):
+    """init_ckpt loads after the callbacks' setup: fit_start pruning must rank the loaded weights, not the initial."""
+    run(compose_cfg([*SMALL, "model/lora=none", "trainer.max_epochs=2", "model.optimizer.lr=5e-3"]))
+    trained = next((tmp_path / "run/checkpoints").glob("best-*.ckpt"))
+    state = torch.load(trained, map_location="cpu", weights_only=True)["state_dict"]
+    # train=false: the evaluation-only run prunes at its first validation, from the init_ckpt weights
+    overrides = [*SMALL, "model/lora=none", "prune=l1_0.5", "prune.activation=null", "train=false"]
+    metrics = run(compose_cfg([*overrides, f"init_ckpt={trained}"], output_dir=tmp_path / "pruned"))
+    assert metrics["prune/weight_sparsity"] == 0.5
+    # the same pruning in a fit (lr ~ 0) saves its masks: they are the l1 masks of the checkpoint weights
+    expected = compute_weight_masks(
+        {k.removesuffix(".weight"): v for k, v in state.items() if k.endswith(".weight") and _pruned(k)},
+        MaskSpec(0.5, "l1"),
+        torch.Generator().manual_seed(0),
+    )
+    fitted = run(
+        compose_cfg(
+            [*overrides[:-1], f"init_ckpt={trained}", "trainer.max_epochs=1", "model.optimizer.lr=1e-12"],
+            output_dir=tmp_path / "fitted",
+        )
+    )
+    assert fitted["prune/weight_sparsity"] == 0.5
+    saved = checkpoint_masks(next((tmp_path / "fitted/checkpoints").glob("best-*.ckpt")))
+    assert len(saved) == len(expected) == 13
+    for key, mask in saved.items():
+        layer = key.removesuffix(MASK_SUFFIX)
+        assert torch.equal(mask, expected[layer]), layer
+
+
+def _pruned(key: str) -> bool:
+    """The tiny BERT's linear weights that prune=... prunes: encoder linears and the pooler (not the classifier)."""
+    return ("encoder.layer" in key and "LayerNorm" not in key) or "pooler.dense" in key

@@ -104,8 +104,15 @@ def _accept_plain_linear_state(
         if full in state_dict:
             continue
         if key.startswith("linear."):
-            plain = prefix + key.removeprefix("linear.")
-            if plain in state_dict:
-                state_dict[full] = state_dict.pop(plain)
+            inner = key.removeprefix("linear.")
+            # a pruned inner linear keeps its weight as parametrizations.weight.original; the plain layer's
+            # state names it weight (its mask, if missing, is filled in by the pruning hook of the inner linear)
+            for plain in (
+                prefix + inner,
+                prefix + inner.replace("parametrizations.weight.original", "weight"),
+            ):
+                if plain in state_dict:
+                    state_dict[full] = state_dict.pop(plain)
+                    break
         elif "_quantizer." in key:
             state_dict[full] = value.detach()
