@@ -10,7 +10,8 @@
 #   bash scripts/lab1_figures.sh                 # everything (about 2 hours on 2 cores)
 #   STREAMS=2 bash scripts/lab1_figures.sh       # the sparsity sweep as two one-thread processes (default)
 #
-# A finished step is skipped when the script is run again (its folder holds all its metrics.json files).
+# A finished step is skipped when the script is run again (its folder holds all its metrics.json files); an
+# unfinished one is moved aside to outputs/lab1-partial/ and run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -19,8 +20,18 @@ STREAMS=${STREAMS:-2}
 WIDTHS=(4 8 12 16 20 24 28 32)
 COMMON=(logger=csv)
 
-# done DIR N: DIR holds N finished runs
-done_runs() { [ "$(find "$1" -name metrics.json 2>/dev/null | wc -l)" -ge "$2" ]; }
+# done_runs DIR N: DIR holds N finished runs. Otherwise a partial DIR (an interrupted sweep) is moved aside, not
+# deleted, because a fresh run refuses job folders that already hold results.
+done_runs() {
+  [ "$(find "$1" -name metrics.json 2>/dev/null | wc -l)" -ge "$2" ] && return 0
+  if [ -e "$1" ]; then
+    local aside="$OUT-partial/${1#"$OUT"/}-$(date +%Y%m%d-%H%M%S)"  # outside $OUT: the plots read all of it
+    mkdir -p "$(dirname "$aside")"
+    echo "moving the unfinished $1 to $aside" >&2
+    mv "$1" "$aside"
+  fi
+  return 1
+}
 join() { local IFS=,; echo "$*"; }
 presets=$(join "${WIDTHS[@]/#/int}")
 
