@@ -61,8 +61,9 @@ class PruningCallback(L.Callback):
     Args:
         weight: Weight pruning ``{sparsity, method: l1|random, scope: local|global}``; ``None``/``{}`` = none.
         activation: Activation pruning ``{sparsity, method: l1|random, scope: local}``; ``None``/``{}`` = none.
-        at: ``"fit_start"`` (prune in ``on_fit_start``, after checkpoints and ``init_ckpt`` load) or ``N >= 1`` (prune after ``N`` epochs, at the
-            start of epoch ``N``; earlier best checkpoints are then forgotten, see :func:`forget_best_checkpoints`).
+        at: ``"fit_start"`` (prune in ``on_fit_start``, after checkpoints and ``init_ckpt`` load) or ``N >= 1``
+            (prune after ``N`` epochs, at the start of epoch ``N``; earlier best checkpoints are then forgotten,
+            see :func:`forget_best_checkpoints`).
         include: Regexes on layer names; when given, only matching layers are pruned.
         exclude: Regexes on layer names to skip (default ``["classifier"]``).
         seed: Seed for ``random`` masks.
