@@ -229,6 +229,33 @@ def test_state_saved_before_pruning_loads_into_placeholders_and_real_masks(quant
     plain_target.load_state_dict(mlp().state_dict(), strict=True)  # an unquantized dense model too
 
 
+def test_state_of_a_pruned_plain_model_loads_into_a_quantized_pruned_one():
+    """init_ckpt of a pruned full-precision run into the same pruning with quantization added: masks carry over."""
+    quant = pytest.importorskip("adls_lightning.quant")
+    int16 = {
+        "name": "integer",
+        "weight_width": 16,
+        "weight_frac_width": 8,
+        "data_in_width": 16,
+        "data_in_frac_width": 8,
+    }
+    torch.manual_seed(3)
+    source = nn.Sequential(nn.Linear(9, 7), nn.ReLU(), nn.Linear(7, 5))
+    Pruner(weight={"sparsity": 0.4, "method": "l1"}, exclude=None).prune(source)
+    target = nn.Sequential(nn.Linear(9, 7), nn.ReLU(), nn.Linear(7, 5))
+    quant.quantize_model(target, {"by": "type", "linear": {"config": int16}})
+    Pruner(weight={"sparsity": 0.4, "method": "l1"}, exclude=None).register_placeholders(target)
+    target.load_state_dict(source.state_dict(), strict=True)
+    for plain, layer in zip((source[0], source[2]), quant.quantized_layers(target)):
+        assert torch.equal(
+            layer.linear.parametrizations.weight[0].mask, plain.parametrizations.weight[0].mask
+        )
+        assert torch.equal(
+            layer.linear.parametrizations.weight.original, plain.parametrizations.weight.original
+        )
+        assert int((layer.linear.weight == 0).sum()) == expected_zeros(plain.weight.numel(), 0.4)
+
+
 def independent_activation_mask(x: torch.Tensor, sparsity: float) -> torch.Tensor:
     """Keep-mask per sample from a stable argsort of |x| (ties: lower index pruned first)."""
     rows = x.reshape(x.shape[0], -1)

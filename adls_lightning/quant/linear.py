@@ -94,25 +94,23 @@ def dtype_bits(linear: nn.Linear) -> float:
     return float(torch.finfo(next(linear.parameters()).dtype).bits)
 
 
+# first components of an nn.Linear's state keys (plain, or pruned through torch.nn.utils.parametrize)
+_LINEAR_STATE_ROOTS = frozenset({"weight", "bias", "parametrizations"})
+
+
 def _accept_plain_linear_state(
     module: QuantLinear, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
 ) -> None:
-    """Load-state-dict pre-hook: accept the keys of the unwrapped layer (``weight`` -> ``linear.weight``)."""
-    own = module.state_dict(keep_vars=True)
-    for key, value in own.items():
-        full = prefix + key
-        if full in state_dict:
-            continue
-        if key.startswith("linear."):
-            inner = key.removeprefix("linear.")
-            # a pruned inner linear keeps its weight as parametrizations.weight.original; the plain layer's
-            # state names it weight (its mask, if missing, is filled in by the pruning hook of the inner linear)
-            for plain in (
-                prefix + inner,
-                prefix + inner.replace("parametrizations.weight.original", "weight"),
-            ):
-                if plain in state_dict:
-                    state_dict[full] = state_dict.pop(plain)
-                    break
-        elif "_quantizer." in key:
-            state_dict[full] = value.detach()
+    """Load-state-dict pre-hook: a state saved from the unwrapped layer loads into the wrapper.
+
+    The unwrapped layer's keys (``weight``, ``bias``, and ``parametrizations.*`` when it was pruned) move under
+    ``linear.``; from there the inner linear's own hooks take over (e.g. the pruning hook that accepts an unpruned
+    weight). Quantizer state missing from the checkpoint keeps the current values.
+    """
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        rest = key.removeprefix(prefix)
+        if rest.split(".", 1)[0] in _LINEAR_STATE_ROOTS and prefix + "linear." + rest not in state_dict:
+            state_dict[prefix + "linear." + rest] = state_dict.pop(key)
+    for key, value in module.state_dict(keep_vars=True).items():
+        if "_quantizer." in key:
+            state_dict.setdefault(prefix + key, value.detach())
