@@ -4,7 +4,8 @@ Both fine-tune the same model (MiniLM + the same LoRA config) on the same tokeni
 batch size, max length, optimiser, schedule and number of epochs, one after the other in this process; then both
 are evaluated on the same test subset. Prints samples/s of each, their ratio, and both accuracies.
 
-    python benchmarks/bench_train.py --train-size 800 --test-size 1000   # the `make train` preset's settings
+    python benchmarks/bench_train.py                      # the `make train` preset: 2,000 train / 2,000 test
+    python benchmarks/bench_train.py --seeds 1 2 3        # mean accuracy difference over seeds, with its error
 
 The plain script uses the Trainer's defaults for batching (random order, dynamic padding via
 ``DataCollatorWithPadding``); our path groups training batches by length (``data.group_by_length``), which is
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -105,8 +107,8 @@ def main() -> None:
         "`make train` preset); 'none' for the plain defaults",
     )
     parser.add_argument("--model", default="minilm")
-    parser.add_argument("--train-size", type=int, default=800)
-    parser.add_argument("--test-size", type=int, default=1000)
+    parser.add_argument("--train-size", type=int, default=2000)
+    parser.add_argument("--test-size", type=int, default=2000)
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=1)
@@ -117,14 +119,59 @@ def main() -> None:
         action="store_true",
         help="run our path with glibc malloc's defaults (keep_freed_memory=false), like the plain script",
     )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[42],
+        help="one pair of runs per seed (model init, data split, order); several seeds give the mean accuracy "
+        "difference and its standard error, which one seed cannot resolve to +-0.5 pt",
+    )
     args = parser.parse_args()
 
+    rows = []
+    for seed in args.seeds:
+        plain, ours, lr = bench_one(args, seed)
+        rows.append(
+            (
+                seed,
+                plain["samples_per_sec"],
+                plain["test_acc"],
+                ours["train/samples_per_sec"],
+                ours["test/acc"],
+            )
+        )
+
+    print()
+    print(
+        f"{'seed':>6}{'HF samples/s':>14}{'HF acc':>9}{'ours samples/s':>16}{'ours acc':>10}{'speed':>8}{'acc diff':>10}"
+    )
+    for seed, hf_speed, hf_acc, our_speed, our_acc in rows:
+        print(
+            f"{seed:>6}{hf_speed:>14.2f}{hf_acc:>9.4f}{our_speed:>16.2f}{our_acc:>10.4f}"
+            f"{our_speed / hf_speed:>7.2f}x{100 * (our_acc - hf_acc):>+9.2f}pt"
+        )
+    speed = statistics.mean(r[3] for r in rows) / statistics.mean(r[1] for r in rows)
+    diffs = [100 * (r[4] - r[2]) for r in rows]
+    spread = (
+        f" +- {statistics.stdev(diffs) / len(diffs) ** 0.5:.2f} (standard error)" if len(diffs) > 1 else ""
+    )
+    print(
+        f"speed ratio (ours / HF) = {speed:.2f}x; accuracy difference = {statistics.mean(diffs):+.2f} pt{spread} "
+        f"over {len(rows)} seed(s) (experiment={args.experiment}, model={args.model}, max_length={args.max_length}, "
+        f"batch={args.batch_size}, lr={lr}, train={args.train_size}, test={args.test_size})"
+    )
+
+
+def bench_one(args: argparse.Namespace, seed: int) -> tuple[dict[str, float], dict[str, float], float]:
+    """Both paths with one seed: (plain HF metrics, our metrics, learning rate used)."""
     from adls_lightning.training import build, run
 
     with tempfile.TemporaryDirectory() as out:
         cfg = compose(
             [
                 *([f"experiment={args.experiment}"] if args.experiment != "none" else []),
+                f"seed={seed}",
                 f"model={args.model}",
                 "logger=none",
                 "trainer=cpu",
@@ -144,22 +191,17 @@ def main() -> None:
         )
         datamodule = build(cfg.data)
         datamodule.setup("fit")
-        print(f"[bench] plain HF Trainer + PEFT: {args.train_size} rows x {args.epochs} epoch(s)", flush=True)
+        print(
+            f"[bench] seed {seed}, plain HF Trainer + PEFT: {args.train_size} rows x {args.epochs} epoch(s)",
+            flush=True,
+        )
         plain = run_plain_hf(cfg, datamodule)
-        print(f"[bench] adls-lightning: {args.train_size} rows x {args.epochs} epoch(s)", flush=True)
+        print(
+            f"[bench] seed {seed}, adls-lightning: {args.train_size} rows x {args.epochs} epoch(s)",
+            flush=True,
+        )
         ours = run(cfg)
-
-    ratio = ours["train/samples_per_sec"] / plain["samples_per_sec"]
-    print()
-    print(f"{'path':<28}{'train samples/s':>18}{'test acc':>10}")
-    print(f"{'HF Trainer + PEFT':<28}{plain['samples_per_sec']:>18.2f}{plain['test_acc']:>10.4f}")
-    print(f"{'adls-lightning':<28}{ours['train/samples_per_sec']:>18.2f}{ours['test/acc']:>10.4f}")
-    print(
-        f"speed ratio (ours / HF) = {ratio:.2f}x; accuracy difference = "
-        f"{100 * (ours['test/acc'] - plain['test_acc']):+.2f} pt "
-        f"(experiment={args.experiment}, model={args.model}, max_length={args.max_length}, "
-        f"batch={args.batch_size}, lr={cfg.model.optimizer.lr}, train={args.train_size}, test={args.test_size})"
-    )
+    return plain, ours, float(cfg.model.optimizer.lr)
 
 
 if __name__ == "__main__":
