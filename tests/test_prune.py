@@ -11,14 +11,17 @@ from torch import nn
 
 from adls_lightning.config import ConfigError
 from adls_lightning.prune import (
+    BRACKETED_SELECT_MIN,
     ActivationSparsifier,
     MaskSpec,
     Pruner,
     compute_weight_masks,
     find_prune_targets,
     is_weight_pruned,
+    kth_smallest,
     make_pruning_permanent,
     num_to_prune,
+    smallest_k,
 )
 
 ODD_SHAPES = [(7, 13), (5, 3), (1, 11), (17, 1), (3, 3)]
@@ -292,6 +295,53 @@ def test_activation_masks_follow_the_live_input_per_sample():
     x3[0] *= 100
     layer(x3)
     assert torch.equal(seen[-1][1:] == 0, seen[0][1:] == 0)
+
+
+def long_rows() -> dict[str, torch.Tensor]:
+    """Rows long enough for the sampled-bracket selection, with the distributions that could trip it."""
+    g = torch.Generator().manual_seed(5)
+    n = BRACKETED_SELECT_MIN + 4099  # odd length, not a multiple of the sample size
+    heavy = torch.randn(3, n, generator=g).abs()
+    heavy[:, :50] = 1e6  # outliers
+    return {
+        "continuous": torch.randn(4, n, generator=g).abs(),
+        "grid (many ties)": (torch.randn(4, n, generator=g) * 16).round().abs() / 16,
+        "constant": torch.full((2, n), 0.25),
+        "heavy tail": heavy,
+        "sorted": torch.arange(2 * n, dtype=torch.float32).view(2, n),
+        "with NaN": torch.cat(
+            [torch.rand(2, n // 2, generator=g), torch.full((2, n - n // 2), float("nan"))], 1
+        ),
+    }
+
+
+@pytest.mark.parametrize("sparsity", [1e-5, 0.1, 0.5, 0.9, 0.99999])
+def test_bracketed_selection_is_exact_on_long_rows(sparsity):
+    for name, scores in long_rows().items():
+        k = max(1, num_to_prune(scores.shape[1], sparsity))
+        expected = scores.kthvalue(k, dim=1, keepdim=True).values
+        assert torch.equal(kth_smallest(scores, k), expected) or name == "with NaN", name
+        if name == "with NaN":
+            assert torch.equal(kth_smallest(scores, k).isnan(), expected.isnan())
+            continue
+        # the mask: exactly k per row, the k first of a stable argsort (ties by position)
+        order = scores.argsort(dim=1, stable=True)
+        independent = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, order[:, :k], True)
+        assert torch.equal(smallest_k(scores, k), independent), name
+
+
+def test_activation_pruning_zeroes_inf_and_nan_inputs_too():
+    """The fast multiply path is for finite inputs; a pruned inf or NaN still becomes an exact 0."""
+    sparsifier = ActivationSparsifier(MaskSpec(0.5, "random", key="prune.activation"), seed=0)
+    x = torch.rand(3, 40) + 1
+    x[:, ::4] = float("inf")
+    x[:, 1::4] = float("nan")
+    finite = torch.rand(3, 40) + 1
+    for tensor in (x, finite):
+        out = sparsifier.prune(tensor)
+        assert ((out == 0).sum(dim=1) == expected_zeros(40, 0.5)).all()
+        kept = out != 0  # NaN != 0, so kept NaNs are compared too
+        torch.testing.assert_close(out[kept], tensor[kept], rtol=0, atol=0, equal_nan=True)
 
 
 def test_random_activation_pruning_counts_and_zero_counter():
