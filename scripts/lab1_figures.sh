@@ -67,4 +67,4 @@ else
   done_runs "$OUT/sparsity/random" 9 || sweep_sparsity "$OUT/sparsity/random" "$random"
 fi
 "$PY" scripts/plot_lab1_sparsity.py "$OUT/sparsity" --out docs/figures/lab1_sparsity.png \
-  --title "Lab 1: accuracy vs sparsity (int$QAT_WIDTH QAT model, pruned + fine-tuned)"
+  --title "Lab 1: accuracy vs sparsity (int$QAT_WIDTH QAT model, pruned, fine-tuned)"

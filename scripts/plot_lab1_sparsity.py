@@ -102,7 +102,7 @@ def plot(points: list[Point], out: Path, metric: str, title: str) -> None:
         ax.axhline(sum(dense) / len(dense), color="gray", linestyle="--", label="dense")
     ax.set_xlabel("weight sparsity (measured)")
     ax.set_ylabel(metric)
-    ax.set_title(title)
+    ax.set_title(title, fontsize="medium", wrap=True)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
