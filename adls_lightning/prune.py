@@ -128,10 +128,7 @@ def kth_smallest(scores: Tensor, k: int) -> Tensor:
     rows, n = scores.shape
     if n < BRACKETED_SELECT_MIN or scores.device.type != "cpu":
         return scores.kthvalue(k, dim=1, keepdim=True).values
-    step = (
-        _SAMPLE_STEP if n % _SAMPLE_STEP else _SAMPLE_STEP + 2
-    )  # any step coprime with n spreads the sample
-    positions = (torch.arange(_BRACKET_SAMPLE, dtype=torch.int64) * step) % n
+    positions = (torch.arange(_BRACKET_SAMPLE, dtype=torch.int64) * _SAMPLE_STEP) % n
     sample = scores[:, positions]
     centre = k / n * _BRACKET_SAMPLE
     half_width = _BRACKET_SIGMAS * (centre * (1 - k / n)) ** 0.5 + 1
