@@ -7,7 +7,7 @@
 #      pruned and fine-tuned on 500 reviews with the same quantization, plus the unpruned model fine-tuned alike;
 #   4. docs/figures/lab1_width.png and docs/figures/lab1_sparsity.png, and their tables on stdout.
 #
-#   bash scripts/lab1_figures.sh                 # everything (about 2 hours on 2 cores)
+#   bash scripts/lab1_figures.sh                 # everything (about 1.5-2 hours on 2 cores)
 #   STREAMS=2 bash scripts/lab1_figures.sh       # the sparsity sweep as two one-thread processes (default)
 #
 # A finished step is skipped when the script is run again (its folder holds all its metrics.json files); an
