@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -96,6 +97,16 @@ def run_plain_hf(cfg, datamodule) -> dict[str, float]:
     return {"samples_per_sec": len(train) * cfg.trainer.max_epochs / seconds, "test_acc": accuracy}
 
 
+class SeedResult(NamedTuple):
+    """Training samples/s and test accuracy of both paths for one seed."""
+
+    seed: int
+    hf_speed: float
+    hf_acc: float
+    our_speed: float
+    our_acc: float
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -133,7 +144,7 @@ def main() -> None:
     for seed in args.seeds:
         plain, ours, lr = bench_one(args, seed)
         rows.append(
-            (
+            SeedResult(
                 seed,
                 plain["samples_per_sec"],
                 plain["test_acc"],
@@ -146,13 +157,13 @@ def main() -> None:
     print(
         f"{'seed':>6}{'HF samples/s':>14}{'HF acc':>9}{'ours samples/s':>16}{'ours acc':>10}{'speed':>8}{'acc diff':>10}"
     )
-    for seed, hf_speed, hf_acc, our_speed, our_acc in rows:
+    for r in rows:
         print(
-            f"{seed:>6}{hf_speed:>14.2f}{hf_acc:>9.4f}{our_speed:>16.2f}{our_acc:>10.4f}"
-            f"{our_speed / hf_speed:>7.2f}x{100 * (our_acc - hf_acc):>+9.2f}pt"
+            f"{r.seed:>6}{r.hf_speed:>14.2f}{r.hf_acc:>9.4f}{r.our_speed:>16.2f}{r.our_acc:>10.4f}"
+            f"{r.our_speed / r.hf_speed:>7.2f}x{100 * (r.our_acc - r.hf_acc):>+9.2f}pt"
         )
-    speed = statistics.mean(r[3] for r in rows) / statistics.mean(r[1] for r in rows)
-    diffs = [100 * (r[4] - r[2]) for r in rows]
+    speed = statistics.mean(r.our_speed for r in rows) / statistics.mean(r.hf_speed for r in rows)
+    diffs = [100 * (r.our_acc - r.hf_acc) for r in rows]
     spread = (
         f" +- {statistics.stdev(diffs) / len(diffs) ** 0.5:.2f} (standard error)" if len(diffs) > 1 else ""
     )

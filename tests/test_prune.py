@@ -191,23 +191,31 @@ def test_placeholders_receive_saved_masks_and_keep_parameter_order():
     assert [n for n, _ in source.named_parameters()] == [n for n, _ in target.named_parameters()]
 
 
+# 16-bit fixed point on every linear's input and weight: fine enough not to zero the small test weights
+INT16_LINEARS = {
+    "by": "type",
+    "linear": {
+        "config": {
+            "name": "integer",
+            "weight_width": 16,
+            "weight_frac_width": 8,
+            "data_in_width": 16,
+            "data_in_frac_width": 8,
+        }
+    },
+}
+
+
 @pytest.mark.parametrize("quantized", [False, True])
 def test_state_saved_before_pruning_loads_into_placeholders_and_real_masks(quantized):
     """init_ckpt of a dense (optionally quantized) model into a model whose pruning structure exists already."""
     quant = pytest.importorskip("adls_lightning.quant")
-    int16 = {
-        "name": "integer",
-        "weight_width": 16,
-        "weight_frac_width": 8,
-        "data_in_width": 16,
-        "data_in_frac_width": 8,
-    }
 
     def build(seed: int, quantize: bool) -> nn.Sequential:
         torch.manual_seed(seed)
         model = nn.Sequential(nn.Linear(9, 7), nn.ReLU(), nn.Linear(7, 5))
         if quantize:
-            quant.quantize_model(model, {"by": "type", "linear": {"config": int16}})
+            quant.quantize_model(model, INT16_LINEARS)
         return model
 
     dense = build(1, quantize=False)
@@ -235,18 +243,11 @@ def test_state_saved_before_pruning_loads_into_placeholders_and_real_masks(quant
 def test_state_of_a_pruned_plain_model_loads_into_a_quantized_pruned_one():
     """init_ckpt of a pruned full-precision run into the same pruning with quantization added: masks carry over."""
     quant = pytest.importorskip("adls_lightning.quant")
-    int16 = {
-        "name": "integer",
-        "weight_width": 16,
-        "weight_frac_width": 8,
-        "data_in_width": 16,
-        "data_in_frac_width": 8,
-    }
     torch.manual_seed(3)
     source = nn.Sequential(nn.Linear(9, 7), nn.ReLU(), nn.Linear(7, 5))
     Pruner(weight={"sparsity": 0.4, "method": "l1"}, exclude=None).prune(source)
     target = nn.Sequential(nn.Linear(9, 7), nn.ReLU(), nn.Linear(7, 5))
-    quant.quantize_model(target, {"by": "type", "linear": {"config": int16}})
+    quant.quantize_model(target, INT16_LINEARS)
     Pruner(weight={"sparsity": 0.4, "method": "l1"}, exclude=None).register_placeholders(target)
     target.load_state_dict(source.state_dict(), strict=True)
     for plain, layer in zip((source[0], source[2]), quant.quantized_layers(target)):
