@@ -18,6 +18,7 @@ Environment switches:
 from __future__ import annotations
 
 import os
+import sys
 from glob import glob
 from pathlib import Path
 
@@ -55,6 +56,13 @@ def get_extensions() -> tuple[list, dict]:
     optimisation = ["-O0", "-g"] if debug else ["-O3", "-DNDEBUG"]
     # No FMA contraction: the kernels must round exactly like the PyTorch reference.
     cxx_flags = [*optimisation, "-ffp-contract=off"]
+    # at::parallel_for is an inline OpenMP region in ATen's headers: without -fopenmp it silently
+    # runs on one thread. The Linux torch wheel ships libgomp.so.1, which the loader then shares
+    # with the extension (one thread pool). Apple's clang has no -fopenmp, so macOS stays serial.
+    link_args: list[str] = []
+    if sys.platform.startswith("linux"):
+        cxx_flags.append("-fopenmp")
+        link_args.append("-fopenmp")
     sources = sorted(glob("csrc/*.cpp", root_dir=ROOT))
     extension_class = CppExtension
     extra_compile_args: dict[str, list[str]] = {"cxx": cxx_flags}
@@ -69,6 +77,7 @@ def get_extensions() -> tuple[list, dict]:
         sources,
         include_dirs=[str(CSRC)],
         extra_compile_args=extra_compile_args,
+        extra_link_args=link_args,
         # Only the dispatcher API and an empty module init are used, so one abi3 build serves every
         # Python >= 3.10 (torch defines Py_LIMITED_API for it), as pytorch/extension-cpp does.
         py_limited_api=True,

@@ -26,6 +26,7 @@ import torch
 from adls_lightning.mxint8 import (
     dequantize,
     dequantize_reference,
+    native_cpu_isa,
     native_cuda_kernels_loaded,
     native_kernels_loaded,
     quantize,
@@ -67,9 +68,12 @@ def bench_device(
     device: torch.device, sizes: list[int], group_size: int, budget_s: float, max_rounds: int, allocator: str
 ) -> None:
     unit, scale = ("TB/s", 1e12) if device.type == "cuda" else ("GB/s", 1e9)
-    native = native_cuda_kernels_loaded() if device.type == "cuda" else native_kernels_loaded()
+    if device.type == "cuda":
+        native = "yes" if native_cuda_kernels_loaded() else "NO (reference)"
+    else:
+        native = f"yes ({native_cpu_isa()})" if native_kernels_loaded() else "NO (reference)"
     print(
-        f"\n{device.type.upper()}: group_size={group_size}, native kernels={'yes' if native else 'NO (reference)'}"
+        f"\n{device.type.upper()}: group_size={group_size}, native kernels={native}"
         + (
             f", threads={torch.get_num_threads()}, allocator={allocator}"
             if device.type == "cpu"
@@ -153,7 +157,7 @@ def main() -> None:
     if allocator == "reuse" and not keep_freed_memory():
         allocator = "os (glibc malloc not configurable here)"
     sizes = QUICK_SIZES if args.quick else SIZES
-    budget_s, max_rounds = (0.2, 5) if args.quick else (0.5, 10)
+    budget_s, max_rounds = (0.2, 20) if args.quick else (0.5, 100)
     torch.manual_seed(0)
     bench_device(torch.device("cpu"), sizes, args.group_size, budget_s, max_rounds, allocator)
     if torch.cuda.is_available() and not args.cpu_only:

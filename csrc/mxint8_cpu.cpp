@@ -8,18 +8,12 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "mxint8_checks.h"
+#include "mxint8_cpu_avx2.h"
 #include "mxint8_math.h"
-
-// The inner loops are written to auto-vectorise. The wheel must run on any x86-64, so GCC/Clang
-// also emit an AVX2 clone of each loop and pick it at load time (function multiversioning).
-#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
-#define MXINT8_CPU_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define MXINT8_CPU_CLONES
-#endif
 
 namespace adls {
 namespace mxint8 {
@@ -27,6 +21,30 @@ namespace {
 
 // Groups per parallel task: enough elements per task to amortise the thread hand-off.
 constexpr int64_t kElementsPerTask = 32768;
+
+// Environment switch that keeps the portable loops on an AVX2 machine (to test and compare them).
+constexpr const char* kPortableEnv = "ADLS_MXINT8_PORTABLE_CPU";
+
+// True when the AVX2 group kernels serve group sizes that are a multiple of 8; the portable loops
+// (plain C++, auto-vectorised for the build's baseline ISA) serve every other case.
+bool avx2_selected() {
+  static const bool selected = [] {
+#ifdef MXINT8_HAVE_AVX2_KERNELS
+    const char* portable = std::getenv(kPortableEnv);
+    const bool forced_portable = portable != nullptr && portable[0] != '\0' && std::strcmp(portable, "0") != 0;
+    return !forced_portable && __builtin_cpu_supports("avx2");
+#else
+    return false;
+#endif
+  }();
+  return selected;
+}
+
+const char* cpu_kernel_isa() { return avx2_selected() ? "avx2" : "portable"; }
+
+#ifdef MXINT8_HAVE_AVX2_KERNELS
+bool use_avx2_kernels(int64_t group_size) { return group_size % avx2::kLanes == 0 && avx2_selected(); }
+#endif
 
 inline float load_as_float(float value) { return value; }
 inline float load_as_float(uint16_t bfloat16_bits) { return bits_to_float(static_cast<uint32_t>(bfloat16_bits) << 16); }
@@ -54,13 +72,15 @@ inline void quantize_groups(const In* x, int8_t* mantissa, uint8_t* scale, int64
   }
 }
 
-MXINT8_CPU_CLONES void quantize_float_groups(const float* x, int8_t* mantissa, uint8_t* scale, int64_t group_size,
-                                             int64_t first_group, int64_t end_group) {
-  quantize_groups(x, mantissa, scale, group_size, first_group, end_group);
-}
-
-MXINT8_CPU_CLONES void quantize_bfloat16_groups(const uint16_t* x, int8_t* mantissa, uint8_t* scale,
-                                                int64_t group_size, int64_t first_group, int64_t end_group) {
+template <typename In>
+void quantize_task(const In* x, int8_t* mantissa, uint8_t* scale, int64_t group_size, int64_t first_group,
+                   int64_t end_group) {
+#ifdef MXINT8_HAVE_AVX2_KERNELS
+  if (use_avx2_kernels(group_size)) {
+    avx2::quantize_groups(x, mantissa, scale, group_size, first_group, end_group);
+    return;
+  }
+#endif
   quantize_groups(x, mantissa, scale, group_size, first_group, end_group);
 }
 
@@ -81,13 +101,15 @@ inline void dequantize_groups(const int8_t* mantissa, const uint8_t* scale, Out*
   }
 }
 
-MXINT8_CPU_CLONES void dequantize_float_groups(const int8_t* mantissa, const uint8_t* scale, float* out,
-                                               int64_t group_size, int64_t first_group, int64_t end_group) {
-  dequantize_groups(mantissa, scale, out, group_size, first_group, end_group);
-}
-
-MXINT8_CPU_CLONES void dequantize_bfloat16_groups(const int8_t* mantissa, const uint8_t* scale, uint16_t* out,
-                                                  int64_t group_size, int64_t first_group, int64_t end_group) {
+template <typename Out>
+void dequantize_task(const int8_t* mantissa, const uint8_t* scale, Out* out, int64_t group_size, int64_t first_group,
+                     int64_t end_group) {
+#ifdef MXINT8_HAVE_AVX2_KERNELS
+  if (use_avx2_kernels(group_size)) {
+    avx2::dequantize_groups(mantissa, scale, out, group_size, first_group, end_group);
+    return;
+  }
+#endif
   dequantize_groups(mantissa, scale, out, group_size, first_group, end_group);
 }
 
@@ -108,12 +130,12 @@ std::tuple<at::Tensor, at::Tensor> mxint8_quantize_cpu(const at::Tensor& x, int6
   if (input.scalar_type() == at::kFloat) {
     const float* x_ptr = input.const_data_ptr<float>();
     at::parallel_for(0, num_groups, groups_per_task(group_size), [&](int64_t begin, int64_t end) {
-      quantize_float_groups(x_ptr, mantissa_ptr, scale_ptr, group_size, begin, end);
+      quantize_task(x_ptr, mantissa_ptr, scale_ptr, group_size, begin, end);
     });
   } else {
     const auto* x_ptr = reinterpret_cast<const uint16_t*>(input.const_data_ptr<at::BFloat16>());
     at::parallel_for(0, num_groups, groups_per_task(group_size), [&](int64_t begin, int64_t end) {
-      quantize_bfloat16_groups(x_ptr, mantissa_ptr, scale_ptr, group_size, begin, end);
+      quantize_task(x_ptr, mantissa_ptr, scale_ptr, group_size, begin, end);
     });
   }
   return {mantissa, scale};
@@ -134,12 +156,12 @@ at::Tensor mxint8_dequantize_cpu(const at::Tensor& mantissa, const at::Tensor& s
   if (kernel_dtype == at::kFloat) {
     float* out_ptr = out.data_ptr<float>();
     at::parallel_for(0, num_groups, groups_per_task(group_size), [&](int64_t begin, int64_t end) {
-      dequantize_float_groups(mantissa_ptr, scale_ptr, out_ptr, group_size, begin, end);
+      dequantize_task(mantissa_ptr, scale_ptr, out_ptr, group_size, begin, end);
     });
   } else {
     auto* out_ptr = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
     at::parallel_for(0, num_groups, groups_per_task(group_size), [&](int64_t begin, int64_t end) {
-      dequantize_bfloat16_groups(mantissa_ptr, scale_ptr, out_ptr, group_size, begin, end);
+      dequantize_task(mantissa_ptr, scale_ptr, out_ptr, group_size, begin, end);
     });
   }
   return dtype == kernel_dtype ? out : out.to(dtype);
@@ -154,11 +176,17 @@ TORCH_LIBRARY_IMPL(adls, CPU, m) {
   m.impl("mxint8_dequantize", &adls::mxint8::mxint8_dequantize_cpu);
 }
 
-// An empty Python module: `import adls_lightning._C` loads this shared library, which runs the
-// registrations above (the pattern of pytorch/extension-cpp, limited-API friendly).
+// A Python module with one attribute, `cpu_isa`: `import adls_lightning._C` loads this shared
+// library, which runs the registrations above (the pattern of pytorch/extension-cpp, limited-API
+// friendly).
 extern "C" {
 PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
+  PyObject* module = PyModule_Create(&module_def);
+  if (module != nullptr && PyModule_AddStringConstant(module, "cpu_isa", adls::mxint8::cpu_kernel_isa()) != 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
 }
 }

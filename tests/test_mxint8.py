@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import platform
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,11 +16,13 @@ import adls_lightning  # noqa: F401  (registers torch.ops.adls.*)
 from adls_lightning.mxint8 import (
     dequantize,
     dequantize_reference,
+    native_cpu_isa,
     native_cuda_kernels_loaded,
     native_kernels_loaded,
     quantize,
     quantize_reference,
 )
+from adls_lightning.mxint8.ops import PORTABLE_CPU_ENV
 
 NAN = float("nan")
 INF = float("inf")
@@ -208,6 +214,56 @@ def test_native_handles_odd_group_sizes_and_strided_inputs():
     mantissa = torch.randint(-128, 128, (64, 96), dtype=torch.int8).t()
     scale = torch.randint(0, 256, (2, 96), dtype=torch.uint8).t()
     assert_bitwise_equal(dequantize(mantissa, scale, 32), dequantize_reference(mantissa, scale, 32))
+
+
+@needs_native
+def test_native_is_bit_exact_across_parallel_tasks_and_vector_tails():
+    """Tensors split over several threads' tasks; group sizes whose AVX2 loops end in an 8-wide tail."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for group_size in (8, 24, 40, 48, 32):
+            x = random_mx_input((96, 40 * 48), group_size, torch.float32, seed=group_size)
+            m_native, s_native = quantize(x, group_size)
+            m_ref, s_ref = quantize_reference(x, group_size)
+            assert_bitwise_equal(s_native, s_ref)
+            assert_bitwise_equal(m_native, m_ref)
+            for dtype in (torch.float32, torch.bfloat16):
+                assert_bitwise_equal(
+                    dequantize(m_native, s_native, group_size, dtype),
+                    dequantize_reference(m_ref, s_ref, group_size, dtype),
+                )
+    finally:
+        torch.set_num_threads(threads)
+
+
+def cpu_has_avx2() -> bool:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return any(line.startswith("flags") and " avx2" in line for line in cpuinfo)
+    except OSError:
+        return False
+
+
+@needs_native
+def test_cpu_kernel_isa_follows_the_cpu_and_the_switch():
+    forced_portable = os.environ.get(PORTABLE_CPU_ENV, "0") not in ("", "0")
+    x86_linux = sys.platform.startswith("linux") and platform.machine() == "x86_64"
+    expected = "avx2" if x86_linux and cpu_has_avx2() and not forced_portable else "portable"
+    assert native_cpu_isa() == expected
+
+
+@needs_native
+@pytest.mark.skipif(native_cpu_isa() != "avx2", reason="the portable loops already serve every test here")
+def test_portable_cpu_kernels_are_bit_exact_too():
+    """CPUs without AVX2 run the portable loops: run the bit-exact tests again with them forced."""
+    tests = "bit_exact or odd_group_sizes or cpu_kernel_isa"
+    command = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", tests]
+    result = subprocess.run(
+        command, env={**os.environ, PORTABLE_CPU_ENV: "1"}, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and " failed" not in result.stdout
 
 
 def test_empty_tensors():

@@ -5,7 +5,13 @@ Importing this package registers ``torch.ops.adls.mxint8_quantize`` and
 """
 
 from adls_lightning.mxint8.format import dequantize_reference, quantize_reference
-from adls_lightning.mxint8.ops import dequantize, native_cuda_kernels_loaded, native_kernels_loaded, quantize
+from adls_lightning.mxint8.ops import (
+    dequantize,
+    native_cpu_isa,
+    native_cuda_kernels_loaded,
+    native_kernels_loaded,
+    quantize,
+)
 from adls_lightning.mxint8.qlinear import (
     PackedLayer,
     QLinearPacked,
@@ -23,6 +29,7 @@ __all__ = [
     "dequantize",
     "dequantize_reference",
     "module_bytes",
+    "native_cpu_isa",
     "native_cuda_kernels_loaded",
     "native_kernels_loaded",
     "pack_linear_layers",

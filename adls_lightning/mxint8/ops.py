@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from types import ModuleType
 
 import torch
 
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 
 #: Set to 1 to ignore a built extension and run the reference kernels everywhere.
 DISABLE_NATIVE_ENV = "ADLS_DISABLE_NATIVE_KERNELS"
+#: Set to 1 to keep the C++ CPU kernels on their portable loops even where AVX2 is available.
+PORTABLE_CPU_ENV = "ADLS_MXINT8_PORTABLE_CPU"
 
 QUANTIZE_OP = "adls::mxint8_quantize"
 DEQUANTIZE_OP = "adls::mxint8_dequantize"
@@ -64,18 +67,22 @@ def _dequantize_default(
     return dequantize_reference(mantissa, scale, group_size, dtype)
 
 
-def _load_native_extension() -> bool:
-    """Import ``adls_lightning._C`` (registers the CPU/CUDA kernels); False when absent or disabled."""
+def _load_native_extension() -> ModuleType | None:
+    """Import ``adls_lightning._C`` (registers the CPU/CUDA kernels); None when absent or disabled."""
     if os.environ.get(DISABLE_NATIVE_ENV, "0") not in ("", "0"):
         log.info("MXINT8: %s set, using the PyTorch reference kernels", DISABLE_NATIVE_ENV)
-        return False
+        return None
     try:
-        importlib.import_module("adls_lightning._C")
+        extension = importlib.import_module("adls_lightning._C")
     except ImportError as error:
         log.info("MXINT8: native kernels not available (%s); using the PyTorch reference kernels", error)
-        return False
-    log.info("MXINT8: native kernels loaded (CPU%s)", ", CUDA" if native_cuda_kernels_loaded() else "")
-    return True
+        return None
+    log.info(
+        "MXINT8: native kernels loaded (CPU %s%s)",
+        extension.cpu_isa,
+        ", CUDA" if native_cuda_kernels_loaded() else "",
+    )
+    return extension
 
 
 def _has_kernel(op: str, dispatch_key: str) -> bool:
@@ -84,7 +91,16 @@ def _has_kernel(op: str, dispatch_key: str) -> bool:
 
 def native_kernels_loaded() -> bool:
     """True when the compiled C++ CPU kernels serve ``torch.ops.adls.mxint8_*`` on CPU tensors."""
-    return _NATIVE_LOADED and _has_kernel(QUANTIZE_OP, "CPU") and _has_kernel(DEQUANTIZE_OP, "CPU")
+    return _NATIVE is not None and _has_kernel(QUANTIZE_OP, "CPU") and _has_kernel(DEQUANTIZE_OP, "CPU")
+
+
+def native_cpu_isa() -> str | None:
+    """Instruction set of the C++ CPU group kernels: ``"avx2"`` or ``"portable"`` (None: not loaded).
+
+    The AVX2 kernels serve group sizes that are a multiple of 8 on CPUs with AVX2 (unless
+    ``ADLS_MXINT8_PORTABLE_CPU=1``); the portable loops serve everything else.
+    """
+    return _NATIVE.cpu_isa if native_kernels_loaded() else None
 
 
 def native_cuda_kernels_loaded() -> bool:
@@ -104,4 +120,4 @@ def dequantize(
     return torch.ops.adls.mxint8_dequantize(mantissa, scale, group_size, dtype)
 
 
-_NATIVE_LOADED = _load_native_extension()
+_NATIVE = _load_native_extension()
