@@ -4,7 +4,12 @@ Dequantize moves ``n + n/g`` bytes in and ``n * out_bytes`` out; it is compared 
 ``torch.empty_like(out).copy_(out)`` (a copy of the output size, allocation included like the op's
 own) and with :func:`adls_lightning.mxint8.dequantize_reference`. Quantize moves ``4n`` bytes in and
 ``n + n/g`` out; it is compared with a copy of its float32 input and with ``quantize_reference``.
-Throughput is bytes read + written per second (GB/s on CPU, TB/s on a GPU), from the best of\ninterleaved rounds (see :func:`best_seconds`).
+Throughput is bytes read + written per second (GB/s on CPU, TB/s on a GPU), from the best of
+interleaved rounds (see :func:`best_seconds`).
+
+"ceiling" bounds the "vs ref" column: any dequantize kernel must at least write its output, so it
+cannot beat ``torch.empty_like(out).fill_(1)`` of the same output, and the ratio of the reference's
+time to that fill's time is the most "vs ref" any kernel could show on this machine.
 
     python benchmarks/bench_mxint8.py            # 4K ... 64M elements, CPU (+ GPU rows when present)
     python benchmarks/bench_mxint8.py --quick    # 4K ... 4M elements, fewer repeats
@@ -82,6 +87,7 @@ def bench_device(
     )
     header = (
         f"{'elements':>9} {'op':<18} {'native':>9} {'copy':>9} {'reference':>9} {'vs copy':>8} {'vs ref':>8}"
+        f" {'ceiling':>8}"
     )
     print(f"{'':>28}{unit:>9} {unit:>9} {unit:>9}")
     print(header)
@@ -105,6 +111,7 @@ def bench_size(
                 "native": lambda d=dtype: dequantize(mantissa, scales, group_size, d),
                 "copy": lambda o=out: torch.empty_like(o).copy_(o),
                 "reference": lambda d=dtype: dequantize_reference(mantissa, scales, group_size, d),
+                "fill": lambda o=out: torch.empty_like(o).fill_(1),
             },
             device,
             budget_s,
@@ -130,8 +137,10 @@ def print_row(
     op = op_bytes / seconds["native"] / scale
     copy = copy_bytes / seconds["copy"] / scale
     ref = op_bytes / seconds["reference"] / scale
+    ceiling = f"{seconds['reference'] / seconds['fill']:7.1f}x" if "fill" in seconds else f"{'-':>8}"
     print(
         f"{size_label(n):>9} {name:<18} {op:9.3f} {copy:9.3f} {ref:9.3f} {op / copy:7.2f}x {op / ref:7.1f}x"
+        f" {ceiling}"
     )
 
 

@@ -2,7 +2,7 @@
 //
 // GCC's auto-vectorised portable loops (mxint8_cpu.cpp) turn the float -> int8 narrowing and the
 // float -> bfloat16 truncation into long mask/blend/permute chains; written with intrinsics each
-// 8 elements take a handful of instructions (quantize ~4x, bfloat16 dequantize ~2x faster, see
+// 8 elements take a handful of instructions (quantize 3.8x, bfloat16 dequantize 1.5x faster, see
 // docs/mxint8.md). They compute exactly the steps of mxint8_math.h and stay bit-identical to it:
 //   * amax over the |x| bit patterns with an unsigned max (NaN sorts above +inf);
 //   * clamping to +-127 *before* rounding equals rounding then clamping, because the bounds are
