@@ -72,18 +72,6 @@ inline void quantize_groups(const In* x, int8_t* mantissa, uint8_t* scale, int64
   }
 }
 
-template <typename In>
-void quantize_task(const In* x, int8_t* mantissa, uint8_t* scale, int64_t group_size, int64_t first_group,
-                   int64_t end_group) {
-#ifdef MXINT8_HAVE_AVX2_KERNELS
-  if (use_avx2_kernels(group_size)) {
-    avx2::quantize_groups(x, mantissa, scale, group_size, first_group, end_group);
-    return;
-  }
-#endif
-  quantize_groups(x, mantissa, scale, group_size, first_group, end_group);
-}
-
 inline void store_float(float value, float* out) { *out = value; }
 inline void store_float(float value, uint16_t* bfloat16_out) { *bfloat16_out = exact_float_to_bfloat16_bits(value); }
 
@@ -101,19 +89,22 @@ inline void dequantize_groups(const int8_t* mantissa, const uint8_t* scale, Out*
   }
 }
 
-template <typename Out>
-void dequantize_task(const int8_t* mantissa, const uint8_t* scale, Out* out, int64_t group_size, int64_t first_group,
-                     int64_t end_group) {
-#ifdef MXINT8_HAVE_AVX2_KERNELS
-  if (use_avx2_kernels(group_size)) {
-    avx2::dequantize_groups(mantissa, scale, out, group_size, first_group, end_group);
-    return;
-  }
-#endif
-  dequantize_groups(mantissa, scale, out, group_size, first_group, end_group);
+int64_t groups_per_task(int64_t group_size) { return std::max<int64_t>(1, kElementsPerTask / group_size); }
+
+// Runs `kernel(pointers..., group_size, first_group, end_group)` over all groups on ATen's pool.
+template <typename Kernel, typename... Pointers>
+void parallel_over_groups(Kernel* kernel, int64_t num_groups, int64_t group_size, Pointers... pointers) {
+  at::parallel_for(0, num_groups, groups_per_task(group_size), [&](int64_t begin, int64_t end) {
+    kernel(pointers..., group_size, begin, end);
+  });
 }
 
-int64_t groups_per_task(int64_t group_size) { return std::max<int64_t>(1, kElementsPerTask / group_size); }
+// The group kernel `name` for `group_size`: its AVX2 version where that serves, else the portable loop.
+#ifdef MXINT8_HAVE_AVX2_KERNELS
+#define MXINT8_GROUP_KERNEL(name, group_size) (use_avx2_kernels(group_size) ? &avx2::name : &name)
+#else
+#define MXINT8_GROUP_KERNEL(name, group_size) (&name)
+#endif
 
 std::tuple<at::Tensor, at::Tensor> mxint8_quantize_cpu(const at::Tensor& x, int64_t group_size) {
   check_quantize_args(x, group_size);
@@ -128,15 +119,12 @@ std::tuple<at::Tensor, at::Tensor> mxint8_quantize_cpu(const at::Tensor& x, int6
   int8_t* mantissa_ptr = mantissa.data_ptr<int8_t>();
   uint8_t* scale_ptr = scale.data_ptr<uint8_t>();
   if (input.scalar_type() == at::kFloat) {
-    const float* x_ptr = input.const_data_ptr<float>();
-    at::parallel_for(0, num_groups, groups_per_task(group_size), [&](int64_t begin, int64_t end) {
-      quantize_task(x_ptr, mantissa_ptr, scale_ptr, group_size, begin, end);
-    });
+    parallel_over_groups(MXINT8_GROUP_KERNEL(quantize_groups<float>, group_size), num_groups, group_size,
+                         input.const_data_ptr<float>(), mantissa_ptr, scale_ptr);
   } else {
     const auto* x_ptr = reinterpret_cast<const uint16_t*>(input.const_data_ptr<at::BFloat16>());
-    at::parallel_for(0, num_groups, groups_per_task(group_size), [&](int64_t begin, int64_t end) {
-      quantize_task(x_ptr, mantissa_ptr, scale_ptr, group_size, begin, end);
-    });
+    parallel_over_groups(MXINT8_GROUP_KERNEL(quantize_groups<uint16_t>, group_size), num_groups, group_size, x_ptr,
+                         mantissa_ptr, scale_ptr);
   }
   return {mantissa, scale};
 }
@@ -154,15 +142,12 @@ at::Tensor mxint8_dequantize_cpu(const at::Tensor& mantissa, const at::Tensor& s
   const int8_t* mantissa_ptr = mantissa_c.const_data_ptr<int8_t>();
   const uint8_t* scale_ptr = scale_c.const_data_ptr<uint8_t>();
   if (kernel_dtype == at::kFloat) {
-    float* out_ptr = out.data_ptr<float>();
-    at::parallel_for(0, num_groups, groups_per_task(group_size), [&](int64_t begin, int64_t end) {
-      dequantize_task(mantissa_ptr, scale_ptr, out_ptr, group_size, begin, end);
-    });
+    parallel_over_groups(MXINT8_GROUP_KERNEL(dequantize_groups<float>, group_size), num_groups, group_size,
+                         mantissa_ptr, scale_ptr, out.data_ptr<float>());
   } else {
     auto* out_ptr = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-    at::parallel_for(0, num_groups, groups_per_task(group_size), [&](int64_t begin, int64_t end) {
-      dequantize_task(mantissa_ptr, scale_ptr, out_ptr, group_size, begin, end);
-    });
+    parallel_over_groups(MXINT8_GROUP_KERNEL(dequantize_groups<uint16_t>, group_size), num_groups, group_size,
+                         mantissa_ptr, scale_ptr, out_ptr);
   }
   return dtype == kernel_dtype ? out : out.to(dtype);
 }

@@ -10,9 +10,10 @@
 //     mode, the same mode the portable path's 1.5 * 2^23 trick relies on;
 //   * the scaled values lie in (-128, 128), so the saturating int32 -> int8 packs never saturate.
 // Functions carry target("avx2") so the file builds for baseline x86-64; the caller checks the CPU.
+// Define MXINT8_NO_AVX2_KERNELS to build without them (what non-x86 builds get).
 #pragma once
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(MXINT8_NO_AVX2_KERNELS)
 #define MXINT8_HAVE_AVX2_KERNELS 1
 
 #include <immintrin.h>
