@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: help install train test test-fast lint format cuda-check bench clean
+.PHONY: help install train test test-fast lint format cuda-check portable-check bench clean
 help: ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
 
@@ -39,6 +39,9 @@ format: install ## ruff autofix and format
 
 cuda-check: ## compile-check the CUDA kernels with nvcc (no GPU needed)
 	bash scripts/check_cuda.sh
+
+portable-check: install ## syntax-check the C++ CPU kernels as built without AVX2 (non-x86 CPUs)
+	bash scripts/check_portable_cpu.sh
 
 clean: ## remove build products and caches (keeps outputs/)
 	rm -rf build *.egg-info .pytest_cache .ruff_cache adls_lightning/*.so
