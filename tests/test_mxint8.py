@@ -237,6 +237,23 @@ def test_native_is_bit_exact_across_parallel_tasks_and_vector_tails():
         torch.set_num_threads(threads)
 
 
+@needs_native
+def test_native_is_bit_exact_on_views_with_unaligned_data():
+    """Contiguous views that start mid-buffer: the kernels get pointers off any vector alignment."""
+    x = random_mx_input((8 * 1001,), 8, torch.float32, seed=11)[8:]  # 32 bytes in
+    m_native, s_native = quantize(x, 8)
+    m_ref, s_ref = quantize_reference(x, 8)
+    assert_bitwise_equal(s_native, s_ref)
+    assert_bitwise_equal(m_native, m_ref)
+    gen = torch.Generator().manual_seed(12)
+    mantissa = torch.randint(-128, 128, (3 + 16 * 1000,), generator=gen, dtype=torch.int8)[3:]  # 3 bytes in
+    scale = torch.randint(0, 256, (1 + 1000,), generator=gen, dtype=torch.uint8)[1:]
+    for dtype in (torch.float32, torch.bfloat16):
+        assert_bitwise_equal(
+            dequantize(mantissa, scale, 16, dtype), dequantize_reference(mantissa, scale, 16, dtype)
+        )
+
+
 def cpu_has_avx2() -> bool:
     try:
         with open("/proc/cpuinfo") as cpuinfo:
