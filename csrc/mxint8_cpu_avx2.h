@@ -49,8 +49,8 @@ MXINT8_AVX2 inline uint32_t horizontal_max(__m256i v) {
 template <typename In>
 MXINT8_AVX2 inline __m256i quantize8(const In* x, __m256 pre, __m256 post) {
   const __m256 scaled = _mm256_mul_ps(_mm256_mul_ps(load8(x), pre), post);
-  const __m256 clamped = _mm256_min_ps(_mm256_max_ps(scaled, _mm256_set1_ps(-kMaxMantissa)), _mm256_set1_ps(kMaxMantissa));
-  return _mm256_cvtps_epi32(clamped);
+  const __m256 at_least_lower = _mm256_max_ps(scaled, _mm256_set1_ps(-kMaxMantissa));
+  return _mm256_cvtps_epi32(_mm256_min_ps(at_least_lower, _mm256_set1_ps(kMaxMantissa)));
 }
 
 template <typename In>
@@ -77,8 +77,11 @@ MXINT8_AVX2 void quantize_groups(const In* x, int8_t* mantissa, uint8_t* scale, 
     int64_t i = 0;
     for (; i + 4 * kLanes <= group_size; i += 4 * kLanes) {
       // In-lane packs interleave the 128-bit halves; one cross-lane permute restores the order.
-      const __m256i words_low = _mm256_packs_epi32(quantize8(group_x + i, pre, post), quantize8(group_x + i + kLanes, pre, post));
-      const __m256i words_high = _mm256_packs_epi32(quantize8(group_x + i + 2 * kLanes, pre, post), quantize8(group_x + i + 3 * kLanes, pre, post));
+      const In* block = group_x + i;
+      const __m256i words_low =
+          _mm256_packs_epi32(quantize8(block, pre, post), quantize8(block + kLanes, pre, post));
+      const __m256i words_high =
+          _mm256_packs_epi32(quantize8(block + 2 * kLanes, pre, post), quantize8(block + 3 * kLanes, pre, post));
       const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words_low, words_high), lane_order);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(group_mantissa + i), bytes);
     }
