@@ -12,10 +12,6 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-PYTHON="${1:-}"
-if [[ -z "$PYTHON" ]]; then
-  if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
-fi
 NVCC="${NVCC:-$(command -v nvcc || true)}"
 if [[ -z "$NVCC" && -x /usr/local/cuda/bin/nvcc ]]; then NVCC=/usr/local/cuda/bin/nvcc; fi
 if [[ -z "$NVCC" ]]; then
@@ -45,12 +41,10 @@ if [[ -z "$CUDA_INCLUDE" ]]; then
   echo "check_cuda: cuda_runtime.h not found (set CUDA_HOME); cannot check the binding" >&2
   exit 1
 fi
-TORCH_INCLUDES="$("$PYTHON" -c 'from torch.utils.cpp_extension import include_paths; print(" ".join(include_paths()))')"
-PYTHON_INCLUDE="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+source scripts/torch_includes.sh "${1:-}"
 mkdir -p "$WORK/stub/c10/cuda/impl"
 printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' >"$WORK/stub/c10/cuda/impl/cuda_cmake_macros.h"
-include_flags=(-I"$WORK/stub" -Icsrc -I"$CUDA_INCLUDE" -I"$PYTHON_INCLUDE")
-for dir in $TORCH_INCLUDES; do include_flags+=(-I"$dir"); done
+include_flags=(-I"$WORK/stub" -Icsrc -I"$CUDA_INCLUDE" "${TORCH_INCLUDE_FLAGS[@]}")
 for source in csrc/cuda/*.cpp; do
   "${CXX:-c++}" -std=c++20 -fsyntax-only -Wall -Werror "${include_flags[@]}" "$source"
   echo "check_cuda: syntax check of $source against torch headers: ok"

@@ -8,15 +8,8 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-PYTHON="${1:-}"
-if [[ -z "$PYTHON" ]]; then
-  if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
-fi
-TORCH_INCLUDES="$("$PYTHON" -c 'from torch.utils.cpp_extension import include_paths; print(" ".join(include_paths()))')"
-PYTHON_INCLUDE="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
-include_flags=(-Icsrc -I"$PYTHON_INCLUDE")
-for dir in $TORCH_INCLUDES; do include_flags+=(-I"$dir"); done
+source scripts/torch_includes.sh "${1:-}"
 for source in csrc/*.cpp; do
-  "${CXX:-c++}" -std=c++20 -fsyntax-only -Wall -Werror -DMXINT8_NO_AVX2_KERNELS "${include_flags[@]}" "$source"
+  "${CXX:-c++}" -std=c++20 -fsyntax-only -Wall -Werror -DMXINT8_NO_AVX2_KERNELS -Icsrc "${TORCH_INCLUDE_FLAGS[@]}" "$source"
   echo "check_portable_cpu: syntax check of $source without the AVX2 kernels: ok"
 done

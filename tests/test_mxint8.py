@@ -22,7 +22,7 @@ from adls_lightning.mxint8 import (
     quantize,
     quantize_reference,
 )
-from adls_lightning.mxint8.ops import PORTABLE_CPU_ENV
+from adls_lightning.mxint8.ops import PORTABLE_CPU_ENV, env_flag
 
 NAN = float("nan")
 INF = float("inf")
@@ -177,16 +177,24 @@ def random_mx_input(shape: tuple[int, ...], group_size: int, dtype: torch.dtype,
 SHAPES = [(512,), (3, 512), (2, 3, 1024), (17, 2048), (5, 1, 1536)]
 
 
+def assert_native_quantize_matches_reference(
+    x: torch.Tensor, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Native ``quantize`` equals the reference bit for bit; returns the (mantissa, scale) pair."""
+    m_native, s_native = quantize(x, group_size)
+    m_ref, s_ref = quantize_reference(x, group_size)
+    assert_bitwise_equal(s_native, s_ref)
+    assert_bitwise_equal(m_native, m_ref)
+    return m_native, s_native
+
+
 @needs_native
 @pytest.mark.parametrize("group_size", GROUP_SIZES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_native_quantize_is_bit_exact(group_size, dtype):
     for i, shape in enumerate(SHAPES):
         x = random_mx_input(shape, group_size, dtype, seed=1000 * group_size + i)
-        m_native, s_native = quantize(x, group_size)
-        m_ref, s_ref = quantize_reference(x, group_size)
-        assert_bitwise_equal(s_native, s_ref)
-        assert_bitwise_equal(m_native, m_ref)
+        assert_native_quantize_matches_reference(x, group_size)
 
 
 @needs_native
@@ -224,14 +232,11 @@ def test_native_is_bit_exact_across_parallel_tasks_and_vector_tails():
     try:
         for group_size in (8, 24, 40, 48, 32):
             x = random_mx_input((96, 40 * 48), group_size, torch.float32, seed=group_size)
-            m_native, s_native = quantize(x, group_size)
-            m_ref, s_ref = quantize_reference(x, group_size)
-            assert_bitwise_equal(s_native, s_ref)
-            assert_bitwise_equal(m_native, m_ref)
+            mantissa, scale = assert_native_quantize_matches_reference(x, group_size)
             for dtype in (torch.float32, torch.bfloat16):
                 assert_bitwise_equal(
-                    dequantize(m_native, s_native, group_size, dtype),
-                    dequantize_reference(m_ref, s_ref, group_size, dtype),
+                    dequantize(mantissa, scale, group_size, dtype),
+                    dequantize_reference(mantissa, scale, group_size, dtype),
                 )
     finally:
         torch.set_num_threads(threads)
@@ -241,10 +246,7 @@ def test_native_is_bit_exact_across_parallel_tasks_and_vector_tails():
 def test_native_is_bit_exact_on_views_with_unaligned_data():
     """Contiguous views that start mid-buffer: the kernels get pointers off any vector alignment."""
     x = random_mx_input((8 * 1001,), 8, torch.float32, seed=11)[8:]  # 32 bytes in
-    m_native, s_native = quantize(x, 8)
-    m_ref, s_ref = quantize_reference(x, 8)
-    assert_bitwise_equal(s_native, s_ref)
-    assert_bitwise_equal(m_native, m_ref)
+    assert_native_quantize_matches_reference(x, 8)
     gen = torch.Generator().manual_seed(12)
     mantissa = torch.randint(-128, 128, (3 + 16 * 1000,), generator=gen, dtype=torch.int8)[3:]  # 3 bytes in
     scale = torch.randint(0, 256, (1 + 1000,), generator=gen, dtype=torch.uint8)[1:]
@@ -264,7 +266,7 @@ def cpu_has_avx2() -> bool:
 
 @needs_native
 def test_cpu_kernel_isa_follows_the_cpu_and_the_switch():
-    forced_portable = os.environ.get(PORTABLE_CPU_ENV, "0") not in ("", "0")
+    forced_portable = env_flag(PORTABLE_CPU_ENV)
     x86_linux = sys.platform.startswith("linux") and platform.machine() == "x86_64"
     expected = "avx2" if x86_linux and cpu_has_avx2() and not forced_portable else "portable"
     assert native_cpu_isa() == expected

@@ -32,6 +32,12 @@ DISABLE_NATIVE_ENV = "ADLS_DISABLE_NATIVE_KERNELS"
 #: Set to 1 to keep the C++ CPU kernels on their portable loops even where AVX2 is available.
 PORTABLE_CPU_ENV = "ADLS_MXINT8_PORTABLE_CPU"
 
+
+def env_flag(name: str) -> bool:
+    """True when the switch ``name`` is set to anything but empty or ``0`` (the C++ side reads it alike)."""
+    return os.environ.get(name, "0") not in ("", "0")
+
+
 QUANTIZE_OP = "adls::mxint8_quantize"
 DEQUANTIZE_OP = "adls::mxint8_dequantize"
 
@@ -69,7 +75,7 @@ def _dequantize_default(
 
 def _load_native_extension() -> ModuleType | None:
     """Import ``adls_lightning._C`` (registers the CPU/CUDA kernels); None when absent or disabled."""
-    if os.environ.get(DISABLE_NATIVE_ENV, "0") not in ("", "0"):
+    if env_flag(DISABLE_NATIVE_ENV):
         log.info("MXINT8: %s set, using the PyTorch reference kernels", DISABLE_NATIVE_ENV)
         return None
     try:
