@@ -17,10 +17,10 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from hydra.utils import instantiate
 from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
+from adls_lightning.build import build
 from adls_lightning.config import ConfigError, validate_run_config
 from adls_lightning.io_utils import atomic_write_json
 from adls_lightning.module import count_parameters
@@ -32,32 +32,17 @@ log = logging.getLogger(__name__)
 # quantize first, then prune the (possibly quantized) layers, then compress, then compile the result.
 COMPRESSION_GROUPS = ("quant", "prune", "compress", "compile")
 METRICS_FILE = "metrics.json"
-# Python targets a config may name in `_target_` (Hydra 1.4 execution whitelist): a config cannot run other code.
-TARGET_WHITELIST = [
-    "adls_lightning.*",
-    "callbacks.*",
-    "lightning.*",
-    "torch.optim.*",
-    "transformers.*",
-    "peft.*",
-    "optuna.*",
-]
-
-
-def build(node: Any, **kwargs: Any) -> Any:
-    """``hydra.utils.instantiate`` restricted to :data:`TARGET_WHITELIST`."""
-    return instantiate(node, _execution_whitelist_=TARGET_WHITELIST, **kwargs)
 
 
 def instantiate_callbacks(cfg: DictConfig) -> list[L.Callback]:
     """Callbacks from ``cfg.callbacks`` (dict order) followed by the compression groups that are set."""
-    leaves: list[tuple[str, Any]] = list((cfg.get("callbacks") or {}).items())
+    leaves: list[tuple[str, Any]] = [(f"callbacks.{k}", v) for k, v in (cfg.get("callbacks") or {}).items()]
     leaves += [(group, cfg.get(group)) for group in COMPRESSION_GROUPS]
     callbacks = []
     for name, leaf in leaves:
         if isinstance(leaf, Mapping) and "_target_" in leaf:
             log.info("Instantiating callback %s <%s>", name, leaf["_target_"])
-            callbacks.append(build(leaf, _convert_="partial"))
+            callbacks.append(build(leaf, name, _convert_="partial"))
     return callbacks
 
 
@@ -71,7 +56,7 @@ def instantiate_loggers(cfg: DictConfig) -> list[Logger]:
             if leaf["_target_"].endswith("WandbLogger") and not leaf.get("group") and _is_multirun():
                 # One W&B group per sweep, so a multirun's jobs sit together in the UI.
                 extra["group"] = Path(HydraConfig.get().sweep.dir).name
-            loggers.append(build(leaf, **extra))
+            loggers.append(build(leaf, f"logger.{name}", **extra))
     return loggers
 
 
@@ -120,14 +105,14 @@ def run(cfg: DictConfig) -> dict[str, float]:
         log.info("keep_freed_memory: not available on this platform (glibc malloc only)")
 
     log.info("Instantiating datamodule <%s>", cfg.data._target_)
-    datamodule = build(cfg.data)
+    datamodule = build(cfg.data, "data")
     datamodule.setup("fit")  # fail fast on data problems, before the model is built
     log.info("Instantiating model <%s>", cfg.model._target_)
     init = {"init_ckpt": str(cfg.init_ckpt)} if cfg.get("init_ckpt") else {}
-    model = build(cfg.model, _convert_="partial", **init)
+    model = build(cfg.model, "model", _convert_="partial", **init)
     callbacks = instantiate_callbacks(cfg)
     loggers = instantiate_loggers(cfg)
-    trainer: L.Trainer = build(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    trainer: L.Trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
 
     trainable, total = count_parameters(model)
     metrics: dict[str, float] = {"params/trainable": trainable, "params/total": total}

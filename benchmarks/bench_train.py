@@ -55,11 +55,13 @@ def run_plain_hf(cfg, datamodule) -> dict[str, float]:
     from peft import get_peft_model
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
 
+    from adls_lightning.build import build
     from adls_lightning.models import load_pretrained
-    from adls_lightning.training import build
 
     torch.manual_seed(cfg.seed)
-    model = get_peft_model(load_pretrained(cfg.model.backbone.name_or_path), build(cfg.model.lora))
+    model = get_peft_model(
+        load_pretrained(cfg.model.backbone.name_or_path), build(cfg.model.lora, "model.lora")
+    )
     columns = ["input_ids", "label"]
     train = datamodule.splits["train"].with_format(None).select_columns(columns)
     test = datamodule.splits["test"].with_format(None).select_columns(columns)
@@ -176,7 +178,8 @@ def main() -> None:
 
 def bench_one(args: argparse.Namespace, seed: int) -> tuple[dict[str, float], dict[str, float], float]:
     """Both paths with one seed: (plain HF metrics, our metrics, learning rate used)."""
-    from adls_lightning.training import build, run
+    from adls_lightning.build import build
+    from adls_lightning.training import run
 
     with tempfile.TemporaryDirectory() as out:
         cfg = compose(
@@ -200,7 +203,7 @@ def bench_one(args: argparse.Namespace, seed: int) -> tuple[dict[str, float], di
                 f"hydra.run.dir={out}",
             ]
         )
-        datamodule = build(cfg.data)
+        datamodule = build(cfg.data, "data")
         datamodule.setup("fit")
         print(
             f"[bench] seed {seed}, plain HF Trainer + PEFT: {args.train_size} rows x {args.epochs} epoch(s)",

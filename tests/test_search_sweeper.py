@@ -106,7 +106,11 @@ def toy(tmp_path):
     (tmp_path / "app").mkdir()
     (tmp_path / "app" / "toy.py").write_text(APP)
     (tmp_path / "app" / "toy.yaml").write_text(textwrap.dedent(CONFIG).replace("ROOT", str(ROOT)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)]),
+        "ADLS_EXTRA_TARGETS": "test_search_sweeper.*",  # the toy space lives in this test module
+    }
 
     def run(*overrides, sweep_dir=tmp_path / "sweep", wait=True):
         cmd = [sys.executable, str(tmp_path / "app" / "toy.py"), f"hydra.sweep.dir={sweep_dir}", *overrides]

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from adls_lightning.build import build
 from adls_lightning.config import ConfigError
-from adls_lightning.training import build, run
+from adls_lightning.training import run
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED_METRICS = {
@@ -41,7 +42,7 @@ def test_full_finetune_learns_and_writes_metrics(compose_cfg, tmp_path):
 
 def test_lora_freezes_base_keeps_bias_and_trains_adapters_and_head(compose_cfg):
     cfg = compose_cfg(["trainer.max_epochs=1", "model.optimizer.lr=1e-2"])
-    model = build(cfg.model, _convert_="partial")
+    model = build(cfg.model, "model", _convert_="partial")
     named = dict(model.named_parameters())
     base = {n: p.detach().clone() for n, p in named.items() if "base_layer" in n}
     adapters = {n: p.detach().clone() for n, p in named.items() if "lora_" in n}
@@ -57,7 +58,7 @@ def test_lora_freezes_base_keeps_bias_and_trains_adapters_and_head(compose_cfg):
 
     import lightning as L
 
-    datamodule = build(cfg.data)
+    datamodule = build(cfg.data, "data")
     L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False).fit(
         model, datamodule=datamodule
     )
@@ -105,14 +106,16 @@ def test_init_ckpt_starts_from_the_checkpoint_weights_also_when_quantized(compos
 
 def test_tokenized_cache_is_reused(compose_cfg, tmp_path):
     cfg = compose_cfg(["data.max_length=48", f"paths.cache_dir={tmp_path / 'fresh_cache'}"])
-    first = build(cfg.data)
+    first = build(cfg.data, "data")
     first.setup("fit")
-    second = build(cfg.data)
+    second = build(cfg.data, "data")
     second.setup("fit")
     assert first.cache_hits == {"train": False, "val": False, "test": False}
     assert second.cache_hits == {"train": True, "val": True, "test": True}
     assert torch.equal(first.splits["train"][0]["input_ids"], second.splits["train"][0]["input_ids"])
-    other = build(compose_cfg(["data.max_length=40", f"paths.cache_dir={tmp_path / 'fresh_cache'}"]).data)
+    other = build(
+        compose_cfg(["data.max_length=40", f"paths.cache_dir={tmp_path / 'fresh_cache'}"]).data, "data"
+    )
     other.setup("fit")
     assert other.cache_hits == {"train": False, "val": False, "test": False}, (
         "a different max_length must not hit the cache"
@@ -121,7 +124,7 @@ def test_tokenized_cache_is_reused(compose_cfg, tmp_path):
 
 def test_splits_are_stratified_disjoint_and_sized(compose_cfg):
     cfg = compose_cfg(["data.train_size=120", "data.val_size=60", "data.test_size=50"])
-    dm = build(cfg.data)
+    dm = build(cfg.data, "data")
     dm.setup("fit")
     sizes = {k: len(v) for k, v in dm.splits.items()}
     assert sizes == {"train": 120, "val": 60, "test": 50}
@@ -149,7 +152,7 @@ def test_csv_and_jsonl_folders_load(compose_cfg, tmp_path, fmt):
             frame.to_csv(folder / f"{split}.csv", index=False)
         else:
             frame.to_json(folder / f"{split}.jsonl", orient="records", lines=True)
-    dm = build(compose_cfg([f"data.data_dir={folder}", "data.val_size=50"]).data)
+    dm = build(compose_cfg([f"data.data_dir={folder}", "data.val_size=50"]).data, "data")
     dm.setup("fit")
     assert {k: len(v) for k, v in dm.splits.items()} == {"train": 100, "val": 50, "test": 40}
 

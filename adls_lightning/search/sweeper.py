@@ -41,13 +41,13 @@ from hydra.core.plugins import Plugins
 from hydra.errors import CompactHydraException
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from hydra.utils import instantiate
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from optuna.distributions import BaseDistribution
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
+from adls_lightning.build import build
 from adls_lightning.config import ConfigError
 from adls_lightning.io_utils import atomic_write_json
 from adls_lightning.search.objective import TrialResult, objective_names
@@ -69,7 +69,6 @@ GRID_SAMPLER = "optuna.samplers.GridSampler"
 # Samplers whose seed fixes a sequence shared by all trials and workers (the grid's shuffled order, the scrambled
 # QMC sequence): they keep one seed. All others are re-seeded per trial.
 SEQUENCE_SAMPLERS = (GRID_SAMPLER, "optuna.samplers.QMCSampler")
-SAMPLER_WHITELIST = ("hydra_plugins.hydra_optuna_sweeper.*", "optuna.samplers.*")
 # Trials that use up the budget. WAITING trials are tickets not yet run; FAIL trials re-queued after a crash are
 # excluded separately (their retry counts instead).
 BUDGET_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
@@ -267,7 +266,14 @@ class StudySweeper(Sweeper):
         cfg = OmegaConf.to_container(self.sampler_cfg, resolve=True)
         if "seed" in cfg or seed is not None:
             cfg["seed"] = seed
-        return instantiate(cfg, _execution_whitelist_=SAMPLER_WHITELIST)
+        return self._build(cfg, "hydra.sweeper.sampler")
+
+    @staticmethod
+    def _build(node: Any, key: str) -> Any:
+        try:
+            return build(node, key)
+        except ConfigError as err:
+            raise SearchConfigError(str(err)) from None
 
     def _build_grid(self, distributions: Mapping[str, BaseDistribution]) -> dict[str, list[Any]]:
         grid = {name: OptunaSweeperImpl._to_grid_sampler_choices(d) for name, d in distributions.items()}
@@ -337,7 +343,11 @@ class StudySweeper(Sweeper):
             distributions.pop(name, None)
         self.fixed_overrides = [f"{k}={v}" for k, v in fixed_params.items()] + list(fixed_overrides)
         self.distributions = distributions
-        self.space = instantiate(self.search_space_cfg) if self.search_space_cfg else None
+        self.space = (
+            self._build(self.search_space_cfg, "hydra.sweeper.search_space")
+            if self.search_space_cfg
+            else None
+        )
         if not distributions and self.space is None:
             raise SearchConfigError(
                 "hydra.sweeper: no search space (set hydra.sweeper.search_space or params)"

@@ -1,0 +1,87 @@
+"""The one guarded builder: every ``_target_`` a config names is checked before anything is instantiated.
+
+Hydra's ``instantiate`` runs whatever callable a ``_target_`` names (``builtins.open`` included). Every object the
+project builds from a config -- model, data, callbacks, loggers, trainer, sweeper parts, search spaces, samplers,
+pruners, objectives -- goes through :func:`build`, which walks the whole node first and refuses, with one line
+naming the config key and the target, anything outside :data:`ALLOWED_TARGETS`. Nothing runs before the check.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from adls_lightning.config import ConfigError
+
+# Python packages whose callables a config may name in `_target_`: the project's and its libraries'.
+ALLOWED_TARGETS = (
+    "adls_lightning.*",
+    "callbacks.*",
+    "hydra_plugins.adls_optuna_sweeper.*",
+    "hydra_plugins.hydra_optuna_sweeper.*",
+    "lightning.*",
+    "torch.optim.*",
+    "transformers.*",
+    "peft.*",
+    "optuna.*",
+)
+
+
+# A researcher's own package (a search space, a format) is allowed from the environment, never from a config:
+# a config that could widen the list could also run anything. Comma-separated patterns, e.g. "mylab.*".
+EXTRA_TARGETS_ENV = "ADLS_EXTRA_TARGETS"
+
+
+def allowed_targets() -> tuple[str, ...]:
+    """:data:`ALLOWED_TARGETS` plus the patterns in ``$ADLS_EXTRA_TARGETS``."""
+    extra = [p.strip() for p in os.environ.get(EXTRA_TARGETS_ENV, "").split(",") if p.strip()]
+    return ALLOWED_TARGETS + tuple(extra)
+
+
+def target_allowed(target: str) -> bool:
+    """Whether a ``_target_`` string names a callable inside :func:`allowed_targets`."""
+    return any(fnmatch.fnmatchcase(target, pattern) for pattern in allowed_targets())
+
+
+def iter_targets(node: Any, key: str) -> Iterator[tuple[str, Any]]:
+    """Yield ``(dotted key, _target_ value)`` for every ``_target_`` below ``node`` (unresolved interpolations kept)."""
+    if isinstance(node, (DictConfig, ListConfig)):
+        node = OmegaConf.to_container(node, resolve=False)
+    if isinstance(node, Mapping):
+        for name, value in node.items():
+            child = f"{key}.{name}" if key else str(name)
+            if name == "_target_":
+                yield child, value
+            else:
+                yield from iter_targets(value, child)
+    elif isinstance(node, Sequence) and not isinstance(node, (str, bytes)):
+        for index, value in enumerate(node):
+            yield from iter_targets(value, f"{key}[{index}]")
+
+
+def check_targets(node: Any, key: str) -> None:
+    """Raise ConfigError naming the first ``_target_`` below ``node`` that is not allowed.
+
+    Raises:
+        ConfigError: ``KEY._target_=X: not allowed (targets must be in adls_lightning.*, ...)``.
+    """
+    for where, target in iter_targets(node, key):
+        if not isinstance(target, str) or not target_allowed(target):
+            raise ConfigError(
+                f"{where}={target}: not an allowed target (a config may only build objects from "
+                f"{', '.join(allowed_targets())}; allow your own package with {EXTRA_TARGETS_ENV}=pkg.*)"
+            )
+
+
+def build(node: Any, key: str, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate(node, **kwargs)`` after :func:`check_targets`; ``key`` is the node's config key.
+
+    Hydra's own execution whitelist is kept as a second guard for targets reached through interpolation.
+    """
+    check_targets(node, key)
+    return instantiate(node, _execution_whitelist_=list(allowed_targets()), **kwargs)
