@@ -12,6 +12,8 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import BinaryAccuracy, BinaryF1Score
 from transformers import PreTrainedModel
 
+from adls_lightning.config import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -19,6 +21,17 @@ def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
     """(trainable, total) parameter counts."""
     params = list(model.parameters())
     return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def parameter_metrics(model: torch.nn.Module) -> dict[str, int]:
+    """``params/trainable``, ``params/total`` and ``model/lora_params`` (LoRA adapter weights still in the model:
+    0 once they are merged into the base weights), logged once."""
+    trainable, total = count_parameters(model)
+    lora = sum(p.numel() for name, p in model.named_parameters() if ".lora_" in name)
+    log.info(
+        "Parameters: %s trainable of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total
+    )
+    return {"params/trainable": trainable, "params/total": total, "model/lora_params": lora}
 
 
 class SequenceClassifier(LightningModule):
@@ -34,6 +47,9 @@ class SequenceClassifier(LightningModule):
         scheduler: partial ``(optimizer, num_warmup_steps, num_training_steps) -> LRScheduler`` (stepped per batch).
         lora: a ``peft.LoraConfig`` or None for full fine-tuning.
         warmup_ratio: fraction of the training steps used for linear warm-up.
+        freeze_embeddings: freeze the backbone's embedding block (word, position and token-type embeddings and
+            their LayerNorm) -- Tutorial 2's "full fine-tuning with the embeddings frozen" (``model/lora=none
+            model.freeze_embeddings=true``); with LoRA they are frozen already.
         init_ckpt: a Lightning checkpoint whose model weights this module starts from (not its trainer state:
             epochs, optimizer and schedule start afresh), e.g. QAT or pruning of an already fine-tuned model.
             Loaded in :meth:`setup`, after the callbacks' ``setup`` has swapped quantized layers in, so both a
@@ -47,6 +63,7 @@ class SequenceClassifier(LightningModule):
         scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
         lora: LoraConfig | None = None,
         warmup_ratio: float = 0.1,
+        freeze_embeddings: bool = False,
         init_ckpt: str | None = None,
     ) -> None:
         super().__init__()
@@ -56,6 +73,13 @@ class SequenceClassifier(LightningModule):
         self.warmup_ratio = warmup_ratio
         self.init_ckpt = init_ckpt
         self._init_loaded = False
+        if freeze_embeddings:
+            embeddings = getattr(backbone.base_model, "embeddings", None)
+            if embeddings is None:
+                raise ConfigError(
+                    f"model.freeze_embeddings=true: {type(backbone).__name__} has no embeddings block to freeze"
+                )
+            embeddings.requires_grad_(False)
         self.model = get_peft_model(backbone, lora) if lora is not None else backbone
         metrics = MetricCollection({"acc": BinaryAccuracy(), "f1": BinaryF1Score()})
         self.val_metrics = metrics.clone(prefix="val/")

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from adls_lightning.build import build
 from adls_lightning.config import ConfigError, validate_run_config
 from adls_lightning.io_utils import atomic_write_json
-from adls_lightning.module import count_parameters
+from adls_lightning.module import parameter_metrics
 from adls_lightning.runtime import keep_freed_memory
 
 log = logging.getLogger(__name__)
@@ -114,14 +114,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     loggers = instantiate_loggers(cfg)
     trainer: L.Trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
 
-    trainable, total = count_parameters(model)
-    metrics: dict[str, float] = {"params/trainable": trainable, "params/total": total}
-    log.info(
-        "Parameters: %s trainable of %s (%.2f%%)", f"{trainable:,}", f"{total:,}", 100 * trainable / total
-    )
+    metrics: dict[str, float] = {}
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-        logger.log_metrics(metrics)
 
     try:
         start = time.perf_counter()
@@ -138,6 +133,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
         ckpt = best or None
         trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
         metrics.update(_float_metrics(trainer.callback_metrics))
+        # Counted now, after the callbacks' setup (quantization, LoRA merge, train_base) shaped the model.
+        metrics.update(parameter_metrics(model))
         if cfg.get("test", True):
             trainer.test(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
             metrics.update(_float_metrics(trainer.callback_metrics))

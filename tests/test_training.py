@@ -40,6 +40,31 @@ def test_full_finetune_learns_and_writes_metrics(compose_cfg, tmp_path):
     assert metrics["train/samples_seen"] == 4 * 300  # 400 rows - 100 validation, 4 epochs
 
 
+def test_freeze_embeddings_full_finetune_trains_everything_but_the_embeddings(compose_cfg):
+    cfg = compose_cfg(["model/lora=none", "model.freeze_embeddings=true"])
+    model = build(cfg.model, "model", _convert_="partial")
+    named = dict(model.named_parameters())
+    embedding_names = {n for n in named if ".embeddings." in n}
+    assert embedding_names  # word, position, token-type, LayerNorm
+    assert {n for n, p in named.items() if not p.requires_grad} == embedding_names
+
+
+@pytest.mark.parametrize(("overrides", "trainable_base"), [([], False), (["++quant.train_base=true"], True)])
+def test_parameter_counts_describe_the_model_after_the_callbacks_setup(
+    compose_cfg, overrides, trainable_base
+):
+    # quant.train_base=true unfreezes the quantized base weights in the callback's setup: the count must see it.
+    cfg = compose_cfg(["quant=int8", "trainer.max_epochs=1", "test=false", *overrides])
+    metrics = run(cfg)
+    model = build(cfg.model, "model", _convert_="partial")
+    named = dict(model.named_parameters())
+    lora = sum(p.numel() for n, p in named.items() if "lora_" in n)
+    base_linear = sum(p.numel() for n, p in named.items() if "base_layer" in n)
+    head = sum(p.numel() for n, p in named.items() if "modules_to_save" in n)
+    assert metrics["model/lora_params"] == lora > 0
+    assert metrics["params/trainable"] == lora + head + (base_linear if trainable_base else 0)
+
+
 def test_lora_freezes_base_keeps_bias_and_trains_adapters_and_head(compose_cfg):
     cfg = compose_cfg(["trainer.max_epochs=1", "model.optimizer.lr=1e-2"])
     model = build(cfg.model, "model", _convert_="partial")
