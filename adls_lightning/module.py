@@ -13,6 +13,7 @@ from torchmetrics.classification import BinaryAccuracy, BinaryF1Score
 from transformers import PreTrainedModel
 
 from adls_lightning.config import ConfigError
+from adls_lightning.lora import merge_lora as merge_lora_into_base
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,12 @@ class SequenceClassifier(LightningModule):
         freeze_embeddings: freeze the backbone's embedding block (word, position and token-type embeddings and
             their LayerNorm) -- Tutorial 2's "full fine-tuning with the embeddings frozen" (``model/lora=none
             model.freeze_embeddings=true``); with LoRA they are frozen already.
+        merge_lora_before_compress: the compression callbacks (quantization, pruning, compression-aware
+            fine-tuning, MXINT8 packing) first merge the LoRA adapters into the base weights
+            (:func:`adls_lightning.lora.merge_lora`), so what is compressed and deployed is one plain model, as in
+            the labs. ``false`` keeps the adapters in fp32 and dense beside the compressed base layers.
+        merged_lr: learning rate of the merged base weights once merged (QAT of the merged weights, the
+            fine-tune after pruning); the head (``lora.modules_to_save``) keeps ``optimizer.lr``. Null: one lr.
         init_ckpt: a Lightning checkpoint whose model weights this module starts from (not its trainer state:
             epochs, optimizer and schedule start afresh), e.g. QAT or pruning of an already fine-tuned model.
             Loaded in :meth:`setup`, after the callbacks' ``setup`` has swapped quantized layers in, so both a
@@ -64,6 +71,8 @@ class SequenceClassifier(LightningModule):
         lora: LoraConfig | None = None,
         warmup_ratio: float = 0.1,
         freeze_embeddings: bool = False,
+        merge_lora_before_compress: bool = False,
+        merged_lr: float | None = None,
         init_ckpt: str | None = None,
     ) -> None:
         super().__init__()
@@ -72,6 +81,10 @@ class SequenceClassifier(LightningModule):
         self.scheduler_factory = scheduler
         self.warmup_ratio = warmup_ratio
         self.init_ckpt = init_ckpt
+        self.merge_lora_before_compress = merge_lora_before_compress
+        self.merged_lr = merged_lr
+        self.head_modules = tuple(lora.modules_to_save or ()) if lora is not None else ()
+        self.lora_merged = False
         self._init_loaded = False
         if freeze_embeddings:
             embeddings = getattr(backbone.base_model, "embeddings", None)
@@ -113,9 +126,24 @@ class SequenceClassifier(LightningModule):
     def test_step(self, batch, batch_idx):
         self._eval_step(batch, self.test_metrics)
 
+    def merge_lora(self) -> int:
+        """Fold the LoRA adapters into the base weights now (idempotent); returns the adapter parameters merged."""
+        merged = merge_lora_into_base(self)
+        self.lora_merged = self.lora_merged or merged > 0
+        return merged
+
+    def _param_groups(self) -> list[dict]:
+        trainable = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        if not (self.lora_merged and self.merged_lr is not None):
+            return [{"params": [p for _, p in trainable]}]
+        # After a merge the whole base trains: at merged_lr, the (already fully trained) head at optimizer.lr.
+        is_head = [any(f".{m}." in f".{n}" for m in self.head_modules) for n, _ in trainable]
+        head = [p for (_, p), h in zip(trainable, is_head) if h]
+        base = [p for (_, p), h in zip(trainable, is_head) if not h]
+        return [{"params": head}, {"params": base, "lr": self.merged_lr}]
+
     def configure_optimizers(self):
-        trainable = [p for p in self.parameters() if p.requires_grad]
-        optimizer = self.optimizer_factory(params=trainable)
+        optimizer = self.optimizer_factory(params=self._param_groups())
         if self.scheduler_factory is None:
             return optimizer
         total = self.trainer.estimated_stepping_batches

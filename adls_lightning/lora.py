@@ -1,0 +1,108 @@
+"""Merging LoRA adapters into the base weights before compression, as the labs do (Tutorial 2 -> 3 -> 4).
+
+Quantizing or pruning a model whose adapters stay beside the frozen base layers measures neither an "int8" nor
+a "50 % sparse" model: the adapters run in fp32 and dense. :func:`merge_lora` folds them in with PEFT's own
+``merge_and_unload`` (``W + B @ A * scaling``), after which the plain model is what gets compressed and trained.
+
+Checkpoints written before the merge (a LoRA fine-tune used as ``init_ckpt``, or the best checkpoint of a
+LoRA fit that post-training quantization then evaluates) still load: :func:`merge_lora` registers a
+``load_state_dict`` pre-hook that rewrites such a state into the merged layout with the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from peft import PeftModel
+from peft.tuners.lora import LoraLayer
+
+log = logging.getLogger(__name__)
+
+PEFT_PREFIX = "base_model.model."
+
+
+def lora_scalings(peft_model: PeftModel) -> dict[str, float]:
+    """``{layer path in the base model: scaling}`` of the active adapter of every LoRA layer.
+
+    Raises:
+        ValueError: an adapter kind whose merge is not ``W + B @ A * scaling`` (DoRA, fan-in-fan-out layers).
+    """
+    scalings = {}
+    for name, module in peft_model.named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        adapter = module.active_adapters[0]
+        if module.use_dora.get(adapter) or getattr(module, "fan_in_fan_out", False):
+            raise ValueError(
+                f"model.lora: layer {name} uses DoRA or fan_in_fan_out, which this merge does not map"
+            )
+        scalings[name.removeprefix(PEFT_PREFIX)] = float(module.scaling[adapter])
+    return scalings
+
+
+def merged_state(state: Mapping[str, Any], prefix: str, scalings: Mapping[str, float]) -> dict[str, Any]:
+    """An unmerged PEFT state (keys ``{prefix}base_model.model...``) in the merged model's layout.
+
+    ``...base_layer.X`` becomes ``...X``, ``modules_to_save.<adapter>`` replaces ``original_module``, and each
+    layer's ``lora_B @ lora_A * scaling`` is added to its weight, as PEFT's merge does. Keys outside
+    ``prefix`` pass through; a state that is already merged is returned unchanged.
+    """
+    head = prefix + PEFT_PREFIX
+    if not any(key.startswith(head) for key in state):
+        return dict(state)
+    out: dict[str, Any] = {}
+    deltas: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in state.items():
+        if not key.startswith(head):
+            out[key] = value
+            continue
+        path = key[len(head) :]
+        if ".original_module." in path:
+            continue
+        if ".lora_A." in path or ".lora_B." in path:
+            layer, rest = path.split(".lora_", 1)
+            deltas.setdefault(layer, {})[rest[0]] = value
+            continue
+        if ".modules_to_save." in path:
+            before, after = path.split(".modules_to_save.", 1)
+            path = f"{before}.{after.split('.', 1)[1]}"
+        out[prefix + path.replace(".base_layer.", ".")] = value
+    for layer, pair in deltas.items():
+        weight_key = next(
+            k for k in (f"{prefix}{layer}.weight", f"{prefix}{layer}.linear.weight") if k in out
+        )
+        weight = out[weight_key]
+        delta = (pair["B"] @ pair["A"]) * scalings[layer]
+        out[weight_key] = weight + delta.to(weight.dtype)
+    return out
+
+
+def merge_lora(module: torch.nn.Module, attribute: str = "model") -> int:
+    """Merge the PEFT LoRA model at ``module.<attribute>`` into a plain model, in place; returns the adapter
+    parameter count folded in (0 when there was nothing to merge).
+
+    Every parameter of the merged model is left trainable: what trains after the merge (QAT, the fine-tune
+    after pruning) is the merged weights themselves, as in the labs.
+    """
+    peft_model = getattr(module, attribute)
+    if not isinstance(peft_model, PeftModel):
+        return 0
+    scalings = lora_scalings(peft_model)
+    adapters = sum(p.numel() for n, p in peft_model.named_parameters() if ".lora_" in n)
+    merged = peft_model.merge_and_unload()
+    merged.requires_grad_(True)
+    setattr(module, attribute, merged)
+
+    def load_unmerged(_module: torch.nn.Module, state: dict[str, Any], prefix: str, *_: Any) -> None:
+        converted = merged_state(state, f"{prefix}{attribute}.", scalings)
+        state.clear()
+        state.update(converted)
+
+    module.register_load_state_dict_pre_hook(load_unmerged)
+    log.info(
+        "Merged %d LoRA layers (%s adapter parameters) into the base weights", len(scalings), f"{adapters:,}"
+    )
+    return adapters
