@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
+
 namespace adls {
 namespace mxint8 {
 
@@ -41,6 +43,27 @@ inline void check_dequantize_args(const at::Tensor& mantissa, const at::Tensor& 
               at::IntArrayRef(expected));
   TORCH_CHECK(mantissa.device() == scale.device(), "mxint8_dequantize: mantissa (", mantissa.device(),
               ") and scale (", scale.device(), ") must be on one device");
+}
+
+// y = x dequant(W)^T + bias: W is (out, in) int8 mantissas with (out, in/group_size) uint8 scales.
+inline void check_linear_args(const at::Tensor& x, const at::Tensor& mantissa, const at::Tensor& scale,
+                              const std::optional<at::Tensor>& bias, int64_t group_size) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kDouble,
+              "mxint8_linear: x must be float32, bfloat16, float16 or float64, got ", dtype);
+  TORCH_CHECK(mantissa.dim() == 2, "mxint8_linear: mantissa must be 2-D (out_features, in_features), got shape ",
+              mantissa.sizes());
+  check_dequantize_args(mantissa, scale, group_size, at::kFloat);
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == mantissa.size(1), "mxint8_linear: x with shape ", x.sizes(),
+              " must end in in_features=", mantissa.size(1));
+  TORCH_CHECK(x.device() == mantissa.device(), "mxint8_linear: x (", x.device(), ") and mantissa (",
+              mantissa.device(), ") must be on one device");
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == mantissa.size(0), "mxint8_linear: bias with shape ",
+                bias->sizes(), " must be (out_features=", mantissa.size(0), ",)");
+    TORCH_CHECK(bias->device() == x.device(), "mxint8_linear: bias (", bias->device(), ") and x (", x.device(),
+                ") must be on one device");
+  }
 }
 
 }  // namespace mxint8

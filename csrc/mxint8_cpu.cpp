@@ -13,32 +13,34 @@
 
 #include "mxint8_checks.h"
 #include "mxint8_cpu_avx2.h"
+#include "mxint8_cpu_isa.h"
 #include "mxint8_math.h"
 
 namespace adls {
 namespace mxint8 {
-namespace {
-
-// Groups per parallel task: enough elements per task to amortise the thread hand-off.
-constexpr int64_t kElementsPerTask = 32768;
 
 // Environment switch that keeps the portable loops on an AVX2 machine (to test and compare them).
 constexpr const char* kPortableEnv = "ADLS_MXINT8_PORTABLE_CPU";
 
-// True when the AVX2 group kernels serve group sizes that are a multiple of 8; the portable loops
-// (plain C++, auto-vectorised for the build's baseline ISA) serve every other case.
+// The AVX2 group kernels serve group sizes that are a multiple of 8; the portable loops (plain C++,
+// auto-vectorised for the build's baseline ISA) serve every other case. FMA is required for the fused linear.
 bool avx2_selected() {
   static const bool selected = [] {
 #ifdef MXINT8_HAVE_AVX2_KERNELS
     const char* portable = std::getenv(kPortableEnv);
     const bool forced_portable = portable != nullptr && portable[0] != '\0' && std::strcmp(portable, "0") != 0;
-    return !forced_portable && __builtin_cpu_supports("avx2");
+    return !forced_portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
     return false;
 #endif
   }();
   return selected;
 }
+
+namespace {
+
+// Groups per parallel task: enough elements per task to amortise the thread hand-off.
+constexpr int64_t kElementsPerTask = 32768;
 
 const char* cpu_kernel_isa() { return avx2_selected() ? "avx2" : "portable"; }
 

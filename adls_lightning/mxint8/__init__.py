@@ -1,18 +1,21 @@
 """MXINT8 (OCP Microscaling, 8-bit integer elements): format, ``torch.ops.adls`` ops, packed layers.
 
-Importing this package registers ``torch.ops.adls.mxint8_quantize`` and
-``torch.ops.adls.mxint8_dequantize`` and loads the compiled kernels when they were built.
+Importing this package registers ``torch.ops.adls.mxint8_quantize``,
+``torch.ops.adls.mxint8_dequantize`` and ``torch.ops.adls.mxint8_linear`` and loads the compiled kernels when they were built.
 """
 
-from adls_lightning.mxint8.format import dequantize_reference, quantize_reference
+from adls_lightning.mxint8.format import dequantize_reference, linear_reference, quantize_reference
 from adls_lightning.mxint8.ops import (
     dequantize,
+    linear,
     native_cpu_isa,
     native_cuda_kernels_loaded,
     native_kernels_loaded,
+    native_linear_kernel_loaded,
     quantize,
 )
 from adls_lightning.mxint8.qlinear import (
+    FUSED_MAX_ROWS,
     PackedLayer,
     QLinearPacked,
     check_packable,
@@ -23,15 +26,19 @@ from adls_lightning.mxint8.qlinear import (
 )
 
 __all__ = [
+    "FUSED_MAX_ROWS",
     "PackedLayer",
     "QLinearPacked",
     "check_packable",
     "dequantize",
     "dequantize_reference",
+    "linear",
+    "linear_reference",
     "module_bytes",
     "native_cpu_isa",
     "native_cuda_kernels_loaded",
     "native_kernels_loaded",
+    "native_linear_kernel_loaded",
     "pack_linear_layers",
     "packable_linear_layers",
     "quantize",

@@ -179,3 +179,66 @@ def dequantize_reference(
     check_dequantize_args(mantissa, scale, group_size, dtype)
     values = _grouped(mantissa.to(torch.float32), group_size) * element_scale_reference(scale).unsqueeze(-1)
     return values.reshape(mantissa.shape).to(dtype)
+
+
+def check_linear_args(
+    x: torch.Tensor,
+    mantissa: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    group_size: int,
+) -> None:
+    """Raise a one-line ``RuntimeError`` for arguments the packed linear cannot accept (C++ says the same)."""
+    torch._check(
+        x.dtype in QUANTIZE_INPUT_DTYPES,
+        lambda: f"mxint8_linear: x must be float32, bfloat16, float16 or float64, got {x.dtype}",
+    )
+    torch._check(
+        mantissa.dim() == 2,
+        lambda: (
+            f"mxint8_linear: mantissa must be 2-D (out_features, in_features), got shape {tuple(mantissa.shape)}"
+        ),
+    )
+    check_dequantize_args(mantissa, scale, group_size, torch.float32)
+    torch._check(
+        x.dim() >= 1 and x.shape[-1] == mantissa.shape[1],
+        lambda: f"mxint8_linear: x with shape {tuple(x.shape)} must end in in_features={mantissa.shape[1]}",
+    )
+    torch._check(
+        x.device == mantissa.device,
+        lambda: f"mxint8_linear: x ({x.device}) and mantissa ({mantissa.device}) must be on one device",
+    )
+    if bias is not None:
+        torch._check(
+            bias.dim() == 1 and bias.shape[0] == mantissa.shape[0],
+            lambda: (
+                f"mxint8_linear: bias with shape {tuple(bias.shape)} must be (out_features={mantissa.shape[0]},)"
+            ),
+        )
+        torch._check(
+            bias.device == x.device,
+            lambda: f"mxint8_linear: bias ({bias.device}) and x ({x.device}) must be on one device",
+        )
+
+
+def linear_reference(
+    x: torch.Tensor,
+    mantissa: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    group_size: int,
+) -> torch.Tensor:
+    """``x @ dequantize(mantissa, scale).T + bias``: the weight dequantized in ``x``'s dtype (float64 ``x``:
+    the exact float32 weight, converted), then a float matmul.
+
+    Args:
+        x: ``(..., in_features)``, float32/bfloat16/float16/float64.
+        mantissa: ``int8`` ``(out_features, in_features)``.
+        scale: ``uint8`` ``(out_features, in_features // group_size)``.
+        bias: ``(out_features,)`` or None; used in ``x``'s dtype.
+        group_size: input features per scale.
+    """
+    check_linear_args(x, mantissa, scale, bias, group_size)
+    weight_dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
+    weight = dequantize_reference(mantissa, scale, group_size, weight_dtype).to(x.dtype)
+    return torch.nn.functional.linear(x, weight, bias.to(x.dtype) if bias is not None else None)

@@ -6,7 +6,8 @@ the ops work on every device with no compiler. The compiled extension ``adls_lig
 (built by ``setup.py`` from ``csrc/``) adds faster CPU and CUDA kernels for the same schemas; a
 backend kernel takes precedence over the composite one, so loading it is all that is needed.
 
-The ops are not differentiable (their outputs are integers, or come from integers).
+Quantize and dequantize are not differentiable (their outputs are integers, or come from integers);
+``mxint8_linear`` is differentiable w.r.t. ``x`` and ``bias`` (the packed weight is a constant).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import torch
 
 from adls_lightning.mxint8.format import (
     check_dequantize_args,
+    check_linear_args,
     check_quantize_args,
     dequantize_reference,
+    linear_reference,
     quantize_reference,
 )
 
@@ -40,10 +43,12 @@ def env_flag(name: str) -> bool:
 
 QUANTIZE_OP = "adls::mxint8_quantize"
 DEQUANTIZE_OP = "adls::mxint8_dequantize"
+LINEAR_OP = "adls::mxint8_linear"
 
 _lib = torch.library.Library("adls", "FRAGMENT")  # kept alive for the life of the process
 _lib.define("mxint8_quantize(Tensor x, int group_size) -> (Tensor, Tensor)")
 _lib.define("mxint8_dequantize(Tensor mantissa, Tensor scale, int group_size, ScalarType dtype) -> Tensor")
+_lib.define("mxint8_linear(Tensor x, Tensor mantissa, Tensor scale, Tensor? bias, int group_size) -> Tensor")
 
 
 @torch.library.register_fake(QUANTIZE_OP, lib=_lib)
@@ -61,6 +66,14 @@ def _dequantize_fake(
     return mantissa.new_empty(mantissa.shape, dtype=dtype)
 
 
+@torch.library.register_fake(LINEAR_OP, lib=_lib)
+def _linear_fake(
+    x: torch.Tensor, mantissa: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, group_size: int
+) -> torch.Tensor:
+    check_linear_args(x, mantissa, scale, bias, group_size)
+    return x.new_empty((*x.shape[:-1], mantissa.shape[0]))
+
+
 @torch.library.impl(_lib, "mxint8_quantize", "CompositeExplicitAutograd")
 def _quantize_default(x: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_reference(x, group_size)
@@ -71,6 +84,37 @@ def _dequantize_default(
     mantissa: torch.Tensor, scale: torch.Tensor, group_size: int, dtype: torch.dtype
 ) -> torch.Tensor:
     return dequantize_reference(mantissa, scale, group_size, dtype)
+
+
+@torch.library.impl(_lib, "mxint8_linear", "CompositeExplicitAutograd")
+def _linear_default(
+    x: torch.Tensor, mantissa: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, group_size: int
+) -> torch.Tensor:
+    return linear_reference(x, mantissa, scale, bias, group_size)
+
+
+def _linear_setup_context(ctx, inputs, output) -> None:
+    x, mantissa, scale, bias, group_size = inputs
+    ctx.save_for_backward(mantissa, scale)
+    ctx.group_size = group_size
+    ctx.x_dtype = x.dtype
+    ctx.has_bias = bias is not None
+
+
+def _linear_backward(ctx, grad_output: torch.Tensor):
+    """d/dx = grad_output @ W (the dequantized weight, transient); d/dbias = grad_output summed over rows."""
+    mantissa, scale = ctx.saved_tensors
+    grad_x = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        weight_dtype = torch.float32 if ctx.x_dtype == torch.float64 else ctx.x_dtype
+        weight = dequantize(mantissa, scale, ctx.group_size, weight_dtype).to(ctx.x_dtype)
+        grad_x = grad_output.to(ctx.x_dtype) @ weight
+    if ctx.has_bias and ctx.needs_input_grad[3]:
+        grad_bias = grad_output.reshape(-1, grad_output.shape[-1]).sum(0)
+    return grad_x, None, None, grad_bias, None
+
+
+torch.library.register_autograd(LINEAR_OP, _linear_backward, setup_context=_linear_setup_context, lib=_lib)
 
 
 def _load_native_extension() -> ModuleType | None:
@@ -100,6 +144,11 @@ def native_kernels_loaded() -> bool:
     return _NATIVE is not None and _has_kernel(QUANTIZE_OP, "CPU") and _has_kernel(DEQUANTIZE_OP, "CPU")
 
 
+def native_linear_kernel_loaded() -> bool:
+    """True when the compiled fused CPU kernel serves ``torch.ops.adls.mxint8_linear`` on CPU tensors."""
+    return _NATIVE is not None and _has_kernel(LINEAR_OP, "CPU")
+
+
 def native_cpu_isa() -> str | None:
     """Instruction set of the C++ CPU group kernels: ``"avx2"`` or ``"portable"`` (None: not loaded).
 
@@ -124,6 +173,17 @@ def dequantize(
 ) -> torch.Tensor:
     """Dequantize MXINT8 ``(mantissa, scale)`` to ``dtype`` (float32, bfloat16 or float16)."""
     return torch.ops.adls.mxint8_dequantize(mantissa, scale, group_size, dtype)
+
+
+def linear(
+    x: torch.Tensor,
+    mantissa: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    group_size: int = 32,
+) -> torch.Tensor:
+    """``x @ dequantize(mantissa, scale).T + bias`` without materialising the float weight (fused kernel)."""
+    return torch.ops.adls.mxint8_linear(x, mantissa, scale, bias, group_size)
 
 
 _NATIVE = _load_native_extension()

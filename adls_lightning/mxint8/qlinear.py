@@ -25,17 +25,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from adls_lightning.mxint8.format import DEQUANTIZE_OUTPUT_DTYPES
-from adls_lightning.mxint8.ops import dequantize, quantize
+from adls_lightning.mxint8.ops import dequantize, linear, quantize
 
 log = logging.getLogger(__name__)
 
+#: Largest number of input rows (batch x tokens) for which ``QLinearPacked.forward`` calls the fused kernel
+#: ``torch.ops.adls.mxint8_linear`` on CPU; above it, dequantize + a BLAS matmul is faster. Measured with
+#: ``benchmarks/bench_mxint8_linear.py`` (768->3072 and 3072->768, 1 and 2 threads): the fused kernel wins
+#: up to 32 rows (1.1-1.2x at 32) and loses from 64 rows on (0.8-0.9x at 64); see docs/mxint8.md.
+FUSED_MAX_ROWS = 32
+
 
 class QLinearPacked(nn.Module):
-    """``y = x W^T + b`` with ``W`` held as MXINT8 buffers and dequantized on each forward.
+    """``y = x W^T + b`` with ``W`` held as MXINT8 buffers.
 
-    The forward dequantizes the whole weight (with the native kernel when it is loaded) into the
-    input's dtype and calls ``F.linear``; the dequantized weight is transient. Gradients flow to the
-    input and the bias; the packed weight is a buffer and is not trained.
+    On CPU, for float32 inputs of at most :data:`FUSED_MAX_ROWS` rows (batch x tokens), the forward runs
+    the fused kernel ``torch.ops.adls.mxint8_linear``, which reads the int8 mantissas directly and never
+    builds the float weight; otherwise it dequantizes the whole weight (native kernel when loaded) into
+    the input's dtype and calls ``F.linear`` (the dequantized weight is transient). Gradients flow to the
+    input and the bias on both routes; the packed weight is a buffer and is not trained.
 
     Args:
         in_features: input size; must be divisible by ``group_size``.
@@ -98,12 +106,19 @@ class QLinearPacked(nn.Module):
         return dequantize(self.weight_mantissa, self.weight_scale, self.group_size, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.uses_fused_kernel(x):
+            return linear(x, self.weight_mantissa, self.weight_scale, self.bias, self.group_size)
         if x.dtype in DEQUANTIZE_OUTPUT_DTYPES:
             weight = self.dequantized_weight(x.dtype)
         else:
             weight = self.dequantized_weight().to(x.dtype)
         bias = self.bias.to(x.dtype) if self.bias is not None else None
         return F.linear(x, weight, bias)
+
+    def uses_fused_kernel(self, x: torch.Tensor) -> bool:
+        """Whether :meth:`forward` takes the fused kernel for ``x`` (CPU, float32, few rows)."""
+        rows = x.numel() // self.in_features if self.in_features else 0
+        return x.device.type == "cpu" and x.dtype == torch.float32 and rows <= FUSED_MAX_ROWS
 
     @torch.no_grad()
     def to_linear(self) -> nn.Linear:
