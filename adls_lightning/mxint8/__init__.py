@@ -14,6 +14,7 @@ from adls_lightning.mxint8.ops import (
     native_linear_kernel_loaded,
     quantize,
 )
+from adls_lightning.mxint8.qembedding import QEmbeddingPacked
 from adls_lightning.mxint8.qlinear import (
     FUSED_MAX_ROWS,
     PackedLayer,
@@ -28,6 +29,7 @@ from adls_lightning.mxint8.qlinear import (
 __all__ = [
     "FUSED_MAX_ROWS",
     "PackedLayer",
+    "QEmbeddingPacked",
     "QLinearPacked",
     "check_packable",
     "dequantize",
