@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -97,7 +98,8 @@ def load_checkpoint_model(ckpt: Path, overrides: Sequence[str]):
 
     os.environ.setdefault("PROJECT_ROOT", str(PROJECT_ROOT))
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        with warnings.catch_warnings(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            warnings.simplefilter("ignore")  # Hydra's version_base deprecation: not the user's concern here
             cfg = compose("train", overrides=list(overrides))
         tokenizer = cfg.data.get("tokenizer")
     except (HydraException, OmegaConfBaseException) as error:
