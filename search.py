@@ -11,12 +11,21 @@ from omegaconf import DictConfig
 
 os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
 
+from adls_lightning.build import hydra_execution_whitelist  # noqa: E402 (PROJECT_ROOT first)
+from adls_lightning.config import preflight  # noqa: E402
 
-@hydra.main(config_path="conf", config_name="search")
-def main(cfg: DictConfig):
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+
+@hydra.main(config_path="conf", config_name="search", execution_whitelist=hydra_execution_whitelist())
+def hydra_main(cfg: DictConfig):
     from adls_lightning.search.objective import run_trial  # imported late: `--help` stays fast
 
     return run_trial(cfg)
+
+
+# Every target and value of the command line's config (sweeper parts included) is checked before the sweep.
+main = preflight(hydra_main, CONF_DIR, "search")
 
 
 if __name__ == "__main__":

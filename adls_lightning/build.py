@@ -32,6 +32,11 @@ ALLOWED_TARGETS = (
     "optuna.*",
 )
 
+# Hydra's own launcher/sweeper plugin classes: Hydra builds only registered plugins from these nodes.
+HYDRA_PLUGIN_TARGETS = ("hydra._internal.core_plugins.*",)
+# Classes Python's logging may build from hydra.job_logging / hydra.hydra_logging (``class`` and ``()`` keys).
+LOGGING_CLASSES = ("logging.*",)
+
 
 # A researcher's own package (a search space, a format) is allowed from the environment, never from a config:
 # a config that could widen the list could also run anything. Comma-separated patterns, e.g. "mylab.*".
@@ -72,11 +77,51 @@ def check_targets(node: Any, key: str) -> None:
         ConfigError: ``KEY._target_=X: not allowed (targets must be in adls_lightning.*, ...)``.
     """
     for where, target in iter_targets(node, key):
-        if not isinstance(target, str) or not target_allowed(target):
-            raise ConfigError(
-                f"{where}={target}: not an allowed target (a config may only build objects from "
-                f"{', '.join(allowed_targets())}; allow your own package with {EXTRA_TARGETS_ENV}=pkg.*)"
+        _refuse(where, target, allowed_targets())
+
+
+def _refuse(where: str, target: Any, allowed: Sequence[str]) -> None:
+    if not isinstance(target, str) or not any(fnmatch.fnmatchcase(target, p) for p in allowed):
+        raise ConfigError(
+            f"{where}={target}: not an allowed target (a config may only build objects from "
+            f"{', '.join(allowed)}; allow your own package with {EXTRA_TARGETS_ENV}=pkg.*)"
+        )
+
+
+def _iter_logging_classes(node: Any, key: str) -> Iterator[tuple[str, Any]]:
+    if isinstance(node, Mapping):
+        for name, value in node.items():
+            child = f"{key}.{name}"
+            if name in ("class", "()"):
+                yield child, value
+            else:
+                yield from _iter_logging_classes(value, child)
+
+
+def check_config_targets(cfg: Any) -> None:
+    """Check every callable a whole composed config (``hydra`` node included) could make Hydra or us run.
+
+    ``_target_`` everywhere, Hydra's launcher/sweeper plugins, and the handler/formatter classes of Hydra's
+    logging configs (``logging.config.dictConfig`` builds those). Called before Hydra starts a run, so a hostile
+    ``hydra.callbacks`` entry is refused before Hydra instantiates it.
+
+    Raises:
+        ConfigError: naming the first key whose target is not allowed.
+    """
+    container = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+    hydra_node = dict(container.get("hydra") or {})
+    for plugin in ("launcher", "sweeper"):
+        plugin_node = dict(hydra_node.pop(plugin, None) or {})
+        if "_target_" in plugin_node:
+            _refuse(
+                f"hydra.{plugin}._target_", plugin_node.pop("_target_"), allowed_targets() + HYDRA_PLUGIN_TARGETS
             )
+        check_targets(plugin_node, f"hydra.{plugin}")
+    for logging_key in ("job_logging", "hydra_logging"):
+        for where, target in _iter_logging_classes(hydra_node.pop(logging_key, None), f"hydra.{logging_key}"):
+            _refuse(where, target, LOGGING_CLASSES)
+    check_targets(hydra_node, "hydra")
+    check_targets({k: v for k, v in container.items() if k != "hydra"}, "")
 
 
 def build(node: Any, key: str, **kwargs: Any) -> Any:
@@ -95,3 +140,12 @@ def build(node: Any, key: str, **kwargs: Any) -> Any:
         if cause is None:
             raise
         raise cause from None
+
+
+def hydra_execution_whitelist() -> list[str]:
+    """The allowed targets as Hydra's own execution whitelist (``@hydra.main(execution_whitelist=...)``).
+
+    A second guard under the up-front check: Hydra then refuses, on every path it instantiates (its callbacks,
+    its logging config), what the check would refuse.
+    """
+    return [*allowed_targets(), *HYDRA_PLUGIN_TARGETS, *LOGGING_CLASSES]

@@ -1,8 +1,19 @@
-"""Up-front validation of a composed run config, so bad input fails before any training starts."""
+"""Up-front validation of a composed run config, so bad input fails before any training starts or file is written.
+
+:func:`preflight` is the entry points' first step: it composes the command line's config the way Hydra will,
+checks every target and value, and turns a refusal into one line on stderr and exit code 2 -- before Hydra
+instantiates its callbacks or writes anything into a run folder. Objects check their own arguments (the data
+module its ``data.*`` keys, the sweeper its ``hydra.sweeper.*``); this module checks only what no object owns.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import math
+import os
+import sys
+import typing
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,39 +46,167 @@ def _get(cfg: Mapping, dotted: str, default: Any = None) -> Any:
     return node
 
 
-def validate_run_config(cfg: Mapping) -> None:
-    """Check the keys of a composed ``train.yaml`` config that Hydra's struct mode cannot check (values, paths).
+def _precision_values() -> tuple:
+    # Lightning's accepted `precision` values, from its own type (all three Literal groups).
+    from lightning.fabric.connector import _PRECISION_INPUT
 
-    Unknown keys are already rejected by Hydra (``Key 'x' is not in struct``); this checks values.
+    return tuple(v for group in typing.get_args(_PRECISION_INPUT) for v in typing.get_args(group))
+
+
+def validate_trainer(trainer: Mapping) -> None:
+    """``trainer.precision`` among Lightning's values and ``trainer.accelerator`` present on this machine."""
+    precision = trainer.get("precision")
+    if precision is not None and precision not in _precision_values():
+        raise ConfigError(
+            f"trainer.precision={precision!r}: must be one of "
+            + ", ".join(dict.fromkeys(str(v) for v in _precision_values()))
+        )
+    accelerator = trainer.get("accelerator")
+    if accelerator is None or not isinstance(accelerator, str):
+        return
+    import torch
+
+    known = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+    if accelerator not in known:
+        raise ConfigError(f"trainer.accelerator={accelerator!r}: must be one of {', '.join(known)}")
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ConfigError(
+            f"trainer.accelerator={accelerator}: no CUDA GPU on this machine "
+            "(use trainer=cpu, or trainer.accelerator=auto to take a GPU when there is one)"
+        )
+    if accelerator == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("trainer.accelerator=mps: no Apple GPU on this machine (use trainer=cpu)")
+
+
+def validate_run_config(cfg: Mapping) -> None:
+    """Check the values of a composed ``train.yaml`` config that no object checks itself.
+
+    Unknown keys are already rejected by Hydra (``Key 'x' is not in struct``); ``data.*`` is checked by the data
+    module when it is built (before anything is written).
 
     Raises:
         ConfigError: naming the first offending key.
     """
-    data = cfg.get("data") or {}
-    require_positive_int("data.max_length", data.get("max_length"))
-    require_positive_int("data.batch_size", data.get("batch_size"))
-    for key in ("train_size", "val_size", "test_size"):
-        require_positive_int(f"data.{key}", data.get(key), allow_none=key != "val_size")
-    data_dir = data.get("data_dir")
-    if data_dir not in (None, "auto") and not Path(str(data_dir)).is_dir():
-        raise ConfigError(
-            f"data.data_dir={data_dir}: no such directory (give a folder holding train/test files, "
-            "'auto' to use $ADLS_IMDB_DIR or ../shared/data/imdb, or null for the Hugging Face hub)"
-        )
+    seed = cfg.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
+        raise ConfigError(f"seed={seed!r}: must be an integer in [0, 2**32) or null")
     trainer = cfg.get("trainer") or {}
     require_positive_int("trainer.max_epochs", trainer.get("max_epochs"))
+    validate_trainer(trainer)
     lora = _get(cfg, "model.lora")
     if lora:
         require_positive_int("model.lora.r", lora.get("r"))
         require_fraction("model.lora.lora_dropout", lora.get("lora_dropout", 0.0))
     optimizer = _get(cfg, "model.optimizer") or {}
     lr = optimizer.get("lr")
-    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr <= 0):
-        raise ConfigError(f"model.optimizer.lr={lr!r}: must be a positive number")
+    if lr is not None and (
+        isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0
+    ):
+        raise ConfigError(f"model.optimizer.lr={lr!r}: must be a positive finite number")
     require_fraction("model.warmup_ratio", _get(cfg, "model.warmup_ratio", 0.0))
-    init_ckpt = cfg.get("init_ckpt")
-    if init_ckpt is not None and not Path(str(init_ckpt)).is_file():
-        raise ConfigError(f"init_ckpt={init_ckpt}: no such checkpoint file (give a .ckpt path or null)")
-    ckpt = cfg.get("ckpt_path")
-    if ckpt not in (None, "last", "best") and not Path(str(ckpt)).is_file():
-        raise ConfigError(f"ckpt_path={ckpt}: no such checkpoint file (give a .ckpt path, 'last', or null)")
+    for key in ("init_ckpt", "ckpt_path"):
+        path = cfg.get(key)
+        if path is None or (key == "ckpt_path" and path in ("last", "best")):
+            continue
+        if not Path(str(path)).is_file():
+            valid = "a .ckpt path, 'last', or null" if key == "ckpt_path" else "a .ckpt path or null"
+            raise ConfigError(f"{key}={path}: no such checkpoint file (give {valid})")
+
+
+# What marks a folder as holding an earlier run (besides its checkpoints/ folder).
+METRICS_FILE = "metrics.json"
+
+
+def check_output_dir(output_dir: Path, cfg: Mapping, key: str = "hydra.run.dir") -> None:
+    """Refuse a run folder that is not a writable folder, or that holds an earlier run a fresh run would replace.
+
+    Raises:
+        ConfigError: naming ``key``; an earlier run is refused unless resuming (``ckpt_path``) or ``overwrite``.
+    """
+    existing = next((p for p in (output_dir, *output_dir.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(f"{key}={output_dir}: {existing} is a file, not a folder (give a folder path)")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={output_dir}: {existing} is not writable (give a folder you can write to)")
+    if cfg.get("ckpt_path") or cfg.get("overwrite"):
+        return
+    earlier = [p for p in (output_dir / METRICS_FILE, output_dir / "checkpoints") if p.exists()]
+    if earlier:
+        raise ConfigError(
+            f"{key}={output_dir}: holds an earlier run ({earlier[0].name}); choose another hydra.run.dir, "
+            "resume it with ckpt_path=last, or pass overwrite=true"
+        )
+
+
+def exit_with(message: str) -> typing.NoReturn:
+    """The one-line refusal: ``error: <message>`` on stderr, exit code 2."""
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_composed_config(cfg: Any, multirun: bool) -> None:
+    """Every check that needs no object built: targets of the whole config (``hydra`` included), values, run dir.
+
+    ``cfg`` is composed with ``return_hydra_config=True`` (as Hydra will run it).
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    from adls_lightning.build import check_config_targets
+
+    check_config_targets(cfg)
+    # Resolve as the job will see it: ${hydra:runtime.output_dir} is the run dir (the sweep dir for a search).
+    run_dir = Path(str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir"))).absolute()
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(run_dir)
+        cfg.hydra.job.num = 0
+    HydraConfig.instance().set_config(cfg)
+    try:
+        job = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{err.full_key}: {err.msg}") from None
+    finally:
+        HydraConfig.instance().cfg = None
+    job.pop("hydra", None)
+    validate_run_config(job)
+    check_output_dir(run_dir, job, "hydra.sweep.dir" if multirun else "hydra.run.dir")
+
+
+def preflight(hydra_main: Callable[[], Any], config_dir: Path, config_name: str) -> Callable[[], Any]:
+    """Wrap a ``@hydra.main`` function so the command line's config is checked before Hydra runs anything.
+
+    Hydra instantiates ``hydra.callbacks`` and writes ``.hydra/`` into the run folder before the task starts; a
+    refusal must come first, so the config is composed here too (the same files and overrides, about 0.2 s).
+    ``--help``, ``--cfg`` and other informational flags go straight to Hydra.
+    """
+
+    @functools.wraps(hydra_main)
+    def checked_main() -> Any:
+        from hydra import compose, initialize_config_dir
+        from hydra._internal.utils import get_args_parser  # the parser @hydra.main itself uses
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
+        args, _ = get_args_parser().parse_known_args()
+        informational = (args.help, args.hydra_help, args.cfg, args.info, args.shell_completion)
+        if not any(informational) and args.config_dir is None and args.experimental_rerun is None:
+            try:
+                parsed = OverridesParser.create().parse_overrides(args.overrides)
+                # A multirun's sweep overrides (a=1,2) are expanded by the sweeper; its base config is checked.
+                overrides = [o.input_line for o in parsed if not o.is_sweep_override()]
+                with initialize_config_dir(config_dir=str(config_dir)):
+                    cfg = compose(args.config_name or config_name, overrides, return_hydra_config=True)
+                multirun = bool(args.multirun) or str(cfg.hydra.get("mode")) in (
+                    "MULTIRUN",
+                    "RunMode.MULTIRUN",
+                )
+                check_composed_config(cfg, multirun)
+            except ConfigError as err:
+                exit_with(str(err))
+            except (HydraException, OmegaConfBaseException) as err:
+                exit_with(str(err).replace("\n", "; "))
+        return hydra_main()
+
+    return checked_main

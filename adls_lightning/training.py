@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import sys
 import time
 from collections.abc import Mapping
@@ -21,8 +22,9 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from adls_lightning.build import build
-from adls_lightning.config import ConfigError, validate_run_config
-from adls_lightning.io_utils import atomic_write_json
+from adls_lightning.checkpoints import check_shapes, find_last_checkpoint, read_checkpoint
+from adls_lightning.config import METRICS_FILE, ConfigError, check_output_dir, validate_run_config
+from adls_lightning.io_utils import AtomicCheckpointIO, atomic_write_json, write_run_record
 from adls_lightning.module import parameter_metrics
 from adls_lightning.runtime import keep_freed_memory
 
@@ -31,7 +33,6 @@ log = logging.getLogger(__name__)
 # Config groups whose preset builds one callback each, appended after ``cfg.callbacks`` in this order:
 # quantize first, then prune the (possibly quantized) layers, then compress, then compile the result.
 COMPRESSION_GROUPS = ("quant", "prune", "compress", "compile")
-METRICS_FILE = "metrics.json"
 
 
 def instantiate_callbacks(cfg: DictConfig) -> list[L.Callback]:
@@ -64,22 +65,6 @@ def _is_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def check_output_dir(output_dir: Path, cfg: DictConfig) -> None:
-    """Refuse to start a fresh run in a folder that already holds a finished run or checkpoints.
-
-    Raises:
-        ConfigError: unless resuming (``ckpt_path``) or ``overwrite=true``.
-    """
-    if cfg.get("ckpt_path") or cfg.get("overwrite"):
-        return
-    earlier = [p for p in (output_dir / METRICS_FILE, output_dir / "checkpoints") if p.exists()]
-    if earlier:
-        raise ConfigError(
-            f"hydra.run.dir={output_dir}: holds an earlier run ({earlier[0].name}); choose another hydra.run.dir, "
-            "resume it with ckpt_path=last, or pass overwrite=true"
-        )
-
-
 def _float_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     out = {}
     for key, value in metrics.items():
@@ -96,6 +81,17 @@ def run(cfg: DictConfig) -> dict[str, float]:
     Returns:
         The recorded metrics (``val/acc``, ``test/acc``, ``params/trainable``, ... and callbacks' reports).
     """
+    with held_log_file() as release_log:
+        datamodule, model, callbacks, loggers, trainer, ckpt_path = _checked_objects(cfg)
+        # Every check passed: only now does anything land in the run folder (DDP: rank zero writes it).
+        if trainer.is_global_zero:
+            write_run_record(Path(cfg.paths.output_dir), cfg)
+        release_log()
+    return _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_path)
+
+
+def _checked_objects(cfg: DictConfig) -> tuple:
+    """Validate and build everything a run needs, writing nothing: data (parsed whole), model, checkpoints."""
     validate_run_config(OmegaConf.to_container(cfg, resolve=True))
     output_dir = Path(cfg.paths.output_dir)
     check_output_dir(output_dir, cfg)
@@ -110,10 +106,85 @@ def run(cfg: DictConfig) -> dict[str, float]:
     log.info("Instantiating model <%s>", cfg.model._target_)
     init = {"init_ckpt": str(cfg.init_ckpt)} if cfg.get("init_ckpt") else {}
     model = build(cfg.model, "model", _convert_="partial", **init)
+    check_max_length(model, cfg.data.get("max_length"))
+    if init:
+        check_shapes(read_checkpoint(init["init_ckpt"], "init_ckpt")["state_dict"], model, cfg.init_ckpt, "init_ckpt")
     callbacks = instantiate_callbacks(cfg)
     loggers = instantiate_loggers(cfg)
-    trainer: L.Trainer = build(cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False)
+    # Checkpoints are written beside their target and renamed (never moved in from $TMPDIR).
+    trainer: L.Trainer = build(
+        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
+    )
+    if trainer.world_size > 1 and _is_multirun():
+        raise ConfigError(
+            f"trainer.devices={cfg.trainer.get('devices')}: a search trial runs in one process (Lightning's DDP "
+            "re-runs the script for each rank, which would re-run the sweep); scale a search with several workers "
+            "or hydra/launcher=parallel instead (docs/scale-out.md)"
+        )
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), trainer)
+    if ckpt_path is not None and ckpt_path != "best":
+        check_shapes(read_checkpoint(ckpt_path, "ckpt_path")["state_dict"], model, ckpt_path, "ckpt_path")
+    return datamodule, model, callbacks, loggers, trainer, ckpt_path
 
+
+def resolve_ckpt_path(ckpt_path: str | None, trainer: L.Trainer) -> str | None:
+    """``last`` -> the newest last*.ckpt of the run's checkpoint callbacks; refuses when there is none.
+
+    Lightning would warn and start afresh, silently discarding the intent to resume.
+    """
+    if ckpt_path != "last":
+        return ckpt_path
+    dirs = [cb.dirpath for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
+    last = find_last_checkpoint(dirs)
+    if last is None:
+        raise ConfigError(
+            f"ckpt_path=last: nothing to resume, no last*.ckpt in {', '.join(map(str, dirs)) or 'this run'} "
+            "(start a fresh run without ckpt_path, or give a .ckpt path)"
+        )
+    return str(last)
+
+
+def check_max_length(model: torch.nn.Module, max_length: int | None) -> None:
+    """``data.max_length`` within the model's position embeddings (beyond them the embedding lookup fails)."""
+    config = getattr(getattr(model, "model", None), "config", None)
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and isinstance(max_length, int) and max_length > limit:
+        raise ConfigError(f"data.max_length={max_length}: above the model's {limit} positions (give at most {limit})")
+
+
+@contextmanager
+def held_log_file():
+    """Hold back the records of the run's log file until the run's checks passed (a refused run writes nothing).
+
+    Yields a ``release()`` that writes the held records to the file handlers and lets later ones through.
+    """
+    root = logging.getLogger()
+    files = [h for h in root.handlers if isinstance(h, logging.FileHandler)]
+    held = [logging.handlers.MemoryHandler(capacity=10**6, flushLevel=logging.CRITICAL + 1, target=h) for h in files]
+    for file_handler, memory in zip(files, held):
+        memory.setLevel(file_handler.level)
+        memory.setFormatter(file_handler.formatter)
+        root.removeHandler(file_handler)
+        root.addHandler(memory)
+
+    def release() -> None:
+        for file_handler, memory in zip(files, held):
+            root.removeHandler(memory)
+            memory.flush()
+            root.addHandler(file_handler)
+        held.clear()
+
+    try:
+        yield release
+    finally:
+        for file_handler, memory in zip(files, held):  # refused: drop what was held, restore the handlers
+            root.removeHandler(memory)
+            memory.buffer.clear()
+            root.addHandler(file_handler)
+
+
+def _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_path) -> dict[str, float]:
+    output_dir = Path(cfg.paths.output_dir)
     metrics: dict[str, float] = {}
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
@@ -121,7 +192,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     try:
         start = time.perf_counter()
         if cfg.get("train", True):
-            trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
             metrics.update(_float_metrics(trainer.callback_metrics))
         metrics["time/fit_s"] = time.perf_counter() - start
         if cfg.get("train", True):
@@ -129,7 +200,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
             if not best:
                 log.warning("No best checkpoint found: evaluating the current weights")
         else:  # evaluation only: the given checkpoint, or the initial weights
-            best = cfg.get("ckpt_path") or ""
+            best = ckpt_path or ""
         ckpt = best or None
         trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
         metrics.update(_float_metrics(trainer.callback_metrics))
@@ -143,14 +214,16 @@ def run(cfg: DictConfig) -> dict[str, float]:
                 metrics.update(_float_metrics(callback.report()))
         metrics["time/total_s"] = time.perf_counter() - start
         metrics.pop("train/loss_step", None)
-        atomic_write_json(output_dir / METRICS_FILE, metrics)
+        if trainer.is_global_zero:  # DDP: one metrics.json (metrics are synced across ranks by torchmetrics)
+            atomic_write_json(output_dir / METRICS_FILE, metrics)
         for logger in loggers:
             logger.log_metrics({f"final/{k}": v for k, v in metrics.items()})
     finally:
         for logger in loggers:
             if isinstance(logger, WandbLogger):
                 logger.experiment.finish()
-    print_summary(metrics, output_dir)
+    if trainer.is_global_zero:
+        print_summary(metrics, output_dir)
     return metrics
 
 

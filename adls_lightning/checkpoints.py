@@ -1,0 +1,107 @@
+"""Reading checkpoints a user names (``ckpt_path``, ``init_ckpt``) with one clear line for every way they are wrong.
+
+``torch.load`` on a damaged file fails deep in zip or pickle code, and a checkpoint of another architecture fails
+in ``load_state_dict`` with a page of key names. Here each becomes a :class:`ConfigError` naming the key, the
+file and what is wrong: not a checkpoint, truncated, not a Lightning checkpoint, or the first tensor whose shape
+differs. Checks run before anything of the run is written.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from adls_lightning.config import ConfigError
+
+# torch.save's archive is a zip; every zip starts with a local file header.
+ZIP_MAGIC = b"PK\x03\x04"
+# Keys every checkpoint Lightning's Trainer writes has.
+LIGHTNING_KEYS = ("state_dict", "pytorch-lightning_version")
+
+
+def _shape(shape: Iterable[int]) -> str:
+    return " x ".join(str(d) for d in shape) or "scalar"
+
+
+def read_checkpoint(path: str | Path, key: str) -> dict[str, Any]:
+    """Load a Lightning checkpoint onto the CPU.
+
+    Raises:
+        ConfigError: ``KEY=PATH: <what is wrong>`` for a missing, empty, non-checkpoint, truncated or
+            non-Lightning file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{key}={path}: no such checkpoint file (give a .ckpt path)")
+    size = path.stat().st_size
+    if size == 0:
+        raise ConfigError(f"{key}={path}: empty file (0 bytes), not a checkpoint")
+    with path.open("rb") as handle:
+        head = handle.read(len(ZIP_MAGIC))
+    if head != ZIP_MAGIC:
+        raise ConfigError(f"{key}={path}: not a checkpoint (not a torch.save archive; {size} bytes)")
+    if not zipfile.is_zipfile(path):
+        raise ConfigError(
+            f"{key}={path}: truncated checkpoint ({size} bytes; the archive's end is missing: a copy or a "
+            "save that was cut short)"
+        )
+    try:
+        # Lightning checkpoints hold plain containers and tensors (hyper-parameters are saved as dicts), so the
+        # safe loader suffices and a hostile file cannot run code while being read.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, KeyError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"{key}={path}: damaged or truncated checkpoint ({reason[:200]})") from None
+    if not isinstance(checkpoint, Mapping) or any(k not in checkpoint for k in LIGHTNING_KEYS):
+        found = sorted(checkpoint)[:6] if isinstance(checkpoint, Mapping) else type(checkpoint).__name__
+        raise ConfigError(
+            f"{key}={path}: not a Lightning checkpoint (needs keys {list(LIGHTNING_KEYS)}; found {found})"
+        )
+    return dict(checkpoint)
+
+
+def check_shapes(state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module, path: str | Path, key: str) -> None:
+    """Refuse a checkpoint whose tensors do not fit ``model``: another architecture (width, depth, vocabulary).
+
+    Only keys present in both are compared: callbacks (quantization, pruning, LoRA merge) may add or rename
+    entries when they set the model up, and ``load_state_dict`` reports those itself.
+
+    Raises:
+        ConfigError: ``KEY=PATH: shapes of key K differ: checkpoint a x b vs model c x d``, or no key in common.
+    """
+    own = model.state_dict()
+    common = [k for k in state_dict if k in own]
+    if not common:
+        raise ConfigError(
+            f"{key}={path}: no weight of this model in the checkpoint (another model? e.g. it has "
+            f"{next(iter(state_dict), 'no keys')}, the model has {next(iter(own), 'no keys')})"
+        )
+    for name in common:
+        theirs, ours = state_dict[name], own[name]
+        if isinstance(theirs, torch.Tensor) and isinstance(ours, torch.Tensor) and theirs.shape != ours.shape:
+            raise ConfigError(
+                f"{key}={path}: shapes of key {name} differ: checkpoint {_shape(theirs.shape)} vs model "
+                f"{_shape(ours.shape)} (a checkpoint of another architecture)"
+            )
+
+
+def load_weights(model: torch.nn.Module, path: str | Path, key: str) -> None:
+    """Load the model weights of a Lightning checkpoint into ``model`` (strict), with one-line errors."""
+    state_dict = read_checkpoint(path, key)["state_dict"]
+    check_shapes(state_dict, model, path, key)
+    try:
+        model.load_state_dict(state_dict, strict=True)
+    except RuntimeError as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        raise ConfigError(f"{key}={path}: does not fit this model ({' '.join(lines[1:2])[:300]})") from None
+
+
+def find_last_checkpoint(dirs: Iterable[str | Path]) -> Path | None:
+    """The newest ``last*.ckpt`` in ``dirs`` (what Lightning's ``ckpt_path="last"`` would pick), or None."""
+    found = [p for d in dirs if Path(d).is_dir() for p in Path(d).glob("last*.ckpt")]
+    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
