@@ -26,7 +26,7 @@ prune first, then quantize the pruned weights.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
@@ -36,8 +36,33 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from adls_lightning.config import ConfigError, require_fraction
+from adls_lightning.registry import Registry, named_decorator
 
-METHODS = ("l1", "random")
+#: A pruning method: ``scores(tensor, generator) -> Tensor`` of the same shape; the lowest scores are pruned
+#: (ties by position). ``generator`` is a seeded ``torch.Generator`` for methods that draw random numbers.
+ScoreFn = Callable[[Tensor, torch.Generator], Tensor]
+#: Method name (``prune.weight.method``) -> scoring function, filled by :func:`register_method`.
+PRUNE_METHODS: Registry[ScoreFn] = Registry("pruning method")
+
+
+def register_method(name: str) -> Callable[[ScoreFn], ScoreFn]:
+    """Decorator: make a scoring function available as ``method: <name>`` (``docs/extending.md``)."""
+    return named_decorator(PRUNE_METHODS, name)
+
+
+@register_method("l1")
+def l1_scores(tensor: Tensor, generator: torch.Generator) -> Tensor:
+    """Magnitude: the smallest ``|x|`` are pruned."""
+    return tensor.detach().abs()
+
+
+@register_method("random")
+def random_scores(tensor: Tensor, generator: torch.Generator) -> Tensor:
+    """Seeded uniform noise (drawn on the generator's device): a random ranking."""
+    noise = torch.rand(tensor.shape, generator=generator, device=generator.device)
+    return noise.to(tensor.device)
+
+
 SCOPES = ("local", "global")
 ACTIVATION_SCOPES = ("local",)
 DEFAULT_EXCLUDE = ("classifier",)
@@ -71,8 +96,8 @@ class MaskSpec:
 
     def __post_init__(self) -> None:
         require_fraction(f"{self.key}.sparsity", self.sparsity)
-        if self.method not in METHODS:
-            raise ConfigError(f"{self.key}.method={self.method!r}: must be one of {', '.join(METHODS)}")
+        if self.method not in PRUNE_METHODS:
+            raise ConfigError(f"{self.key}.method={self.method!r}: must be one of {', '.join(PRUNE_METHODS)}")
         if self.scope not in SCOPES:
             raise ConfigError(f"{self.key}.scope={self.scope!r}: must be one of {', '.join(SCOPES)}")
 
@@ -173,13 +198,9 @@ def smallest_k(scores: Tensor, k: int) -> Tensor:
     return below | (ties & (ties.view(torch.uint8).cumsum(dim=1, dtype=torch.int32) <= ties_needed))
 
 
-def _scores(tensor: Tensor, method: str, generator: torch.Generator | None) -> Tensor:
-    """Ranking scores: magnitude for ``l1``, seeded uniform noise (same device as the generator) for ``random``."""
-    if method == "l1":
-        return tensor.detach().abs()
-    assert generator is not None
-    noise = torch.rand(tensor.shape, generator=generator, device=generator.device)
-    return noise.to(tensor.device)
+def _scores(tensor: Tensor, method: str, generator: torch.Generator) -> Tensor:
+    """Ranking scores of ``tensor`` by the registered ``method`` (lowest pruned first)."""
+    return PRUNE_METHODS[method](tensor, generator)
 
 
 def compute_weight_masks(
@@ -199,7 +220,7 @@ def compute_weight_masks(
     Returns:
         Name → bool keep-mask shaped like the weight, on the weight's device.
     """
-    if spec.method == "random" and generator is None:
+    if generator is None:
         generator = torch.Generator().manual_seed(0)
     scores = {name: _scores(w, spec.method, generator).reshape(1, -1) for name, w in weights.items()}
     if spec.scope == "local":
@@ -291,7 +312,7 @@ class ActivationSparsifier:
         if self.spec is None or self.spec.sparsity == 0:
             return x
         rows = x.reshape(1, -1) if x.dim() < 2 else x.reshape(x.shape[0], -1)
-        generator = self._generator(x.device) if self.spec.method == "random" else None
+        generator = self._generator(x.device)
         pruned = smallest_k(
             _scores(rows, self.spec.method, generator), num_to_prune(rows.shape[1], self.spec.sparsity)
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from adls_lightning.config import ConfigError
 from adls_lightning.quant import QuantConfig, quantization_report, quantize_model, quantized_layers
+from adls_lightning.registry import import_plugins
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ class QuantizationCallback(L.Callback):
         mode: ``"qat"`` or ``"ptq"``.
         train_base: QAT only: train the quantized layers' weights too, not just LoRA adapters.
         monitor: the validation metric reported as PTQ accuracy.
+        plugins: modules imported first so that the formats they register can be named in ``config``
+            (``docs/extending.md``); they must be allowed by ``$ADLS_EXTRA_TARGETS``.
 
     Raises:
         ConfigError: bad mode or config (checked here, before training starts).
@@ -65,7 +68,9 @@ class QuantizationCallback(L.Callback):
         mode: str = "qat",
         train_base: bool = False,
         monitor: str = "val/acc",
+        plugins: Sequence[str] | None = None,
     ) -> None:
+        import_plugins(plugins, "quant.plugins")
         if mode not in MODES:
             raise ConfigError(f"quant.mode={mode!r}: must be one of {', '.join(MODES)}")
         if not isinstance(train_base, bool):

@@ -312,7 +312,7 @@ PRESET_PARAMS = {
     "ternary": {},
     "mxint8": {},
 }
-CANNOT_REPRESENT_ZERO = {"binary", "binary_scaling", "binary_residual"}
+CANNOT_REPRESENT_ZERO = {name for name, cls in QUANTIZERS.items() if not cls.zero_representable}
 
 
 def test_every_registered_format_is_tested():

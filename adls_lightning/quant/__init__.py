@@ -12,7 +12,7 @@ See ``docs/quantization.md``.
 """
 
 from adls_lightning.quant.linear import SLOTS, QuantLinear
-from adls_lightning.quant.quantizers import QUANTIZERS, Quantizer, make_quantizer
+from adls_lightning.quant.quantizers import QUANTIZERS, Quantizer, make_quantizer, register_format
 from adls_lightning.quant.transform import (
     QuantConfig,
     find_linear_layers,
@@ -32,4 +32,5 @@ __all__ = [
     "quantization_report",
     "quantize_model",
     "quantized_layers",
+    "register_format",
 ]

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from adls_lightning.config import ConfigError
+from adls_lightning.registry import Registry
 
 #: float32's smallest subnormal is 2^-149; a quantization step below it is float32's own.
 _F32_MIN_STEP_EXPONENT = -149
@@ -58,6 +60,23 @@ class QuantizerParamError(ConfigError):
         super().__init__(f"{param}{detail}")
         self.param = param
         self.detail = detail
+
+
+#: Format name -> quantizer class, filled by :func:`register_format` (in definition order).
+QUANTIZERS: Registry[type[Quantizer]] = Registry("quantization format")
+
+
+def register_format(cls: type[Quantizer]) -> type[Quantizer]:
+    """Class decorator: make ``cls`` available in configs as ``name: <cls.format_name>``.
+
+    Everything else reads the class: its constructor's keyword arguments are the format's parameters
+    (with their defaults), and :attr:`Quantizer.slots`, :attr:`~Quantizer.zero_representable`,
+    :attr:`~Quantizer.blocked`, :attr:`~Quantizer.search_space` and :meth:`~Quantizer.bits_per_element`
+    describe it to ``quantize_model``, the mixed-precision search and the tests (``docs/extending.md``).
+    """
+    if not cls.format_name:
+        raise ValueError(f"{cls.__name__}: set format_name (the name configs use)")
+    return QUANTIZERS.register(cls.format_name, cls)
 
 
 def _int_param(name: str, value: Any, low: int, high: int | None = None, hint: str = "") -> int:
@@ -119,6 +138,17 @@ class Quantizer(nn.Module):
 
     #: Name used in configs (``name: integer``).
     format_name: ClassVar[str] = ""
+    #: Operands a layer config naming only the format quantizes (MASE: weight only for the binary family).
+    slots: ClassVar[tuple[str, ...]] = ("data_in", "weight")
+    #: Whether 0 maps to exactly 0 (pruned weights stay pruned).
+    zero_representable: ClassVar[bool] = True
+    #: Whether elements share a scale per block of ``block_size`` along the last dimension.
+    blocked: ClassVar[bool] = False
+    #: Default mixed-precision search space ``{"params": {parameter: [choices]}, "slots": [operands]}``
+    #: (``conf/search/mixed_precision.yaml``); None = not searched unless a config lists it.
+    search_space: ClassVar[Mapping[str, Any] | None] = None
+    #: Parameters also accepted once per layer (MASE's ``floor``), applied to every operand in this format.
+    layer_params: ClassVar[tuple[str, ...]] = ()
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.is_grad_enabled() and x.requires_grad:
@@ -247,6 +277,7 @@ def _shared_bits(bits: int, block_size: int, last_dim: int) -> float:
     return bits * math.ceil(last_dim / block_size) / last_dim
 
 
+@register_format
 class IntegerQuantizer(Quantizer):
     """Signed fixed point: ``q = clamp(round(x * 2^f), -2^(w-1), 2^(w-1) - 1) / 2^f``.
 
@@ -264,6 +295,8 @@ class IntegerQuantizer(Quantizer):
     """
 
     format_name = "integer"
+    search_space = {"params": {"width": [8, 16, 32], "frac_width": [2, 4, 8]}}
+    layer_params = ("floor",)
 
     def __init__(self, width: int, frac_width: int | None = None, floor: bool = False) -> None:
         super().__init__()
@@ -355,6 +388,7 @@ class _MinifloatBase(_SignMagnitudeQuantizer):
         return f"width={self.width}, exponent_width={self.exponent_width}, exponent_bias={self.exponent_bias}"
 
 
+@register_format
 class MinifloatIEEEQuantizer(_MinifloatBase):
     """IEEE-754-style minifloat without Inf/NaN codes: implicit leading 1, subnormals, saturation.
 
@@ -369,12 +403,14 @@ class MinifloatIEEEQuantizer(_MinifloatBase):
     """
 
     format_name = "minifloat_ieee"
+    search_space = {"params": {"width": [8, 16], "exponent_width": [4, 5]}}
 
     def _grid(self) -> tuple[int, int, float]:
         m = self.mantissa_bits
         return m + 1, 1 - self.exponent_bias, math.ldexp(2.0 - 2.0**-m, self.max_exponent)
 
 
+@register_format
 class MinifloatDenormQuantizer(_MinifloatBase):
     """Minifloat with no implicit leading bit: values ``2^E * k / 2^m``, ``k`` in ``[0, 2^m - 1]``.
 
@@ -387,6 +423,7 @@ class MinifloatDenormQuantizer(_MinifloatBase):
     """
 
     format_name = "minifloat_denorm"
+    search_space = {"params": {"width": [8, 16], "exponent_width": [4, 5]}}
     min_mantissa_bits = 1
 
     def _grid(self) -> tuple[int, int, float]:
@@ -394,6 +431,7 @@ class MinifloatDenormQuantizer(_MinifloatBase):
         return m, -self.exponent_bias - 1, math.ldexp(2.0**m - 1, self.max_exponent - m)
 
 
+@register_format
 class LogQuantizer(_SignMagnitudeQuantizer):
     """Logarithmic: 1 sign bit and ``width - 1`` exponent bits, values ``+-2^k`` and 0.
 
@@ -406,6 +444,7 @@ class LogQuantizer(_SignMagnitudeQuantizer):
     """
 
     format_name = "log"
+    search_space = {"params": {"width": [8, 16]}}
 
     def __init__(self, width: int, exponent_bias: int | None = None) -> None:
         super().__init__()
@@ -428,6 +467,7 @@ class LogQuantizer(_SignMagnitudeQuantizer):
         return f"width={self.width}, exponent_bias={self.exponent_bias}"
 
 
+@register_format
 class BlockFPQuantizer(Quantizer):
     """Block floating point (MSFP-style): a shared exponent per block, sign-magnitude integer elements.
 
@@ -445,6 +485,8 @@ class BlockFPQuantizer(Quantizer):
     """
 
     format_name = "block_fp"
+    blocked = True
+    search_space = {"params": {"width": [6, 8], "exponent_width": [8], "block_size": [16]}}
 
     def __init__(
         self, width: int, exponent_width: int, exponent_bias: int | None = None, block_size: Any = 16
@@ -484,6 +526,7 @@ class BlockFPQuantizer(Quantizer):
         )
 
 
+@register_format
 class BlockMinifloatQuantizer(Quantizer):
     """Block minifloat: minifloat_ieee elements whose exponent bias is shared per block.
 
@@ -497,6 +540,10 @@ class BlockMinifloatQuantizer(Quantizer):
     """
 
     format_name = "block_minifloat"
+    blocked = True
+    search_space = {
+        "params": {"width": [6, 8], "exponent_width": [3, 4], "exponent_bias_width": [8], "block_size": [16]}
+    }
 
     def __init__(
         self, width: int, exponent_width: int, exponent_bias_width: int, block_size: Any = 16
@@ -536,6 +583,7 @@ class BlockMinifloatQuantizer(Quantizer):
         )
 
 
+@register_format
 class BlockLogQuantizer(Quantizer):
     """Block logarithmic: ``log`` elements whose exponent bias is shared per block.
 
@@ -544,6 +592,8 @@ class BlockLogQuantizer(Quantizer):
     """
 
     format_name = "block_log"
+    blocked = True
+    search_space = {"params": {"width": [6, 8], "exponent_bias_width": [8], "block_size": [16]}}
 
     def __init__(self, width: int, exponent_bias_width: int, block_size: Any = 16) -> None:
         super().__init__()
@@ -592,6 +642,7 @@ def _sign_codes(x: Tensor, stochastic: bool) -> Tensor:
     return torch.copysign(clipped.mul(0).add_(1), clipped)
 
 
+@register_format
 class BinaryQuantizer(Quantizer):
     """Bipolar binary: the sign, ``+1`` or ``-1`` (0 cannot be represented: +0.0 becomes +1, -0.0 becomes -1).
 
@@ -600,6 +651,9 @@ class BinaryQuantizer(Quantizer):
     """
 
     format_name = "binary"
+    slots = ("weight",)
+    zero_representable = False
+    search_space = {"params": {}, "slots": ["weight"]}
 
     def __init__(self, stochastic: bool = False, bipolar: bool = True) -> None:
         super().__init__()
@@ -618,6 +672,7 @@ class BinaryQuantizer(Quantizer):
         return f"stochastic={self.stochastic}"
 
 
+@register_format
 class BinaryScalingQuantizer(Quantizer):
     """Binary with a per-row scale (XNOR-Net): ``q = a * sign(x)``, ``a = mean |x|`` over the last dim.
 
@@ -628,6 +683,9 @@ class BinaryScalingQuantizer(Quantizer):
     """
 
     format_name = "binary_scaling"
+    slots = ("weight",)
+    zero_representable = False
+    search_space = {"params": {}, "slots": ["weight"]}
 
     def __init__(self, stochastic: bool = False, bipolar: bool = True) -> None:
         super().__init__()
@@ -677,6 +735,7 @@ class _ResidualSign(torch.autograd.Function):
         return grad, grad_scales, None
 
 
+@register_format
 class BinaryResidualQuantizer(Quantizer):
     """Residual-sign binarisation with learned scales (ReBNet): ``levels`` bits per element.
 
@@ -687,6 +746,7 @@ class BinaryResidualQuantizer(Quantizer):
     """
 
     format_name = "binary_residual"
+    zero_representable = False
 
     def __init__(self, levels: int = 2, stochastic: bool = False, bipolar: bool = True) -> None:
         super().__init__()
@@ -725,6 +785,7 @@ class BinaryResidualQuantizer(Quantizer):
         return f"levels={self.levels}, stochastic={self.stochastic}"
 
 
+@register_format
 class TernaryQuantizer(Quantizer):
     """Ternary (TWN): ``q = a * sign(x)`` where ``|x| > delta``, else 0; per tensor.
 
@@ -741,6 +802,8 @@ class TernaryQuantizer(Quantizer):
     """
 
     format_name = "ternary"
+    slots = ("weight",)
+    search_space = {"params": {}, "slots": ["weight"]}
 
     def __init__(
         self,
@@ -781,6 +844,7 @@ class TernaryQuantizer(Quantizer):
         return f"threshold={self.threshold}, scaling_factor={self.scaling_factor}"
 
 
+@register_format
 class MXInt8Quantizer(Quantizer):
     """MXINT8 (OCP Microscaling): int8 elements with an implicit 2^-6 and one E8M0 scale per block.
 
@@ -796,6 +860,7 @@ class MXInt8Quantizer(Quantizer):
     """
 
     format_name = "mxint8"
+    blocked = True
 
     def __init__(self, block_size: Any = 32, width: int = 8) -> None:
         super().__init__()
@@ -822,26 +887,6 @@ class MXInt8Quantizer(Quantizer):
 
     def extra_repr(self) -> str:
         return f"block_size={self.block_size}"
-
-
-#: Format name -> quantizer class.
-QUANTIZERS: dict[str, type[Quantizer]] = {
-    cls.format_name: cls
-    for cls in (
-        IntegerQuantizer,
-        MinifloatIEEEQuantizer,
-        MinifloatDenormQuantizer,
-        LogQuantizer,
-        BlockFPQuantizer,
-        BlockMinifloatQuantizer,
-        BlockLogQuantizer,
-        BinaryQuantizer,
-        BinaryScalingQuantizer,
-        BinaryResidualQuantizer,
-        TernaryQuantizer,
-        MXInt8Quantizer,
-    )
-}
 
 
 def quantizer_parameters(name: str) -> list[str]:

@@ -58,15 +58,8 @@ from adls_lightning.quant.quantizers import (
 )
 
 BY_OPTIONS = ("type", "name", "regex_name")
-#: Formats that quantize only these operands unless the config names others (MASE's behaviour).
-DEFAULT_SLOTS: dict[str, tuple[str, ...]] = {
-    "binary": ("weight",),
-    "binary_scaling": ("weight",),
-    "ternary": ("weight",),
-}
-_DEFAULT_SLOTS = ("data_in", "weight")
-#: Keys of a layer config that are not per-operand parameters.
-_LAYER_KEYS = ("name", "bypass", "floor")
+#: Keys of a layer config that are not per-operand parameters (besides a format's ``layer_params``).
+_LAYER_KEYS = ("name", "bypass")
 #: MASE accepts these; blocks never span the token dimension here, so they change nothing.
 _IGNORED_SUFFIXES = ("skip_first_dim",)
 #: MASE op names other than linear: a config for them cannot apply (only linear layers are swapped).
@@ -133,7 +126,12 @@ def _is_layer_config(value: Mapping) -> bool:
     """True for a layer entry (``{"config": ...}`` or a dict of layer keys), False for a namespace of names."""
     if "config" in value:
         return True
-    return any(key in _LAYER_KEYS or key.startswith(tuple(f"{s}_" for s in SLOTS)) for key in value)
+    return any(key in _layer_keys() or key.startswith(tuple(f"{s}_" for s in SLOTS)) for key in value)
+
+
+def _layer_keys() -> set[str]:
+    """Keys a layer config may hold besides ``{slot}_<parameter>``: name, bypass, every format's layer_params."""
+    return {*_LAYER_KEYS, *(p for cls in QUANTIZERS.values() for p in cls.layer_params)}
 
 
 def _flatten_names(entries: Mapping[str, Any], key: str, prefix: str = "") -> dict[str, tuple[str, Any]]:
@@ -298,6 +296,7 @@ def build_quantizers(config: _ResolvedConfig) -> dict[str, Quantizer | None] | N
         raise ConfigError(
             f"{config.origin('name')}={fmt!r}: unknown quantization format (valid: {', '.join(QUANTIZERS)})"
         )
+    fmt_class = QUANTIZERS[fmt]
     per_slot: dict[str, dict[str, Any]] = {slot: {} for slot in SLOTS}
     for key, value in values.items():
         slot = next((s for s in SLOTS if key.startswith(f"{s}_")), None)
@@ -305,7 +304,7 @@ def build_quantizers(config: _ResolvedConfig) -> dict[str, Quantizer | None] | N
             param = key[len(slot) + 1 :]
             if param not in _IGNORED_SUFFIXES:
                 per_slot[slot][param] = value
-        elif key not in _LAYER_KEYS or (key == "floor" and fmt != "integer"):
+        elif key not in (*_LAYER_KEYS, *fmt_class.layer_params):
             valid = "|".join(quantizer_parameters(fmt))
             raise ConfigError(
                 f"{config.origin(key)}: unknown key for format {fmt!r} (valid: name, bypass, {{data_in,weight,bias}}_<{valid}>)"
@@ -314,17 +313,17 @@ def build_quantizers(config: _ResolvedConfig) -> dict[str, Quantizer | None] | N
     quantizers: dict[str, Quantizer | None] = {}
     for slot in SLOTS:
         params = per_slot[slot]
-        wanted = bool(params) or slot in DEFAULT_SLOTS.get(fmt, _DEFAULT_SLOTS)  # {slot}_name counts as a key
+        wanted = bool(params) or slot in fmt_class.slots  # {slot}_name counts as a key
         slot_fmt = params.pop("name", fmt)
         if slot_fmt is None or not wanted:
             quantizers[slot] = None
             continue
-        if slot_fmt == "integer" and "floor" in values:
-            params["floor"] = values["floor"]
+        shared = QUANTIZERS[slot_fmt].layer_params if slot_fmt in QUANTIZERS else ()
+        params.update({p: values[p] for p in shared if p in values})
         try:
             quantizers[slot] = make_quantizer(slot_fmt, **params)
         except QuantizerParamError as err:
-            key = "floor" if err.param == "floor" else f"{slot}_{err.param}"
+            key = err.param if err.param in shared else f"{slot}_{err.param}"
             where = config.origins.get(key, f"{layer_dir}.{key}" if layer_dir else key)
             raise ConfigError(f"{where}{err.detail}") from None
     return quantizers

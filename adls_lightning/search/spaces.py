@@ -19,6 +19,7 @@ from adls_lightning.config import ConfigError
 from adls_lightning.nas import ARCH_KNOBS, square_linear_names
 from adls_lightning.quant.quantizers import QUANTIZERS, make_quantizer
 from adls_lightning.quant.transform import find_linear_layers
+from adls_lightning.registry import import_plugins
 
 LAYER_CHOICES = ("linear", "identity")
 
@@ -106,19 +107,28 @@ class MixedPrecisionSpace:
         backbone: the model being quantized (``${model.backbone}``: built once in the sweeper, cached in-process);
             its linear layers, named as the quantization config names them, are the searched layers.
         formats: ``{format: {params: {parameter: [choices]}, slots: [operands]}}``; ``fp32`` = full precision.
+            Each entry is read over the format's own default (``Quantizer.search_space``: a given ``params`` or
+            ``slots`` replaces the default's). None = ``fp32`` and every registered format that has a default.
         use: the formats searched (e.g. ``[fp32, integer]`` for one precision's curve); None = all of ``formats``.
         layers: a regular expression a layer name must fully match to be searched; None = every linear layer.
         target: config key of the quantization config the overrides extend.
+        plugins: modules to import first, so the formats they register can be searched (``quant.plugins``).
     """
 
     def __init__(
         self,
         backbone: nn.Module,
-        formats: Mapping[str, Mapping[str, Any]],
+        formats: Mapping[str, Mapping[str, Any] | None] | None = None,
         use: Sequence[str] | None = None,
         layers: str | None = None,
         target: str = "quant.config",
+        plugins: Sequence[str] | None = None,
     ) -> None:
+        import_plugins(plugins, "hydra.sweeper.search_space.plugins")
+        if formats is None:
+            formats = {FULL_PRECISION: {}} | {
+                name: {} for name, cls in QUANTIZERS.items() if cls.search_space is not None
+            }
         use = list(formats) if use is None else _check_choices("use", use, list(formats))
         self.formats: dict[str, tuple[dict[str, list[Any]], list[str]]] = {}
         for name in use:
@@ -129,7 +139,7 @@ class MixedPrecisionSpace:
                     f"hydra.sweeper.search_space.formats.{name}: unknown format "
                     f"(valid: {FULL_PRECISION}, {', '.join(QUANTIZERS)})"
                 )
-            spec = formats[name] or {}
+            spec = {**(QUANTIZERS[name].search_space or {}), **(formats[name] or {})}
             params = {
                 p: _check_choices(f"formats.{name}.params.{p}", choices)
                 for p, choices in (spec.get("params") or {}).items()
