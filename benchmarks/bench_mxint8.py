@@ -9,10 +9,13 @@ interleaved rounds (see :func:`best_seconds`).
 
 "ceiling" bounds the "vs ref" column: any dequantize kernel must at least write its output, so it
 cannot beat ``torch.empty_like(out).fill_(1)`` of the same output, and the ratio of the reference's
-time to that fill's time is the most "vs ref" any kernel could show on this machine.
+time to that fill's time is the most "vs ref" any kernel could show on this machine. "of ceil" is the
+fraction of that write-only ceiling the kernel reaches (the fill's time over the kernel's), beside "vs copy",
+its fraction of the copy bandwidth.
 
     python benchmarks/bench_mxint8.py            # 4K ... 64M elements, CPU (+ GPU rows when present)
     python benchmarks/bench_mxint8.py --quick    # 4K ... 4M elements, fewer repeats
+    python benchmarks/bench_mxint8.py --sizes 64M 256M 1G --cpu-only   # chosen sizes (GPU check: 64M ... 1G)
 
 By default glibc malloc is told to keep freed blocks (``--allocator reuse``), as PyTorch's CUDA
 caching allocator does on a GPU: otherwise every tensor above 32 MB is a fresh ``mmap`` whose page
@@ -87,7 +90,7 @@ def bench_device(
     )
     header = (
         f"{'elements':>9} {'op':<18} {'native':>9} {'copy':>9} {'reference':>9} {'vs copy':>8} {'vs ref':>8}"
-        f" {'ceiling':>8}"
+        f" {'ceiling':>8} {'of ceil':>8}"
     )
     print(f"{'':>28}{unit:>9} {unit:>9} {unit:>9}")
     print(header)
@@ -137,15 +140,30 @@ def print_row(
     op = op_bytes / seconds["native"] / scale
     copy = copy_bytes / seconds["copy"] / scale
     ref = op_bytes / seconds["reference"] / scale
-    ceiling = f"{seconds['reference'] / seconds['fill']:7.1f}x" if "fill" in seconds else f"{'-':>8}"
+    if "fill" in seconds:
+        ceiling = f"{seconds['reference'] / seconds['fill']:7.1f}x"
+        of_ceiling = f"{seconds['fill'] / seconds['native']:8.2f}"
+    else:
+        ceiling = of_ceiling = f"{'-':>8}"
     print(
         f"{size_label(n):>9} {name:<18} {op:9.3f} {copy:9.3f} {ref:9.3f} {op / copy:7.2f}x {op / ref:7.1f}x"
-        f" {ceiling}"
+        f" {ceiling} {of_ceiling}"
     )
 
 
 def size_label(n: int) -> str:
+    if n >= 1 << 30 and n % (1 << 30) == 0:
+        return f"{n >> 30}G"
     return f"{n >> 20}M" if n >= 1 << 20 else f"{n >> 10}K"
+
+
+def parse_size(label: str) -> int:
+    """``"64M"`` -> 64 * 2^20 elements (suffixes K, M, G; a plain number is elements)."""
+    shift = {"K": 10, "M": 20, "G": 30}.get(label[-1:].upper())
+    try:
+        return int(label[:-1]) << shift if shift else int(label)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sizes {label}: expected e.g. 64M, 1G or 4096") from None
 
 
 def main() -> None:
@@ -154,7 +172,9 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="sizes up to 4M elements and fewer repeats")
     parser.add_argument("--group-size", type=int, default=32)
+    parser.add_argument("--sizes", type=parse_size, nargs="+", help="element counts, e.g. 64M 256M 1G")
     parser.add_argument("--cpu-only", action="store_true", help="skip the GPU rows")
+    parser.add_argument("--gpu-only", action="store_true", help="skip the CPU rows")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's default)")
     parser.add_argument(
         "--allocator", choices=["reuse", "os"], default="reuse", help="keep freed CPU memory (default) or not"
@@ -165,10 +185,11 @@ def main() -> None:
     allocator = args.allocator
     if allocator == "reuse" and not keep_freed_memory():
         allocator = "os (glibc malloc not configurable here)"
-    sizes = QUICK_SIZES if args.quick else SIZES
+    sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
     budget_s, max_rounds = (0.2, 20) if args.quick else (0.5, 100)
     torch.manual_seed(0)
-    bench_device(torch.device("cpu"), sizes, args.group_size, budget_s, max_rounds, allocator)
+    if not args.gpu_only:
+        bench_device(torch.device("cpu"), sizes, args.group_size, budget_s, max_rounds, allocator)
     if torch.cuda.is_available() and not args.cpu_only:
         bench_device(torch.device("cuda"), sizes, args.group_size, budget_s, max(max_rounds, 50), "caching")
 

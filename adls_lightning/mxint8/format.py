@@ -227,6 +227,7 @@ def linear_reference(
     scale: torch.Tensor,
     bias: torch.Tensor | None,
     group_size: int,
+    dequantize_fn=dequantize_reference,
 ) -> torch.Tensor:
     """``x @ dequantize(mantissa, scale).T + bias``: the weight dequantized in ``x``'s dtype (float64 ``x``:
     the exact float32 weight, converted), then a float matmul.
@@ -237,8 +238,10 @@ def linear_reference(
         scale: ``uint8`` ``(out_features, in_features // group_size)``.
         bias: ``(out_features,)`` or None; used in ``x``'s dtype.
         group_size: input features per scale.
+        dequantize_fn: ``(mantissa, scale, group_size, dtype) -> weight``; the registered op passes the
+            dispatcher's dequantize, so a CUDA tensor gets the CUDA dequantize kernel.
     """
     check_linear_args(x, mantissa, scale, bias, group_size)
     weight_dtype = torch.float32 if x.dtype == torch.float64 else x.dtype
-    weight = dequantize_reference(mantissa, scale, group_size, weight_dtype).to(x.dtype)
+    weight = dequantize_fn(mantissa, scale, group_size, weight_dtype).to(x.dtype)
     return torch.nn.functional.linear(x, weight, bias.to(x.dtype) if bias is not None else None)

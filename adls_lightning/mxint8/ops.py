@@ -90,7 +90,8 @@ def _dequantize_default(
 def _linear_default(
     x: torch.Tensor, mantissa: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, group_size: int
 ) -> torch.Tensor:
-    return linear_reference(x, mantissa, scale, bias, group_size)
+    # Dequantize through the dispatcher: the native CPU/CUDA dequantize kernels serve when loaded.
+    return linear_reference(x, mantissa, scale, bias, group_size, torch.ops.adls.mxint8_dequantize)
 
 
 def _linear_setup_context(ctx, inputs, output) -> None:
