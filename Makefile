@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: help install train test test-fast lint format cuda-check portable-check bench clean
+.PHONY: help install train test test-fast lint format cuda-check portable-check bench lab4 clean
 help: ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
 
@@ -36,6 +36,10 @@ lint: install ## ruff lint and format check
 
 format: install ## ruff autofix and format
 	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
+
+lab4: install ## Lab 4 parts 1-2: torch.compile vs eager, naive attention vs SDPA (tables, docs/figures/lab4_*.png)
+	$(PY) benchmarks/lab4_compile.py $(ARGS)
+	$(PY) benchmarks/lab4_sdpa.py
 
 cuda-check: ## compile-check the CUDA kernels with nvcc (no GPU needed)
 	bash scripts/check_cuda.sh

@@ -142,6 +142,8 @@ class IMDbDataModule(LightningDataModule):
         seed: seed of the validation split, the subsets and the length-grouped shuffling.
         group_by_length: batch training examples of similar length (less padding, faster).
         num_workers: DataLoader workers.
+        pad_to_multiple_of: pad each batch to a multiple of this many tokens (None = to its longest row), so a
+            compiled model sees at most ``max_length / pad_to_multiple_of`` sequence lengths (see docs/compile.md).
     """
 
     def __init__(
@@ -159,6 +161,7 @@ class IMDbDataModule(LightningDataModule):
         seed: int = 42,
         group_by_length: bool = True,
         num_workers: int = 0,
+        pad_to_multiple_of: int | None = None,
     ) -> None:
         super().__init__()
         require_positive_int("data.max_length", max_length)
@@ -166,6 +169,7 @@ class IMDbDataModule(LightningDataModule):
         require_positive_int("data.val_size", val_size)
         require_positive_int("data.train_size", train_size, allow_none=True)
         require_positive_int("data.test_size", test_size, allow_none=True)
+        require_positive_int("data.pad_to_multiple_of", pad_to_multiple_of, allow_none=True)
         if truncation_side not in ("left", "right"):
             raise ConfigError(f"data.truncation_side={truncation_side!r}: must be 'left' or 'right'")
         self.save_hyperparameters(logger=False)
@@ -181,7 +185,9 @@ class IMDbDataModule(LightningDataModule):
         # Fingerprint now: calling a fast tokenizer with truncation changes its serialised state.
         self.tokenizer_fingerprint = self._fingerprint(self.tokenizer)
         self.tokenizer.truncation_side = truncation_side
-        self.collator = DataCollatorWithPadding(self.tokenizer, return_tensors="pt")
+        self.collator = DataCollatorWithPadding(
+            self.tokenizer, pad_to_multiple_of=pad_to_multiple_of, return_tensors="pt"
+        )
         self.splits: dict[str, datasets.Dataset] = {}
         self.cache_hits: dict[str, bool] = {}
 

@@ -133,6 +133,24 @@ def load_pretrained(name_or_path: str, num_labels: int = 2) -> PreTrainedModel:
     return model.train()
 
 
+# Hugging Face attention implementations offered: eager = matmul, scale, softmax, matmul in Python;
+# sdpa = torch's fused F.scaled_dot_product_attention.
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+def set_attn_implementation(model: PreTrainedModel, implementation: str) -> None:
+    """Switch a Hugging Face model's attention implementation in place (weights unchanged).
+
+    Raises:
+        ConfigError: naming ``model.attn_implementation`` when it is not one of :data:`ATTN_IMPLEMENTATIONS`.
+    """
+    if implementation not in ATTN_IMPLEMENTATIONS:
+        raise ConfigError(
+            f"model.attn_implementation={implementation!r}: must be one of {', '.join(ATTN_IMPLEMENTATIONS)}"
+        )
+    model.set_attn_implementation(implementation)
+
+
 def build_from_config(
     name_or_path: str | None = None,
     num_labels: int = 2,

@@ -14,6 +14,7 @@ from transformers import PreTrainedModel
 
 from adls_lightning.config import ConfigError
 from adls_lightning.lora import merge_lora as merge_lora_into_base
+from adls_lightning.models import set_attn_implementation
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class SequenceClassifier(LightningModule):
             epochs, optimizer and schedule start afresh), e.g. QAT or pruning of an already fine-tuned model.
             Loaded in :meth:`setup`, after the callbacks' ``setup`` has swapped quantized layers in, so both a
             full-precision and a quantized checkpoint of the same architecture load.
+        attn_implementation: Hugging Face attention implementation, ``sdpa`` (fused) or ``eager`` (naive);
+            None keeps the backbone's.
     """
 
     def __init__(
@@ -74,8 +77,15 @@ class SequenceClassifier(LightningModule):
         merge_lora_before_compress: bool = False,
         merged_lr: float | None = None,
         init_ckpt: str | None = None,
+        attn_implementation: str | None = None,
     ) -> None:
         super().__init__()
+        if attn_implementation is not None:
+            set_attn_implementation(backbone, attn_implementation)
+        if backbone.config.problem_type is None and backbone.config.num_labels > 1:
+            # What HF's forward would set at the first call with labels; set now, that mutation would make
+            # torch.compile recompile the model.
+            backbone.config.problem_type = "single_label_classification"
         # Factories are kept as attributes (not hparams): they are callables, not checkpointable values.
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler

