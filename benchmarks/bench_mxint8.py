@@ -175,6 +175,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=parse_size, nargs="+", help="element counts, e.g. 64M 256M 1G")
     parser.add_argument("--cpu-only", action="store_true", help="skip the GPU rows")
     parser.add_argument("--gpu-only", action="store_true", help="skip the CPU rows")
+    parser.add_argument("--dry-run", action="store_true", help="check the arguments and say what would run")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's default)")
     parser.add_argument(
         "--allocator", choices=["reuse", "os"], default="reuse", help="keep freed CPU memory (default) or not"
@@ -186,6 +187,12 @@ def main() -> None:
     if allocator == "reuse" and not keep_freed_memory():
         allocator = "os (glibc malloc not configurable here)"
     sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
+    if args.dry_run:
+        devices = ([] if args.gpu_only else ["cpu"]) + (["cuda"] if not args.cpu_only else [])
+        print(
+            f"dry run: would measure {', '.join(size_label(n) for n in sizes)} elements on {', '.join(devices)}"
+        )
+        return
     budget_s, max_rounds = (0.2, 20) if args.quick else (0.5, 100)
     torch.manual_seed(0)
     if not args.gpu_only:

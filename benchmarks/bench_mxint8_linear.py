@@ -132,8 +132,12 @@ def main() -> None:
     parser.add_argument(
         "--device", default="cpu", help="cpu or cuda (on CUDA both routes dequantize + matmul)"
     )
+    parser.add_argument("--dry-run", action="store_true", help="check the arguments and say what would run")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if args.dry_run:
+        print(f"dry run: would time rows {args.rows} of {SHAPES} on {device}, threads {args.threads}")
+        return
     print(
         f"native fused kernel: {'yes (' + str(native_cpu_isa()) + ')' if native_linear_kernel_loaded() else 'NO'}, "
         f"group_size={GROUP_SIZE}, fp32 activations, device={device}"

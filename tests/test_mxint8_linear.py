@@ -197,3 +197,13 @@ def test_portable_fused_kernel_is_correct_too():
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and " failed" not in result.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_linear_matches_the_exact_result():
+    mantissa, scale = packed_weight(300, 512, 32, seed=8)
+    x, bias = torch.randn(17, 512), torch.randn(300)
+    expected, bound = exact_linear(x, mantissa, scale, bias, 32)
+    result = linear(x.cuda(), mantissa.cuda(), scale.cuda(), bias.cuda(), 32).cpu()
+    assert ((result.double() - expected).abs() <= bound).all()

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The MXINT8 GPU checks in one command, for a machine with a CUDA GPU (`make gpu-check`):
+#
+#  1. build the extension with its CUDA kernels (torch with CUDA and nvcc needed: install torch's CUDA
+#     build first, e.g. `make install TORCH_INDEX=https://download.pytorch.org/whl/cu128`);
+#  2. the bit-exact CUDA tests (`pytest -m gpu`: quantize/dequantize vs the reference, the packed linear);
+#  3. dequantize/quantize throughput in TB/s at 64M, 256M and 1G elements;
+#  4. packed-linear timings on the GPU (nn.Linear vs QLinearPacked; the GPU has no fused kernel: both packed
+#     routes dequantize with the CUDA kernel and call cuBLAS);
+#  5. the memory report's peak-allocated measurement (Lab 4 3d) for BERT-base and DeBERTa-v2-xlarge shapes
+#     built from config (random weights, nothing downloaded).
+#
+# Usage: scripts/gpu_check.sh [--dry-run] [python]
+#   --dry-run: no GPU needed; prints each step and runs the Python steps' own --dry-run (argument checks) and
+#   a syntax check of this script, which is what CI exercises (tests/test_mxint8_gpu_check.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DRY_RUN=0
+if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN=1; shift; fi
+PY="${1:-.venv/bin/python}"
+[[ -x "$PY" ]] || PY=python3
+
+step() { echo; echo "== gpu_check: $*"; }
+run() {
+  echo "+ $*"
+  if [[ "$DRY_RUN" == 0 ]]; then "$@"; fi
+}
+# Python steps: run for real, or with --dry-run appended (they parse their arguments and stop).
+run_py() {
+  echo "+ $*"
+  if [[ "$DRY_RUN" == 0 ]]; then "$@"; else "$@" --dry-run; fi
+}
+
+if [[ "$DRY_RUN" == 0 ]]; then
+  if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "gpu_check: torch sees no CUDA device (torch $("$PY" -c 'import torch; print(torch.__version__)')); run" \
+      "it on a GPU machine, or pass --dry-run to check the steps" >&2
+    exit 1
+  fi
+  arch="$("$PY" -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")"
+  export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$arch}"
+fi
+
+step "1. build the extension with CUDA kernels (TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-<this GPU>})"
+run env ADLS_USE_CUDA=1 "$PY" setup.py build_ext --inplace
+run "$PY" -c "import adls_lightning.mxint8 as m; assert m.native_cuda_kernels_loaded(), 'no CUDA kernels'; print('CUDA kernels loaded')"
+
+step "2. bit-exact CUDA tests"
+run "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_mxint8.py tests/test_mxint8_linear.py
+
+step "3. dequantize / quantize throughput (TB/s), 64M-1G elements"
+run_py "$PY" benchmarks/bench_mxint8.py --gpu-only --sizes 64M 256M 1G
+
+step "4. packed linear on the GPU (fused = dequantize + cuBLAS there)"
+run_py "$PY" benchmarks/bench_mxint8_linear.py --device cuda --rows 1 8 64 512 4096
+
+step "5. memory report: peak allocated, fp32 vs packed"
+run_py "$PY" scripts/mxint8_memory_report.py --from-config bert-base
+run_py "$PY" scripts/mxint8_memory_report.py --from-config deberta-v2-xlarge
+
+if [[ "$DRY_RUN" == 1 ]]; then
+  bash -n "$0"
+  echo; echo "gpu_check: dry run ok (nothing measured)"
+fi
