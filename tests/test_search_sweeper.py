@@ -253,7 +253,8 @@ def test_crashed_worker_trial_is_retried_with_its_parameters(toy, tmp_path):
         try:
             db = tmp_path / "sweep" / "toy-random.db"
             if db.exists() and any(
-                t.state == TrialState.RUNNING for t in load(tmp_path / "sweep", "toy-random").trials
+                t.state == TrialState.RUNNING and "x" in t.params  # sampled: its job is starting
+                for t in load(tmp_path / "sweep", "toy-random").trials
             ):
                 break
         except (KeyError, sqlalchemy.exc.OperationalError):  # the worker is still creating the study

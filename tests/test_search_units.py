@@ -20,7 +20,11 @@ from adls_lightning.config import ConfigError
 from adls_lightning.search.objective import objective_names, objective_values
 from adls_lightning.search.plots import best_so_far, pareto_front
 from adls_lightning.search.spaces import MixedPrecisionSpace, NasSpace
-from adls_lightning.search.sweeper import budget_trials, format_override_value, trials_started_before
+from hydra_plugins.adls_optuna_sweeper._impl import (
+    budget_trials,
+    format_override_value,
+    trials_started_before,
+)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

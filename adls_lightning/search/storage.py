@@ -1,19 +1,40 @@
-"""Optuna RDB storages: the default SQLite file of a sweep, opening a URL with a one-line error, and the job side
-of the trial bridge (a job reopens its own trial from the storage to report intermediate values)."""
+"""Optuna storages of a study: ``search/storage=sqlite|journal|postgresql`` resolved to one *spec* string, opened
+with a one-line error (password masked), and the job side of the trial bridge (a job reopens its own trial from
+the storage to report intermediate values).
+
+A spec is either an SQLAlchemy URL (``sqlite:///...``, ``postgresql+psycopg://...``: Optuna's ``RDBStorage``) or
+the path of a journal file (no ``://``: Optuna's ``JournalStorage`` over a ``JournalFileBackend``).
+"""
 
 from __future__ import annotations
 
 import functools
+import os
+import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import optuna
 import sqlalchemy.exc
-from optuna.storages import RDBStorage
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
 
 from adls_lightning.config import ConfigError
 
 CREATE_ATTEMPTS = 5
+STORAGE_KINDS = ("sqlite", "journal", "postgresql")
+# The PostgreSQL URL when search.storage.url is null; also how a job gets the password its config never holds.
+URL_ENV = "ADLS_OPTUNA_STORAGE"
+MASK = "***"
+# user:password@host, where the password may hold a raw "@" (it ends at the last "@" before the host)
+_PASSWORD = re.compile(r"(://[^:/@\s]*:)(\S*)(@[^@/\s]*(?:[/\s]|$))")
+
+
+def mask_password(text: str) -> str:
+    """``text`` with the password of every URL in it (``scheme://user:PASSWORD@host``) replaced by ``***``."""
+    return _PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(3), text)
 
 
 def default_storage_url(sweep_dir: str | Path, study_name: str) -> str:
@@ -23,43 +44,132 @@ def default_storage_url(sweep_dir: str | Path, study_name: str) -> str:
     return f"sqlite:///{path}"
 
 
-def open_storage(url: str, key: str = "hydra.sweeper.storage", **rdb_kwargs) -> RDBStorage:
-    """Open (and create the tables of) an RDB storage at any SQLAlchemy URL.
+def is_journal(spec: str) -> bool:
+    return "://" not in spec
+
+
+def storage_spec(storage: str | Mapping[str, Any] | None, sweep_dir: str | Path, study_name: str) -> str:
+    """The spec of the sweeper's ``storage`` setting (``hydra.sweeper.storage``, by default ``${search.storage}``).
+
+    Args:
+        storage: None (SQLite in the sweep dir), a URL or journal path, or a ``search/storage`` node:
+            ``{kind: sqlite|journal|postgresql, url: ..., path: ...}``.
+        sweep_dir: ``hydra.sweep.dir`` (default location of the SQLite and journal files).
+        study_name: the study (names the default files).
 
     Raises:
-        ConfigError: the URL cannot be opened, with the driver's first line of explanation.
+        ConfigError: unknown kind, no PostgreSQL URL, or a journal path whose folder does not exist.
     """
+    if storage is None:
+        return default_storage_url(sweep_dir, study_name)
+    if isinstance(storage, str):
+        return storage
+    kind = storage.get("kind")
+    if kind not in STORAGE_KINDS:
+        raise ConfigError(
+            f"search.storage.kind={kind}: unknown storage; valid: {', '.join(STORAGE_KINDS)} "
+            "(search/storage=sqlite|journal|postgresql)"
+        )
+    if kind == "sqlite":
+        return storage.get("url") or default_storage_url(sweep_dir, study_name)
+    if kind == "journal":
+        if not storage.get("path"):
+            Path(sweep_dir).mkdir(parents=True, exist_ok=True)
+            return str(Path(sweep_dir).resolve() / f"{study_name}.journal")
+        path = Path(str(storage["path"])).expanduser().resolve()
+        if not path.parent.is_dir():
+            raise ConfigError(
+                f"search.storage.path={storage['path']}: folder {path.parent} does not exist; create it or "
+                "leave the path null (<hydra.sweep.dir>/<study_name>.journal)"
+            )
+        return str(path)
+    url = storage.get("url") or os.environ.get(URL_ENV)
+    if not url:
+        raise ConfigError(
+            f"search.storage.url: not set; give search.storage.url=postgresql+psycopg://USER@HOST:PORT/DB or set "
+            f"{URL_ENV} (the password from ~/.pgpass or PGPASSWORD keeps it out of every file)"
+        )
+    if not str(url).startswith("postgresql"):
+        raise ConfigError(
+            f"search.storage.url={mask_password(str(url))}: not a PostgreSQL URL; expected "
+            "postgresql+psycopg://USER@HOST:PORT/DB"
+        )
+    return str(url)
+
+
+def open_storage(spec: str, key: str = "hydra.sweeper.storage", **rdb_kwargs: Any) -> BaseStorage:
+    """Open (and create the tables of) the storage of a spec; ``rdb_kwargs`` go to ``RDBStorage`` only.
+
+    Raises:
+        ConfigError: the storage cannot be opened, with the driver's first line of explanation (password masked).
+    """
+    if is_journal(spec):
+        try:
+            return JournalStorage(JournalFileBackend(spec))
+        except OSError as err:
+            raise ConfigError(f"{key}={spec}: cannot be opened ({_first_line(err)})") from None
     for attempt in range(1, CREATE_ATTEMPTS + 1):
         try:
-            return RDBStorage(url, **rdb_kwargs)
+            return RDBStorage(spec, **rdb_kwargs)
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
             # Processes opening a new storage together race to create the schema ("UNIQUE constraint failed:
             # alembic_version", "table ... already exists"): the loser finds the winner's tables on its next try.
             lost_race = isinstance(err, sqlalchemy.exc.IntegrityError) or "already exists" in str(err)
             if not lost_race or attempt == CREATE_ATTEMPTS:
-                raise ConfigError(f"{key}={url}: cannot be opened ({_first_line(err)})") from None
+                raise ConfigError(
+                    f"{key}={mask_password(spec)}: cannot be opened ({_first_line(err)})"
+                ) from None
             time.sleep(0.5 * attempt)
         except Exception as err:  # SQLAlchemy/driver errors have no common base worth naming here
-            raise ConfigError(f"{key}={url}: cannot be opened ({_first_line(err)})") from None
+            raise ConfigError(f"{key}={mask_password(spec)}: cannot be opened ({_first_line(err)})") from None
     raise AssertionError("unreachable")
 
 
 def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
+    text = mask_password(str(err).strip())
     return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
 
 
+def job_spec(spec: str) -> str:
+    """What the sweeper writes into a job's config (``search.trial.storage``): the spec, password masked.
+
+    The job finds the password in ``ADLS_OPTUNA_STORAGE``, which :func:`unmask_for_job` reads; the sweeper sets it
+    in its own environment, which launched jobs inherit.
+    """
+    masked = mask_password(spec)
+    if masked != spec:
+        os.environ[URL_ENV] = spec
+    return masked
+
+
+def unmask_for_job(spec: str) -> str:
+    """The full spec of a job's masked ``search.trial.storage``.
+
+    Raises:
+        ConfigError: the spec is masked and ``ADLS_OPTUNA_STORAGE`` does not hold the same URL.
+    """
+    if f":{MASK}@" not in spec:
+        return spec
+    full = os.environ.get(URL_ENV, "")
+    if mask_password(full) != spec:
+        raise ConfigError(
+            f"search.trial.storage={spec}: the password is masked and {URL_ENV} does not hold this URL; "
+            f"export {URL_ENV} with the full URL where the job runs"
+        )
+    return full
+
+
 @functools.cache
-def _job_storage(url: str) -> RDBStorage:
-    # One engine per URL and process: the basic launcher runs every trial in the sweeper's process.
-    return open_storage(url, key="search.trial.storage")
+def _job_storage(spec: str) -> BaseStorage:
+    # One engine per storage and process: the basic launcher runs every trial in the sweeper's process.
+    return open_storage(unmask_for_job(spec), key="search.trial.storage")
 
 
-def open_trial(storage_url: str, study_name: str, trial_number: int, pruner=None) -> optuna.Trial:
+def open_trial(storage_spec: str, study_name: str, trial_number: int, pruner=None) -> optuna.Trial:
     """Reopen a running trial of a stored study, so a job can ``report`` to it and ask ``should_prune``.
 
     Args:
-        storage_url: SQLAlchemy URL of the study's storage.
+        storage_spec: the study's storage (URL, possibly with the password masked, or journal path).
         study_name: the study.
         trial_number: the trial's number within the study.
         pruner: the ``optuna.pruners.BasePruner`` that ``should_prune`` consults (None: never prune).
@@ -67,13 +177,15 @@ def open_trial(storage_url: str, study_name: str, trial_number: int, pruner=None
     Raises:
         ConfigError: the study or trial does not exist, or the trial is already finished.
     """
-    storage = _job_storage(storage_url)
+    storage = _job_storage(storage_spec)
     try:
         study = optuna.load_study(
             study_name=study_name, storage=storage, pruner=pruner or optuna.pruners.NopPruner()
         )
     except KeyError:
-        raise ConfigError(f"search.trial.study_name={study_name}: no such study in {storage_url}") from None
+        raise ConfigError(
+            f"search.trial.study_name={study_name}: no such study in {mask_password(storage_spec)}"
+        ) from None
     study_id = storage.get_study_id_from_name(study_name)
     try:
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial_number)

@@ -1,1 +1,1 @@
-"""Hydra plugin: the Optuna study sweeper of adls-lightning (logic in ``adls_lightning.search.sweeper``)."""
+"""Hydra plugin: the Optuna study sweeper of adls-lightning (``study_sweeper``; logic in ``_impl``)."""

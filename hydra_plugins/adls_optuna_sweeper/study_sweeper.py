@@ -1,5 +1,6 @@
-"""The plugin class Hydra discovers. Hydra imports every plugin module at start-up, so this one stays light:
-the sweeper (Optuna, the search library) is imported only when a sweep is configured to use it."""
+"""The plugin class Hydra discovers. Hydra imports every plugin module at start-up (except ``_``-prefixed ones),
+so this one stays light: the sweeper (``_impl``: Optuna, the search library) is imported only when a sweep is
+configured to use it."""
 
 from typing import Any
 
@@ -8,10 +9,10 @@ from hydra.types import HydraContext, TaskFunction
 
 
 class StudySweeper(Sweeper):
-    """Delegates to :class:`adls_lightning.search.sweeper.StudySweeper`; arguments as documented there."""
+    """Delegates to :class:`hydra_plugins.adls_optuna_sweeper._impl.StudySweeper`; arguments as documented there."""
 
     def __init__(self, **kwargs: Any) -> None:
-        from adls_lightning.search.sweeper import StudySweeper as Impl
+        from hydra_plugins.adls_optuna_sweeper._impl import StudySweeper as Impl
 
         self.sweeper = Impl(**kwargs)
 

@@ -11,7 +11,9 @@ What it adds to the stock ``hydra-optuna-sweeper`` (whose override-grammar parsi
   An over-budget ask is handed back as a ``WAITING`` ticket (no parameters, reused by the next ask) instead of
   leaving a stray failed trial in the study.
 - **Crash safety**: trials send heartbeats; a trial whose worker died (or was interrupted) is failed and re-queued
-  with the same parameters (``RetryHeartbeatStaleTrialCallback``), and the retry does not count twice.
+  with the same parameters (``RetryHeartbeatStaleTrialCallback``, once), and the retry does not count twice. A
+  re-run on the same host finds a dead worker's trial at once (its process is gone); otherwise a worker whose
+  budget is used up waits for the other workers' running trials, saying so, and runs their retries.
 - **Pruning**: the job gets the study name, storage URL and trial number as config (``search.trial.*``), so a
   Lightning callback can reopen its trial and report per-epoch values; a job that raises ``optuna.TrialPruned``
   is recorded ``PRUNED``, any other exception ``FAIL`` (with the reason), and the sweep goes on until more than
@@ -27,7 +29,10 @@ import contextlib
 import json
 import logging
 import math
+import os
+import socket
 import threading
+import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
@@ -41,17 +46,22 @@ from hydra.core.plugins import Plugins
 from hydra.errors import CompactHydraException
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
+
+# The stock sweeper's override-grammar parsing (``choice``/``interval``/``range`` -> Optuna distributions) and its
+# grid-choice helper are private to hydra-optuna-sweeper 1.4.0rc3; no public API does this, so they are reused
+# here rather than copied (pinned by hydra-optuna-sweeper==1.4.0rc3 in pyproject.toml).
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from optuna.distributions import BaseDistribution
-from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
 from adls_lightning.build import build
 from adls_lightning.config import ConfigError
 from adls_lightning.io_utils import atomic_write_json
 from adls_lightning.search.objective import TrialResult, objective_names
-from adls_lightning.search.storage import default_storage_url, open_storage
+from adls_lightning.search.storage import is_journal, job_spec, mask_password, open_storage, storage_spec
 
 log = logging.getLogger(__name__)
 # Heartbeat-based stale-trial handling and metric names are marked experimental in Optuna; this module relies on
@@ -72,6 +82,11 @@ SEQUENCE_SAMPLERS = (GRID_SAMPLER, "optuna.samplers.QMCSampler")
 # Trials that use up the budget. WAITING trials are tickets not yet run; FAIL trials re-queued after a crash are
 # excluded separately (their retry counts instead).
 BUDGET_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+# A crashed worker's trial is re-queued once (with its parameters); a second crash leaves it FAIL.
+MAX_RETRY = 1
+# user attr naming the worker process that runs a trial: a re-run on the same host detects a dead one at once
+WORKER_ATTR = "worker"
+WAIT_POLL_S = 2.0
 
 
 class SearchConfigError(ConfigError, CompactHydraException):
@@ -149,10 +164,38 @@ class GridTrialView:
         return getattr(self._trial, name)
 
 
+def heartbeat_interval(storage: BaseStorage) -> int | None:
+    """The storage's heartbeat interval; None when it has none (journal storages, or heartbeats off)."""
+    return storage.get_heartbeat_interval() if isinstance(storage, RDBStorage) else None
+
+
+def this_worker() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def worker_is_dead(worker: Mapping[str, Any] | None) -> bool:
+    """True when ``worker`` (a trial's ``worker`` attr) ran on this host and its process no longer exists."""
+    if not worker or worker.get("host") != socket.gethostname() or worker.get("pid") == os.getpid():
+        return False
+    try:
+        os.kill(int(worker["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
 @contextlib.contextmanager
-def heartbeats(storage: RDBStorage, trial_ids: Sequence[int]) -> Iterator[None]:
-    """Record the trials' heartbeats every ``heartbeat_interval`` s while the block runs (jobs run in-process)."""
-    interval = storage.get_heartbeat_interval()
+def heartbeats(storage: BaseStorage, trial_ids: Sequence[int]) -> Iterator[None]:
+    """Record the trials' heartbeats every ``heartbeat_interval`` s while the block runs.
+
+    Optuna's own heartbeat thread (``optuna.storages._heartbeat.get_heartbeat_thread``) is private and started only
+    by ``Study.optimize`` for one trial; an ask/tell sweeper has no public way to run it, so this small thread calls
+    the public ``RDBStorage.record_heartbeat``. Stale detection and retry are Optuna's public pieces:
+    ``fail_stale_trials`` and ``RetryHeartbeatStaleTrialCallback``.
+    """
+    interval = heartbeat_interval(storage)
     if not interval:
         yield
         return
@@ -186,7 +229,8 @@ class StudySweeper(Sweeper):
         sampler: sampler config (``hydra/sweeper/sampler=tpe|random|grid|cmaes|gp|nsgaii|qmc``); its ``seed``
             is the base of every trial's seed.
         direction: ``maximize``/``minimize``, or a list of them for a multi-objective study.
-        storage: SQLAlchemy URL; None = ``sqlite:///<hydra.sweep.dir>/<study_name>.db``.
+        storage: a ``search/storage`` node ``{kind: sqlite|journal|postgresql, url, path}``, an SQLAlchemy URL or
+            a journal file path; None = ``sqlite:///<hydra.sweep.dir>/<study_name>.db``.
         study_name: the study (created, or loaded to resume).
         n_trials: size of the study: trials already in the storage count, whichever worker ran them.
         n_jobs: trials asked and launched together (the launcher may run them in parallel).
@@ -202,7 +246,7 @@ class StudySweeper(Sweeper):
         self,
         sampler: DictConfig,
         direction: Any = "maximize",
-        storage: str | None = None,
+        storage: str | DictConfig | None = None,
         study_name: str | None = None,
         n_trials: int = 20,
         n_jobs: int = 1,
@@ -215,7 +259,7 @@ class StudySweeper(Sweeper):
     ) -> None:
         self.sampler_cfg = sampler
         self.directions = [direction] if isinstance(direction, str) else list(direction)
-        self.storage_url = storage
+        self.storage_cfg = storage
         self.study_name = study_name
         self.n_trials = n_trials
         self.n_jobs = n_jobs
@@ -306,17 +350,22 @@ class StudySweeper(Sweeper):
             )
 
     def _open_study(self) -> optuna.Study:
-        url = self.storage_url or default_storage_url(self.sweep_dir, self.study_name)
-        self.storage_url = url
+        cfg = self.storage_cfg
+        cfg = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
         try:
-            self.storage = open_storage(
-                url,
-                heartbeat_interval=self.heartbeat_interval,
-                grace_period=self.grace_period,
-                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
-            )
+            url = storage_spec(cfg, self.sweep_dir, self.study_name)
+            rdb = {}
+            if not is_journal(url):  # journal storages have no heartbeats: dead workers are found by pid
+                rdb = {
+                    "heartbeat_interval": self.heartbeat_interval,
+                    "grace_period": self.grace_period,
+                    "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY),
+                }
+            self.storage = open_storage(url, **rdb)
         except ConfigError as err:
             raise SearchConfigError(str(err)) from None
+        self.storage_url = url
+        self.shown_url = mask_password(url)
         try:
             study = optuna.create_study(
                 study_name=self.study_name,
@@ -329,7 +378,7 @@ class StudySweeper(Sweeper):
             raise SearchConfigError(f"hydra.sweeper.study_name={self.study_name}: {err}") from None
         if [d.name.lower() for d in study.directions] != self.directions:
             raise SearchConfigError(
-                f"hydra.sweeper.direction={self.directions}: study {self.study_name} in {url} was created with "
+                f"hydra.sweeper.direction={self.directions}: study {self.study_name} in {self.shown_url} was created with "
                 f"{[d.name.lower() for d in study.directions]}; use another study_name or storage"
             )
         return study
@@ -364,14 +413,16 @@ class StudySweeper(Sweeper):
         log.info(
             "Study %s in %s: %d of %d trials already counted",
             self.study_name,
-            self.storage_url,
+            self.shown_url,
             len(budget_trials(study.get_trials(deepcopy=False))),
             budget,
         )
         allowed_failures = math.floor(self.max_failure_rate * budget)
         while True:
-            optuna.storages.fail_stale_trials(study)
-            if len(budget_trials(study.get_trials(deepcopy=False))) >= budget:
+            self._retry_dead_workers(study)
+            if len(budget_trials(study.get_trials(deepcopy=False))) >= budget and not self._wait_for_others(
+                study, budget
+            ):
                 break
             trials = self._ask(study, budget)
             if not trials:
@@ -408,11 +459,71 @@ class StudySweeper(Sweeper):
                     raise job_failure
         return self._report(study)
 
+    def _retry_dead_workers(self, study: optuna.Study) -> None:
+        """Fail and re-queue (once) the running trials whose worker died: stale heartbeats (Optuna's
+        ``fail_stale_trials``), or a dead process on this host, found at once instead of after ``grace_period``."""
+        if heartbeat_interval(self.storage):
+            optuna.storages.fail_stale_trials(study)
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if not worker_is_dead(trial.user_attrs.get(WORKER_ATTR)):
+                continue
+            try:  # the state update is atomic: of two workers re-running together, one re-queues the trial
+                self.storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            except UpdateFinishedTrialError:
+                continue
+            log.warning(
+                "Trial %d: its worker (pid %s) is gone; failed and re-queued with its parameters",
+                trial.number,
+                trial.user_attrs[WORKER_ATTR]["pid"],
+            )
+            RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)(
+                study, self.storage.get_trial(trial._trial_id)
+            )
+
+    def _wait_for_others(self, study: optuna.Study, budget: int) -> bool:
+        """The budget is used up, but other workers' trials may still be running: wait until they finish.
+
+        Returns:
+            True when one of them died and was re-queued (this worker runs the retry), False when all finished.
+        """
+        announced = False
+        while True:
+            running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if not running:
+                return False
+            if not announced:
+                shown = ", ".join(
+                    f"{t.number} (worker {t.user_attrs.get(WORKER_ATTR, {}).get('host', '?')}:"
+                    f"{t.user_attrs.get(WORKER_ATTR, {}).get('pid', '?')})"
+                    for t in running
+                )
+                stale = (
+                    f"a dead worker's trial is re-queued after {self.grace_period} s without a heartbeat"
+                    if heartbeat_interval(self.storage)
+                    else "this storage has no heartbeats: a worker that died on another host is not detected; "
+                    "if it is dead, stop this one (Ctrl-C) and run the same command on that host"
+                )
+                log.warning(
+                    "Study %s: %d of %d trials counted; waiting for running trial(s) %s of other workers to "
+                    "finish (%s). Ctrl-C stops waiting; the same command finishes the study later.",
+                    self.study_name,
+                    len(budget_trials(study.get_trials(deepcopy=False))),
+                    budget,
+                    shown,
+                    stale,
+                )
+                announced = True
+            time.sleep(WAIT_POLL_S)
+            self._retry_dead_workers(study)
+            if len(budget_trials(study.get_trials(deepcopy=False))) < budget:
+                return True
+
     def _ask(self, study: optuna.Study, budget: int) -> list[optuna.Trial]:
         trials = []
         for _ in range(self.n_jobs):
             trial = study.ask()
-            if self.storage.get_heartbeat_interval():
+            trial.set_user_attr(WORKER_ATTR, this_worker())
+            if heartbeat_interval(self.storage):
                 # A first heartbeat at once: a worker killed before launching still leaves a trial that goes stale.
                 self.storage.record_heartbeat(trial._trial_id)
             if trials_started_before(study.get_trials(deepcopy=False), trial.number) >= budget:
@@ -475,7 +586,12 @@ class StudySweeper(Sweeper):
         if self.base_seed is not None and self.sampler_cfg.get("_target_") not in SEQUENCE_SAMPLERS:
             trial.study.sampler = self._make_sampler(trial_seed(self.base_seed, trial.number))
         overrides = self._space_overrides(trial)
-        trial_keys = {"number": trial.number, "study_name": self.study_name, "storage": self.storage_url}
+        # the password never enters a job's config (nor its .hydra files): the job reads it from the environment
+        trial_keys = {
+            "number": trial.number,
+            "study_name": self.study_name,
+            "storage": job_spec(self.storage_url),
+        }
         return self._job_overrides(overrides, trial_keys)
 
     def _job_overrides(self, overrides: Mapping[str, Any], trial_keys: Mapping[str, Any]) -> list[str]:
@@ -506,7 +622,9 @@ class StudySweeper(Sweeper):
             # Interrupted (Ctrl-C) or the launcher broke: fail the trials and queue them again for the next run.
             for trial, _ in jobs:
                 self._tell(study, trial, state=TrialState.FAIL, skip_if_finished=True)
-                RetryHeartbeatStaleTrialCallback()(study, self.storage.get_trial(trial._trial_id))
+                RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)(
+                    study, self.storage.get_trial(trial._trial_id)
+                )
             raise
         for (trial, _), ret in zip(jobs, returns):
             yield trial, self._record(study, trial, ret)
@@ -557,7 +675,7 @@ class StudySweeper(Sweeper):
         names = study.metric_names or [f"objective_{i}" for i in range(len(self.directions))]
         summary: dict[str, Any] = {
             "study_name": self.study_name,
-            "storage": self.storage_url,
+            "storage": self.shown_url,
             "directions": self.directions,
             "metric_names": names,
             "trials": {k: v for k, v in counts.items() if v},
