@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 import torch
@@ -29,6 +29,16 @@ from adls_lightning.module import parameter_metrics
 from adls_lightning.runtime import keep_freed_memory
 
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Reporter(Protocol):
+    """A callback whose measurements go into ``metrics.json`` (and a search trial's values): quantization bit
+    widths, pruning sparsity, compression accuracies, compile times... ``report`` is called once, after the
+    final evaluation."""
+
+    def report(self) -> Mapping[str, float]: ...
+
 
 # Config groups whose preset builds one callback each, appended after ``cfg.callbacks`` in this order:
 # quantize first, then prune the (possibly quantized) layers, then compress, then compile the result.
@@ -210,7 +220,7 @@ def _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_pa
             trainer.test(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
             metrics.update(_float_metrics(trainer.callback_metrics))
         for callback in callbacks:
-            if callable(getattr(callback, "report", None)):
+            if isinstance(callback, Reporter):
                 metrics.update(_float_metrics(callback.report()))
         metrics["time/total_s"] = time.perf_counter() - start
         metrics.pop("train/loss_step", None)
