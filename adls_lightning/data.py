@@ -92,28 +92,60 @@ def _load_raw_splits(data_dir: Path | None, hub_name: str) -> tuple[datasets.Dat
         identity = f"hub:{hub_name}:{raw['train']._fingerprint}:{raw['test']._fingerprint}"
     else:
         files = find_split_files(data_dir)
-        raw = datasets.DatasetDict(
-            {
-                split: datasets.load_dataset(
-                    DATA_EXTENSIONS[path.suffix], data_files=str(path), split="train"
-                )
-                for split, path in files.items()
-            }
-        )
+        raw = datasets.DatasetDict({split: read_data_file(path) for split, path in files.items()})
         identity = _local_identity(files)
     for split in SPLITS:
-        missing = {"text", "label"} - set(raw[split].column_names)
-        if missing:
-            raise ConfigError(
-                f"data.data_dir: split '{split}' lacks column(s) {sorted(missing)} "
-                f"(has {raw[split].column_names}; need 'text' and 'label')"
-            )
-        labels = set(np.unique(np.asarray(raw[split]["label"])).tolist())
-        if not labels <= {0, 1}:
-            raise ConfigError(
-                f"data.data_dir: split '{split}' column 'label' has values {sorted(labels)[:10]} outside {{0, 1}}"
-            )
+        check_rows(raw[split], files[split] if data_dir is not None else f"split '{split}'")
     return raw, identity
+
+
+def _innermost(err: BaseException) -> BaseException:
+    while err.__cause__ is not None or err.__context__ is not None:
+        err = err.__cause__ or err.__context__
+    return err
+
+
+def read_data_file(path: Path) -> datasets.Dataset:
+    """One data file, parsed whole, or a ConfigError naming the file (and the row where the parser says).
+
+    A file that does not parse whole is never trained on: the loader raises rather than keeping the rows before
+    the damage.
+    """
+    fmt = DATA_EXTENSIONS[path.suffix]
+    if path.stat().st_size == 0:
+        raise ConfigError(f"data.data_dir: {path}: empty file (0 bytes)")
+    try:
+        return datasets.load_dataset(fmt, data_files=str(path), split="train")
+    except Exception as err:  # pyarrow, pandas and json parsers each raise their own types
+        reason = " ".join(str(_innermost(err)).split())[:300] or type(_innermost(err)).__name__
+        content = path.read_bytes()
+        if fmt == "parquet" and content[:4] == b"PAR1" and content[-4:] != b"PAR1":
+            raise ConfigError(
+                f"data.data_dir: {path}: truncated parquet file (its footer is missing; {len(content)} bytes)"
+            ) from None
+        raise ConfigError(f"data.data_dir: {path}: not a readable {fmt} file ({reason})") from None
+
+
+def check_rows(split: datasets.Dataset, source: Path | str) -> None:
+    """Columns ``text`` (strings) and ``label`` (0 or 1), no nulls; ConfigError naming the file and first bad row."""
+    missing = {"text", "label"} - set(split.column_names)
+    if missing:
+        raise ConfigError(
+            f"data.data_dir: {source}: lacks column(s) {sorted(missing)} "
+            f"(has {split.column_names}; need 'text' and 'label')"
+        )
+    texts = split["text"]
+    bad = next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)
+    if bad is not None:
+        raise ConfigError(
+            f"data.data_dir: {source}: row {bad} has text {texts[bad]!r} (every row needs a string in 'text')"
+        )
+    labels = split["label"]
+    bad = next((i for i, label in enumerate(labels) if isinstance(label, bool) or label not in (0, 1)), None)
+    if bad is not None:
+        raise ConfigError(
+            f"data.data_dir: {source}: row {bad} has label {labels[bad]!r} (labels must be 0 or 1)"
+        )
 
 
 def stratified_subset(labels: np.ndarray, size: int | None, seed: int) -> np.ndarray:
