@@ -152,12 +152,24 @@ def _draw_igraph(graph: Graph, files: list[Path], title: str | None) -> None:
 
     nodes = list(graph.nodes)
     index = {node: i for i, node in enumerate(nodes)}
-    edges = [(index[src], index[dst]) for dst in nodes for src in dst.all_input_nodes]
     layer = layers(graph)
-    layout = igraph.Graph(n=len(nodes), edges=edges, directed=True).layout_sugiyama(
-        layers=[layer[node] for node in nodes], hgap=1, vgap=1
+    # Sugiyama wants every edge to span one layer: a longer edge goes through one dummy vertex per layer it
+    # crosses (made here, so the bends are known to belong to that edge), and the dummies take part in the
+    # crossing reduction like real nodes.
+    vertex_layers = [layer[node] for node in nodes]
+    chains: list[list[int]] = []
+    for dst in nodes:
+        for src in dst.all_input_nodes:
+            chain = [index[src]]
+            for row in range(layer[src] + 1, layer[dst]):
+                vertex_layers.append(row)
+                chain.append(len(vertex_layers) - 1)
+            chains.append([*chain, index[dst]])
+    links = [(a, b) for chain in chains for a, b in zip(chain, chain[1:])]
+    layout = igraph.Graph(n=len(vertex_layers), edges=links, directed=True).layout_sugiyama(
+        layers=vertex_layers, hgap=1, vgap=1
     )
-    coords = layout.coords[: len(nodes)]
+    coords = layout.coords[: len(vertex_layers)]
     xs = [x for x, _ in coords]
     min_x, width = min(xs), max(xs) - min(xs) + 1
     depth = max(layer.values()) + 1
@@ -168,14 +180,15 @@ def _draw_igraph(graph: Graph, files: list[Path], title: str | None) -> None:
     ax.axis("off")
     # Edges as one line collection and one scatter of arrow heads: one artist per edge is several times slower.
     segments, heads = [], []
-    for (src, dst), bends in zip(edges, layout.edge_routing):
-        start, end = coords[src], coords[dst]
+    for chain in chains:
+        start, end = coords[chain[0]], coords[chain[-1]]
+        bends = [coords[vertex] for vertex in chain[1:-1]]
         segments.append([(start[0], start[1] + _BOX_H / 2), *bends, (end[0], end[1] - _BOX_H / 2 - 0.06)])
         heads.append((end[0], end[1] - _BOX_H / 2 - 0.04))
     ax.add_collection(LineCollection(segments, colors="dimgrey", linewidths=0.6, zorder=1))
     if heads:
         ax.scatter(*zip(*heads), marker="v", s=10, color="dimgrey", zorder=1, linewidths=0)
-    for node, (x, y) in zip(nodes, coords):
+    for node, (x, y) in zip(nodes, coords[: len(nodes)]):
         box = FancyBboxPatch(
             (x - _BOX_W / 2, y - _BOX_H / 2),
             _BOX_W,
