@@ -33,10 +33,10 @@ def _search(cfg: DictConfig):
 def train() -> None:
     """``adls-train [overrides]``: fit, validate and test one configuration (see ``conf/train.yaml``)."""
     os.environ.setdefault("PROJECT_ROOT", os.getcwd())
-    hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")(_train)()
+    hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")(_train)()  # as train.py
 
 
 def search() -> None:
     """``adls-search [overrides]``: an Optuna study whose trials are training runs (see ``conf/search.yaml``)."""
     os.environ.setdefault("PROJECT_ROOT", os.getcwd())
-    hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="search")(_search)()
+    hydra.main(config_path=CONFIG_DIR, config_name="search")(_search)()  # as search.py

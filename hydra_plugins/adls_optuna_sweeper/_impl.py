@@ -52,7 +52,7 @@ from hydra.types import HydraContext, TaskFunction
 # here rather than copied (pinned by hydra-optuna-sweeper==1.4.0rc3 in pyproject.toml).
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from optuna.distributions import BaseDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
@@ -164,6 +164,24 @@ class GridTrialView:
         return getattr(self._trial, name)
 
 
+def suggest(trial: optuna.Trial, name: str, distribution: BaseDistribution) -> Any:
+    """Sample a prepared distribution through the trial's public ``suggest_*`` API (the stock sweeper calls the
+    private ``Trial._suggest``)."""
+    if isinstance(distribution, CategoricalDistribution):
+        return trial.suggest_categorical(name, distribution.choices)
+    if isinstance(distribution, IntDistribution):
+        return trial.suggest_int(
+            name, distribution.low, distribution.high, step=distribution.step, log=distribution.log
+        )
+    if isinstance(distribution, FloatDistribution):
+        return trial.suggest_float(
+            name, distribution.low, distribution.high, step=distribution.step, log=distribution.log
+        )
+    raise TypeError(f"{name}: no suggest_* for {type(distribution).__name__}")
+
+
+# Storage calls (heartbeats, state changes) take Optuna's trial id, which ``Trial``/``FrozenTrial`` expose only as
+# ``_trial_id``; there is no public accessor, so this module reads it.
 def heartbeat_interval(storage: BaseStorage) -> int | None:
     """The storage's heartbeat interval; None when it has none (journal storages, or heartbeats off)."""
     return storage.get_heartbeat_interval() if isinstance(storage, RDBStorage) else None
@@ -536,7 +554,7 @@ class StudySweeper(Sweeper):
     def _space_overrides(self, trial: optuna.Trial, view: GridTrialView | None = None) -> dict[str, Any]:
         """Sample the trial's parameters; the overrides (key -> value) of its job."""
         for name, distribution in self.distributions.items():
-            trial._suggest(name, distribution)  # the stock sweeper's way to sample a prepared distribution
+            suggest(trial, name, distribution)
         overrides = {name: trial.params[name] for name in self.distributions}
         if self.space is not None:
             if view is None and self.is_grid:
