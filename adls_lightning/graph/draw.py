@@ -123,7 +123,10 @@ def to_dot(graph: Graph, title: str | None = None) -> str:
         lines.append(f"  label={_dot_quote(title)}; labelloc=t;")
     for node in graph.nodes:
         colour = KIND_COLOURS.get(node.op, "white")
-        lines.append(f"  {_dot_quote(node.name)} [label={_dot_quote(node_label(node))}, fillcolor={colour}];")
+        lines.append(
+            f"  {_dot_quote(node.name)} [id={_dot_quote('node-' + node.name)}, "
+            f"label={_dot_quote(node_label(node))}, fillcolor={colour}];"
+        )
     for node in graph.nodes:
         for src in node.all_input_nodes:
             lines.append(f"  {_dot_quote(src.name)} -> {_dot_quote(node.name)};")
