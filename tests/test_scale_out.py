@@ -336,3 +336,24 @@ def test_ddp_cpu_one_record_and_the_accuracy_of_one_process_with_twice_the_batch
     rank0, rank1 = (torch.load(tmp_path / f"masks_rank{r}.pt") for r in (0, 1))
     assert rank0 and rank0.keys() == rank1.keys()
     assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)
+
+
+# -- console commands (pip install . installs adls-train / adls-search; here called as the entry points do) --------
+
+
+@pytest.mark.parametrize(("command", "config_key"), [("train", "trainer"), ("search", "search")])
+def test_console_commands_compose_the_packaged_configs_from_another_folder(tmp_path, command, config_key):
+    code = (
+        f"import sys; sys.argv[0] = 'adls-{command}'; from adls_lightning.cli import {command}; {command}()"
+    )
+    args = ["--cfg", "job", "--resolve"] if command == "train" else ["--cfg", "job", "search/storage=journal"]
+    env = {k: v for k, v in os.environ.items() if k != "PROJECT_ROOT"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"{config_key}:" in proc.stdout
+    if command == "train":  # outputs go below the folder the command runs in
+        assert f"log_dir: {tmp_path}/outputs" in proc.stdout
+    else:
+        assert "kind: journal" in proc.stdout
