@@ -62,7 +62,9 @@ def pack_for_export(
 ) -> PackedExport:
     """Pack ``model``'s linear layers (and with ``pack_embeddings`` its word embeddings), in place."""
     packed = PackedExport(group_size)
-    packed.linear = [swap.name for swap in pack_linear_layers(model, group_size, exclude)]
+    swaps = pack_linear_layers(model, group_size, exclude)
+    paths = {id(module): name for name, module in model.named_modules()}
+    packed.linear = [paths[id(swap.packed)] for swap in swaps]  # module paths, which load_packed swaps back
     if pack_embeddings:
         for name in word_embedding_names(model):
             _replace(model, name, QEmbeddingPacked.from_embedding(model.get_submodule(name), group_size))
