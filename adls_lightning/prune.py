@@ -15,7 +15,7 @@ ranked by score (``|w|`` for ``l1``, seeded uniform noise for ``random``) and ti
 lower flat index is pruned first). Selection is exact (``torch.kthvalue``, on long CPU rows within a sampled
 bracket: :func:`kth_smallest`), so there is no ``torch.quantile`` size limit.
 
-Which layers: every ``nn.Linear`` that does not itself wrap another linear, except PEFT LoRA adapters
+Which layers: every linear layer :func:`adls_lightning.layers.target_layers` lists (canonical names), except PEFT LoRA adapters
 (``lora_A``/``lora_B``), PEFT's inactive ``original_module`` copies and, by default, the classifier. In a PEFT LoRA
 model the pruned weight is ``lora.Linear.base_layer``; LoRA then adds ``B @ A`` on top, so the effective merged
 weight is not sparse and :meth:`Pruner.weight_sparsity` counts the base weights only. In a quantized model
@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from adls_lightning.config import ConfigError, require_fraction
+from adls_lightning.layers import name_filter, target_layers
 from adls_lightning.registry import Registry, named_decorator
 
 #: A pruning method: ``scores(tensor, generator) -> Tensor`` of the same shape; the lowest scores are pruned
@@ -66,13 +67,6 @@ def random_scores(tensor: Tensor, generator: torch.Generator) -> Tensor:
 SCOPES = ("local", "global")
 ACTIVATION_SCOPES = ("local",)
 DEFAULT_EXCLUDE = ("classifier",)
-# Child names under which a wrapper module holds the linear it calls: PEFT's ``lora.Linear.base_layer`` and the
-# quantization helper's ``QuantLinear.linear``. The activation hook goes on the outermost wrapper, because the
-# wrapper (not the inner linear) receives the layer input; ``QuantLinear`` calls ``F.linear`` directly, so a
-# hook on its inner linear would never fire.
-WRAPPER_CHILD_NAMES = ("base_layer", "linear")
-# Module names that are never pruned: LoRA adapters and PEFT's unused copy of a ``modules_to_save`` module.
-SKIPPED_NAME_PARTS = frozenset({"lora_A", "lora_B", "original_module"})
 
 
 @dataclass(frozen=True)
@@ -343,10 +337,10 @@ class PruneTarget:
     """A prunable layer.
 
     Attributes:
-        name: Name of the module that receives the layer input (the outermost wrapper), used for display,
-            include/exclude matching and the activation hook.
-        module: That module.
-        linear_name: Name of the ``nn.Linear`` whose weight is pruned.
+        name: The layer's canonical name (:mod:`adls_lightning.layers`), used for display, metrics and
+            include/exclude matching.
+        module: The module that receives the layer input (the outermost wrapper), where the activation hook goes.
+        linear_name: Path of the ``nn.Linear`` whose weight is pruned.
         linear: The ``nn.Linear`` itself.
     """
 
@@ -356,40 +350,23 @@ class PruneTarget:
     linear: nn.Linear
 
 
-def _wraps_linear(module: nn.Module) -> bool:
-    return any(isinstance(child, nn.Linear) for child in module.children())
-
-
 def find_prune_targets(
     model: nn.Module, include: Sequence[str] | None = None, exclude: Sequence[str] | None = DEFAULT_EXCLUDE
 ) -> list[PruneTarget]:
-    """Finds the linear layers to prune, in ``named_modules`` order.
+    """Finds the linear layers to prune, in ``named_modules`` order (:func:`adls_lightning.layers.target_layers`).
 
     Args:
         model: Any module tree (plain HF model, PEFT model, quantized model, LightningModule).
-        include: Regexes (``re.search``) on the layer name; when given, only matching layers are pruned.
-        exclude: Regexes on the layer name; matching layers are skipped (default: the classifier).
+        include: Regexes (``re.search``) on the canonical layer name; when given, only matching layers are pruned.
+        exclude: Regexes on the canonical layer name; matching layers are skipped (default: the classifier).
 
     Returns:
         One target per pruned linear.
     """
-    modules = dict(model.named_modules())
-    targets = []
-    for linear_name, linear in modules.items():
-        if not isinstance(linear, nn.Linear) or _wraps_linear(linear):
-            continue
-        parts = linear_name.split(".")
-        if SKIPPED_NAME_PARTS.intersection(parts):
-            continue
-        name = linear_name
-        while "." in name and name.rsplit(".", 1)[1] in WRAPPER_CHILD_NAMES:
-            name = name.rsplit(".", 1)[0]
-        if include and not any(re.search(p, name) for p in include):
-            continue
-        if exclude and any(re.search(p, name) for p in exclude):
-            continue
-        targets.append(PruneTarget(name, modules[name], linear_name, linear))
-    return targets
+    return [
+        PruneTarget(layer.name, layer.module, layer.linear_path, layer.linear)
+        for layer in target_layers(model, name_filter(include, exclude))
+    ]
 
 
 def is_weight_pruned(linear: nn.Module) -> bool:

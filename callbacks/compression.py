@@ -31,6 +31,9 @@ def validate_mid_fit(trainer: L.Trainer) -> None:
 
     Used from ``on_train_epoch_end`` to measure the model right after it changed, inside the same fit.
     """
+    # No public way: trainer.validate() starts a run of its own (it resets the trainer's state and calls setup
+    # again), so it cannot be nested inside trainer.fit, and no hook or flag asks for an extra validation now.
+    # This is the call Lightning's own training epoch loop makes at a validation check (Lightning 2.x).
     trainer.validating = True
     trainer.fit_loop.epoch_loop.val_loop.run()
     trainer.training = True
@@ -121,6 +124,9 @@ class CompressionCallback(L.Callback):
                 pl_module.register_load_state_dict_post_hook(self._after_model_load),
             ]
         if stage == "fit":
+            # No public way: Trainer.max_epochs is read-only, and asking users to keep trainer.max_epochs equal to
+            # at_epoch + post_epochs by hand would make one number two settings. fit_loop.max_epochs is what the
+            # attribute the Trainer's constructor fills; setup runs before the fit loop reads it or the LR schedule is built.
             epochs = self.at_epoch + self.post_epochs
             if trainer.fit_loop.max_epochs != epochs:
                 rank_zero_info(
@@ -146,7 +152,13 @@ class CompressionCallback(L.Callback):
     def _before_model_load(
         self, module: torch.nn.Module, state_dict: Mapping, prefix: str, *args: Any
     ) -> None:
-        """A checkpoint with keys the uncompressed model lacks (quantized layers) is compressed: compress first."""
+        """A checkpoint with keys the uncompressed model lacks (quantized layers) is compressed: compress first.
+
+        Read from the weights because no public hook comes earlier: Lightning restores the model's weights before
+        any callback's state (``restore_model`` then ``restore_callbacks``) and calls ``Callback.on_load_checkpoint``
+        with the callbacks, so this callback's own ``compressed`` flag arrives after the weights must have fit. A
+        ``load_state_dict`` pre-hook (public torch API) is the last point before they are loaded.
+        """
         if self.compressed:
             return
         own = {prefix + key for key in module.state_dict(keep_vars=True)}

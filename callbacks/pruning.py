@@ -7,6 +7,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
@@ -22,13 +23,18 @@ def forget_best_checkpoints(trainer: L.Trainer) -> None:
     files stay on disk.
     """
     for checkpoint in trainer.checkpoint_callbacks:
-        if getattr(checkpoint, "monitor", None) is None:
+        if not isinstance(checkpoint, ModelCheckpoint) or checkpoint.monitor is None:
             continue
-        checkpoint.best_k_models = {}
-        checkpoint.kth_best_model_path = ""
-        checkpoint.best_model_path = ""
-        checkpoint.best_model_score = None
-        checkpoint.kth_value = torch.tensor(torch.inf if checkpoint.mode == "min" else -torch.inf)
+        # Through the callback's public state API (what a resumed fit restores), set to a fresh checkpoint's values.
+        state = checkpoint.state_dict()
+        state.update(
+            best_model_score=None,
+            best_model_path="",
+            kth_best_model_path="",
+            best_k_models={},
+            kth_value=torch.tensor(torch.inf if checkpoint.mode == "min" else -torch.inf),
+        )
+        checkpoint.load_state_dict(state)
 
 
 def log_sparsity(trainer: L.Trainer, pruner: Pruner, model: torch.nn.Module, prefix: str = "prune") -> float:

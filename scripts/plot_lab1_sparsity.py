@@ -14,14 +14,14 @@ Prints a markdown table of the points it plotted.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
+from adls_lightning import run_records
+from adls_lightning.run_records import iter_run_records
 
 
 @dataclass(frozen=True)
@@ -40,19 +40,11 @@ def read_points(roots: Iterable[Path], metric: str = "test/acc") -> list[Point]:
     Runs without ``metric`` are skipped with a note on stderr (e.g. a job that failed before testing).
     """
     points = []
-    for root in roots:
-        for metrics_file in sorted(Path(root).rglob("metrics.json")):
-            run_dir = metrics_file.parent
-            metrics = json.loads(metrics_file.read_text())
-            if metric not in metrics:
-                print(f"skipping {run_dir}: no {metric} in metrics.json", file=sys.stderr)
-                continue
-            config_file = run_dir / ".hydra" / "config.yaml"
-            config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
-            weight = (config.get("prune") or {}).get("weight") or {}
-            method = weight.get("method")
-            sparsity = metrics.get("prune/weight_sparsity", 0.0) if method else 0.0
-            points.append(Point(method, float(sparsity), float(metrics[metric]), run_dir))
+    for run_dir, metrics, config in iter_run_records(roots, metric):
+        weight = (config.get("prune") or {}).get("weight") or {}
+        method = weight.get("method")
+        sparsity = metrics.get("prune/weight_sparsity", 0.0) if method else 0.0
+        points.append(Point(method, float(sparsity), float(metrics[metric]), run_dir))
     return points
 
 
@@ -68,47 +60,27 @@ def curves(points: Iterable[Point]) -> dict[str, list[tuple[float, float]]]:
     }
 
 
+def _dense(points: list[Point], metric: str) -> tuple[str, float] | None:
+    dense = [p.accuracy for p in points if p.method is None]
+    return (f"dense {metric}", sum(dense) / len(dense)) if dense else None
+
+
 def markdown_table(points: Iterable[Point], metric: str) -> str:
     """A table with one row per sparsity and one column per method (plus the dense baseline)."""
     points = list(points)
-    per_method = curves(points)
-    dense = [p.accuracy for p in points if p.method is None]
-    sparsities = sorted({s for values in per_method.values() for s, _ in values})
-    lines = [f"| sparsity | {' | '.join(per_method)} |", "|---" * (len(per_method) + 1) + "|"]
-    for sparsity in sparsities:
-        cells = []
-        for values in per_method.values():
-            match = [acc for s, acc in values if s == sparsity]
-            cells.append(f"{match[0]:.4f}" if match else "")
-        lines.append(f"| {sparsity:.3f} | {' | '.join(cells)} |")
-    if dense:
-        lines.append(f"\ndense {metric}: {sum(dense) / len(dense):.4f}")
-    return "\n".join(lines)
+    return run_records.markdown_table("sparsity", curves(points), ".3f", _dense(points, metric))
 
 
 def plot(points: list[Point], out: Path, metric: str, title: str) -> None:
     """Draws accuracy vs sparsity (one line per method, dense baseline dashed) and saves a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=150)
-    for method, values in curves(points).items():
-        xs, ys = zip(*values)
-        ax.plot(xs, ys, marker="o", label=method)
-    dense = [p.accuracy for p in points if p.method is None]
-    if dense:
-        ax.axhline(sum(dense) / len(dense), color="gray", linestyle="--", label="dense")
-    ax.set_xlabel("weight sparsity (measured)")
-    ax.set_ylabel(metric)
-    ax.set_title(title, fontsize="medium", wrap=True)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
+    dense = _dense(points, metric)
+    run_records.plot_curves(
+        curves(points),
+        ("dense", dense[1]) if dense else None,
+        out,
+        ("weight sparsity (measured)", metric, title),
+        title_style={"fontsize": "medium", "wrap": True},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,13 +20,13 @@ Prints a markdown table of the plotted points.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
+from adls_lightning import run_records
+from adls_lightning.run_records import iter_run_records
 
 MODES = ("ptq", "qat")
 
@@ -54,26 +54,18 @@ def _integer_width(config: dict, metrics: dict) -> int | None:
 def read_runs(roots: Iterable[Path], metric: str = "test/acc", select: str = "val/acc") -> list[Run]:
     """One :class:`Run` per ``metrics.json`` under ``roots``; runs without ``metric`` are skipped (noted on stderr)."""
     runs = []
-    for root in roots:
-        for metrics_file in sorted(Path(root).rglob("metrics.json")):
-            run_dir = metrics_file.parent
-            metrics = json.loads(metrics_file.read_text())
-            if metric not in metrics:
-                print(f"skipping {run_dir}: no {metric} in metrics.json", file=sys.stderr)
-                continue
-            config_file = run_dir / ".hydra" / "config.yaml"
-            config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
-            quant = config.get("quant") or {}
-            # quant=none (no callback) is full precision even when a sweep added ++quant.mode to it
-            mode = quant.get("mode") if "_target_" in quant or "config" in quant else None
-            if mode is None and "quant/avg_weight_bits" in metrics:  # no saved config: infer from the metrics
-                mode = "ptq" if "ptq/val_acc_after" in metrics else "qat"
-            width = _integer_width(config, metrics) if mode else None
-            if mode and width is None:
-                print(f"skipping {run_dir}: not a fixed-point (integer) run", file=sys.stderr)
-                continue
-            score = float(metrics.get(select, metrics[metric]))
-            runs.append(Run(mode, width, float(metrics[metric]), score, run_dir))
+    for run_dir, metrics, config in iter_run_records(roots, metric):
+        quant = config.get("quant") or {}
+        # quant=none (no callback) is full precision even when a sweep added ++quant.mode to it
+        mode = quant.get("mode") if "_target_" in quant or "config" in quant else None
+        if mode is None and "quant/avg_weight_bits" in metrics:  # no saved config: infer from the metrics
+            mode = "ptq" if "ptq/val_acc_after" in metrics else "qat"
+        width = _integer_width(config, metrics) if mode else None
+        if mode and width is None:
+            print(f"skipping {run_dir}: not a fixed-point (integer) run", file=sys.stderr)
+            continue
+        score = float(metrics.get(select, metrics[metric]))
+        runs.append(Run(mode, width, float(metrics[metric]), score, run_dir))
     return runs
 
 
@@ -104,44 +96,30 @@ def best_run(runs: Iterable[Run], mode: str = "qat") -> Run | None:
     return max(candidates, key=lambda run: (run.score, -run.width)) if candidates else None
 
 
-def markdown_table(runs: list[Run], metric: str) -> str:
-    curves = best_per_width(runs)
-    widths = sorted({w for values in curves.values() for w, _ in values})
-    lines = [f"| width | {' | '.join(m.upper() for m in curves)} |", "|---" * (len(curves) + 1) + "|"]
-    for width in widths:
-        cells = [next((f"{acc:.4f}" for w, acc in values if w == width), "") for values in curves.values()]
-        lines.append(f"| {width} | {' | '.join(cells)} |")
+def _baseline(runs: list[Run], metric: str) -> tuple[str, float] | None:
     baseline = full_precision(runs)
-    if baseline is not None:
-        lines.append(f"\nfull precision {metric}: {baseline:.4f}")
-    return "\n".join(lines)
+    return (f"full precision {metric}", baseline) if baseline is not None else None
+
+
+def _upper(curves: dict[str, list[tuple[int, float]]]) -> dict[str, list[tuple[int, float]]]:
+    return {mode.upper(): values for mode, values in curves.items()}
+
+
+def markdown_table(runs: list[Run], metric: str) -> str:
+    return run_records.markdown_table("width", _upper(best_per_width(runs)), "", _baseline(runs, metric))
 
 
 def plot(runs: list[Run], out: Path, metric: str, title: str) -> None:
     """Draws accuracy vs width (PTQ and QAT curves, full precision dashed) and saves a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=150)
     curves = best_per_width(runs)
-    for mode, values in curves.items():
-        widths, accuracies = zip(*values)
-        ax.plot(widths, accuracies, marker="o", label=mode.upper())
     baseline = full_precision(runs)
-    if baseline is not None:
-        ax.axhline(baseline, color="gray", linestyle="--", label="full precision")
-    ax.set_xticks(sorted({w for values in curves.values() for w, _ in values}))
-    ax.set_xlabel("fixed-point width (bits; frac = width / 2)")
-    ax.set_ylabel(f"best {metric}")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
+    run_records.plot_curves(
+        _upper(curves),
+        ("full precision", baseline) if baseline is not None else None,
+        out,
+        ("fixed-point width (bits; frac = width / 2)", f"best {metric}", title),
+        xticks=sorted({w for values in curves.values() for w, _ in values}),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -371,6 +371,8 @@ def test_gradient_flows_only_through_kept_activations():
 class WrappedLinear(nn.Module):
     """Mimics the quantization helper's QuantLinear: holds `.linear` and calls F.linear itself."""
 
+    wrapped_child = "linear"  # declared as QuantLinear declares it (adls_lightning.layers)
+
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.linear = linear
@@ -423,7 +425,12 @@ def test_bert_targets_and_counted_sparsity(lora):
     assert len(targets) == 13
     assert not any(("classifier" in n or "lora_" in n or "original_module" in n) for n in names)
     if lora:
-        assert all(t.linear_name == t.name + ".base_layer" for t in targets if "encoder" in t.name)
+        # canonical names (adls_lightning.layers): PEFT's prefix dropped; the weight is the LoRA layer's base layer
+        assert all(
+            t.linear_name == "base_model.model." + t.name + ".base_layer"
+            for t in targets
+            if "encoder" in t.name
+        )
         assert type(targets[0].module).__name__ == "Linear" and targets[0].module is not targets[0].linear
     pruner = Pruner(weight={"sparsity": 0.5, "method": "l1"}, activation={"sparsity": 0.5})
     per_layer = pruner.prune(model)

@@ -134,7 +134,7 @@ def test_resumed_qat_run_comes_back_quantized(compose_cfg, tmp_path):
 
 
 def test_every_preset_builds_a_callback(compose_cfg):
-    presets = sorted(p.stem for p in PRESET_DIR.glob("*.yaml") if p.stem not in ("none", "mxint8_packed"))
+    presets = sorted(p.stem for p in PRESET_DIR.glob("[!_]*.yaml") if p.stem not in ("none", "mxint8_packed"))
     assert len(presets) == 19
     for preset in presets:
         callback = instantiate(compose_cfg([f"quant={preset}"]).quant, _convert_="partial")

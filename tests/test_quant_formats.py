@@ -531,3 +531,23 @@ def test_bad_parameters_raise_config_error_naming_the_key(name, params, message)
 def test_mase_block_size_lists_are_accepted():
     assert make_quantizer("block_fp", width=8, exponent_width=8, block_size=[1, 16]).block_size == 16
     assert make_quantizer("mxint8", block_size=[32]).block_size == 32
+
+
+def test_block_fp_8_8_127_32_is_mxint8():
+    """Two implementations of one format: MXINT8 (int8 elements x 2^-6, E8M0 scale floor(log2 amax)) is block
+    floating point with 8-bit elements, an 8-bit shared exponent of bias 127 and blocks of 32
+    (step 2^(floor(log2 amax) + 1 - 7) in both)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 256, generator=gen)
+    x *= (
+        torch.exp2(torch.randint(-60, 61, (64, 8, 1), generator=gen).float())
+        .repeat_interleave(32, 1)
+        .view(64, 256)
+    )
+    x[0, :32] = 0.0  # an all-zero block
+    x[1, 5] = float("nan")  # a NaN block
+    x[2, :32] = torch.exp2(torch.arange(32.0) - 16)  # exact powers of two, block max one of them
+    block_fp = make_quantizer("block_fp", width=8, exponent_width=8, exponent_bias=127, block_size=32)
+    mxint8 = make_quantizer("mxint8", block_size=32)
+    torch.testing.assert_close(block_fp(x), mxint8(x), rtol=0, atol=0, equal_nan=True)
+    assert block_fp.bits_per_element(256) == mxint8.bits_per_element(256) == 8.25

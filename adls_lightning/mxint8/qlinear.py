@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adls_lightning.layers import name_filter, target_layers
 from adls_lightning.mxint8.format import DEQUANTIZE_OUTPUT_DTYPES
 from adls_lightning.mxint8.ops import dequantize, linear, quantize
 
@@ -172,11 +173,6 @@ class PackedLayer:
     original_weight_bytes: int
 
 
-def _is_excluded(name: str, exclude: Iterable[str]) -> bool:
-    parts = name.split(".")
-    return any(word in parts for word in exclude)
-
-
 def _lora_layer_class() -> type | None:
     try:
         from peft.tuners.lora import LoraLayer
@@ -185,30 +181,32 @@ def _lora_layer_class() -> type | None:
     return LoraLayer
 
 
+def _packable(model: nn.Module, exclude: Iterable[str]) -> Iterator[tuple[str, str, nn.Module]]:
+    """``(canonical name, path, module)`` of each layer :func:`pack_linear_layers` swaps (one walker and naming
+    for quantization, pruning and packing: :mod:`adls_lightning.layers`)."""
+    lora_layer = _lora_layer_class()
+    for layer in target_layers(model, name_filter(exclude=tuple(exclude)), unused_copies=True):
+        if lora_layer is not None and isinstance(layer.module, lora_layer):
+            if isinstance(layer.module.get_base_layer(), nn.Linear):
+                yield layer.name, layer.path, layer.module
+        elif isinstance(layer.module, nn.Linear):
+            yield layer.name, layer.path, layer.module
+        else:  # another wrapper (a QuantLinear): pack the linear it calls
+            yield layer.name, layer.linear_path, layer.linear
+
+
 def packable_linear_layers(
     model: nn.Module, exclude: Iterable[str] = ("classifier",)
 ) -> Iterator[tuple[str, nn.Module]]:
     """Yield ``(name, module)`` for each layer :func:`pack_linear_layers` would swap.
 
     These are every ``nn.Linear`` and every PEFT LoRA layer wrapping an ``nn.Linear`` (whose
-    ``lora_A``/``lora_B`` adapters are merged, not packed themselves), except modules with a name
-    component in ``exclude``.
+    ``lora_A``/``lora_B`` adapters are merged, not packed themselves), except layers whose canonical
+    name (:mod:`adls_lightning.layers`: ``bert.encoder.layer.0.attention.self.query`` with or without
+    LoRA) matches a regex in ``exclude`` (``re.search``).
     """
-    exclude = tuple(exclude)
-    lora_layer = _lora_layer_class()
-    skip_prefix: str | None = None
-    for name, module in model.named_modules():
-        if skip_prefix is not None and name.startswith(skip_prefix):
-            continue
-        if _is_excluded(name, exclude):
-            continue
-        if lora_layer is not None and isinstance(module, lora_layer):
-            skip_prefix = name + "."
-            if isinstance(module.get_base_layer(), nn.Linear):
-                yield name, module
-            continue
-        if isinstance(module, nn.Linear):
-            yield name, module
+    for name, _, module in _packable(model, exclude):
+        yield name, module
 
 
 def check_packable(model: nn.Module, group_size: int = 32, exclude: Iterable[str] = ("classifier",)) -> int:
@@ -252,15 +250,15 @@ def pack_linear_layers(
 ) -> list[PackedLayer]:
     """Swap the model's linear layers for :class:`QLinearPacked`, in place.
 
-    Every ``nn.Linear`` is packed except those with a name component in ``exclude`` (by default the
-    classification head). A PEFT LoRA layer is replaced as a whole by one packed layer holding
+    Every ``nn.Linear`` is packed except those whose canonical name matches a regex in ``exclude`` (by
+    default the classification head). A PEFT LoRA layer is replaced as a whole by one packed layer holding
     ``MXINT8(W + scaling * B A)`` (merged with PEFT's ``merge`` on a copy, so the model's own LoRA
     modules are untouched), which is the weight a deployed model would carry.
 
     Args:
         model: the model to modify.
         group_size: elements per MXINT8 group along ``in_features``.
-        exclude: module name components (e.g. ``"classifier"``) to leave in floating point.
+        exclude: regexes on canonical layer names (e.g. ``"classifier"``) to leave in floating point.
 
     Returns:
         The swaps made; keep them to undo with :func:`restore_layers`, or drop them to free the
@@ -272,10 +270,10 @@ def pack_linear_layers(
     """
     check_packable(model, group_size, exclude)
     swaps = []
-    for name, module in list(packable_linear_layers(model, exclude)):
+    for name, path, module in list(_packable(model, exclude)):
         linear = _as_linear(module, merge=True)
         packed = QLinearPacked.from_linear(linear, group_size)
-        parent, attribute = _parent_and_attribute(model, name)
+        parent, attribute = _parent_and_attribute(model, path)
         setattr(parent, attribute, packed)
         original_weight = _as_linear(module, merge=False).weight
         swaps.append(PackedLayer(name, parent, attribute, module, packed, tensor_bytes(original_weight)))

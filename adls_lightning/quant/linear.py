@@ -35,6 +35,9 @@ class QuantLinear(nn.Module):
         bias_quantizer: quantizer for the bias, or None.
     """
 
+    #: The child through which this wrapper calls the layer it wraps (read by :mod:`adls_lightning.layers`).
+    wrapped_child = "linear"
+
     def __init__(
         self,
         linear: nn.Linear,

@@ -48,6 +48,7 @@ from typing import Any
 from torch import nn
 
 from adls_lightning.config import ConfigError
+from adls_lightning.layers import FilterFn, swap_module, target_layers
 from adls_lightning.quant.linear import SLOTS, QuantLinear, dtype_bits
 from adls_lightning.quant.quantizers import (
     QUANTIZERS,
@@ -68,8 +69,6 @@ _OTHER_MASE_OPS = (
     "layer_norm", "group_norm", "instance_norm2d", "rms_norm", "selu", "tanh", "gelu", "softsign",
     "softplus", "grouped_query_attention",
 )  # fmt: skip
-_PEFT_PREFIX = "base_model.model."
-_LORA_ADAPTER_NAMES = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
 
 
 @dataclass
@@ -87,39 +86,17 @@ class LinearLayer:
     module: nn.Module
 
 
-def _user_facing_name(path: str) -> str:
-    name = path.removeprefix(_PEFT_PREFIX)
-    parts = name.split(".")
+def find_linear_layers(model: nn.Module, filter_fn: FilterFn | None = None) -> list[LinearLayer]:
+    """The model's quantizable linear layers, in module order (LoRA adapters and PEFT's spare copies excluded).
+
+    Listed by :func:`adls_lightning.layers.target_layers` (canonical names); the module of each is the existing
+    ``QuantLinear`` or the ``nn.Linear`` a quantized layer would replace (inside a LoRA layer: its base layer).
+    """
     out = []
-    skip_next = False
-    for part in parts:
-        if skip_next:
-            skip_next = False
-            continue
-        if part == "modules_to_save":
-            skip_next = True  # the adapter name that follows
-            continue
-        if part != "base_layer":
-            out.append(part)
-    return ".".join(out)
-
-
-def find_linear_layers(model: nn.Module) -> list[LinearLayer]:
-    """The model's quantizable linear layers, in module order (LoRA adapters and PEFT's spare copies excluded)."""
-    layers = []
-    inside_quant: list[str] = []
-    for path, module in model.named_modules():
-        parts = path.split(".")
-        if any(part in _LORA_ADAPTER_NAMES or part == "original_module" for part in parts):
-            continue
-        if any(path.startswith(prefix) for prefix in inside_quant):
-            continue
-        if isinstance(module, QuantLinear):
-            inside_quant.append(path + ".")
-            layers.append(LinearLayer(_user_facing_name(path), path, module))
-        elif isinstance(module, nn.Linear):
-            layers.append(LinearLayer(_user_facing_name(path), path, module))
-    return layers
+    for layer in target_layers(model, filter_fn):
+        path, module = next((p, m) for p, m in layer.chain if isinstance(m, (QuantLinear, nn.Linear)))
+        out.append(LinearLayer(layer.name, path, module))
+    return out
 
 
 def _is_layer_config(value: Mapping) -> bool:
@@ -363,8 +340,7 @@ def quantize_model(
         linear = layer.module.linear if isinstance(layer.module, QuantLinear) else layer.module
         new = QuantLinear(linear, quantizers["data_in"], quantizers["weight"], quantizers["bias"])
         new.to(device=linear.weight.device)
-        parent_path, _, attr = layer.path.rpartition(".")
-        setattr(model.get_submodule(parent_path), attr, new)
+        swap_module(model, layer.path, new)
     return [layer.name for layer, _ in planned]
 
 

@@ -1,0 +1,88 @@
+"""Run records of ``train.py`` sweeps (``metrics.json`` + Hydra's ``.hydra/config.yaml`` per job folder) and the
+curve figure and table drawn from them; shared by ``scripts/plot_lab1_sparsity.py`` and ``scripts/plot_lab1_width.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: Curve label -> [(x, y)] sorted by x.
+Curves = Mapping[str, Sequence[tuple[float, float]]]
+
+
+def iter_run_records(
+    roots: Iterable[Path], metric: str
+) -> Iterator[tuple[Path, dict[str, Any], dict[str, Any]]]:
+    """``(run folder, metrics, config)`` per ``metrics.json`` under ``roots`` (recursively, sorted).
+
+    Runs without ``metric`` are skipped with a note on stderr (e.g. a job that failed before testing); a run
+    without a saved config gets ``{}``.
+    """
+    for root in roots:
+        for metrics_file in sorted(Path(root).rglob("metrics.json")):
+            run_dir = metrics_file.parent
+            metrics = json.loads(metrics_file.read_text())
+            if metric not in metrics:
+                print(f"skipping {run_dir}: no {metric} in metrics.json", file=sys.stderr)
+                continue
+            config_file = run_dir / ".hydra" / "config.yaml"
+            config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
+            yield run_dir, metrics, config
+
+
+def markdown_table(x_name: str, curves: Curves, x_format: str, baseline: tuple[str, float] | None) -> str:
+    """One row per x, one column per curve, then ``<baseline label>: <value>`` when there is a baseline."""
+    xs = sorted({x for values in curves.values() for x, _ in values})
+    lines = [f"| {x_name} | {' | '.join(curves)} |", "|---" * (len(curves) + 1) + "|"]
+    for x in xs:
+        cells = [next((f"{y:.4f}" for vx, y in values if vx == x), "") for values in curves.values()]
+        lines.append(f"| {x:{x_format}} | {' | '.join(cells)} |")
+    if baseline is not None:
+        lines.append(f"\n{baseline[0]}: {baseline[1]:.4f}")
+    return "\n".join(lines)
+
+
+def plot_curves(
+    curves: Curves,
+    baseline: tuple[str, float] | None,
+    out: Path,
+    labels: tuple[str, str, str],
+    xticks: Sequence[float] | None = None,
+    title_style: Mapping[str, Any] | None = None,
+) -> None:
+    """One line per curve, the baseline dashed, saved as a PNG at ``out``.
+
+    Args:
+        labels: x label, y label, title.
+        xticks: x ticks to show (None: matplotlib's).
+        title_style: keyword arguments of ``Axes.set_title``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=150)
+    for label, values in curves.items():
+        xs, ys = zip(*values)
+        ax.plot(xs, ys, marker="o", label=label)
+    if baseline is not None:
+        ax.axhline(baseline[1], color="gray", linestyle="--", label=baseline[0])
+    if xticks is not None:
+        ax.set_xticks(xticks)
+    xlabel, ylabel, title = labels
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, **(title_style or {}))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
