@@ -75,6 +75,16 @@ def test_capture_takes_the_models_keyword_inputs(model, graphs):
         assert torch.equal(graph_module(**fresh).logits, model(**fresh).logits)
 
 
+def test_dynamic_capture_runs_other_shapes_and_static_refuses_them(model):
+    names = ["input_ids", "attention_mask"]
+    other = example_inputs(names, vocab_size=VOCAB, batch_size=3, seq_len=11, seed=4)
+    dynamic = capture(model, names, dynamic=True)
+    with torch.no_grad():
+        assert torch.equal(dynamic(**other).logits, model(**other).logits)
+    with pytest.raises(RuntimeError, match=r"input_ids.*shape\[0\] to be equal to 2, but got 3"):
+        capture(model, names)(**other)
+
+
 def test_capture_rejects_unknown_input_name(model):
     with pytest.raises(ValueError, match="unknown input name 'pixel_values'"):
         capture(model, ["input_ids", "pixel_values"])
@@ -212,7 +222,12 @@ def test_run_passes_rejects_unknown_pass(graphs):
 def test_capture_follows_peft_lora(model):
     torch.manual_seed(1)
     config = LoraConfig(
-        task_type="SEQ_CLS", r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["query", "value"]
+        task_type="SEQ_CLS",
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.1,
+        target_modules=["query", "value"],
+        modules_to_save=["classifier", "pooler"],  # PEFT keeps an unused original copy of each
     )
     lora = get_peft_model(build_from_config(vocab_size=VOCAB), config).eval()
     graph_module = capture(lora, ["input_ids", "attention_mask"])
@@ -221,6 +236,7 @@ def test_capture_follows_peft_lora(model):
     probe = inputs(["input_ids", "attention_mask"], seed=3)
     with torch.no_grad():
         assert torch.equal(graph_module(**probe).logits, lora(**probe).logits)
+    assert sum(row.params for row in report_rows(graph_module)) == sum(p.numel() for p in lora.parameters())
 
 
 def _svg_node_ids(path: Path) -> list[str]:
