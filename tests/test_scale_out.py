@@ -179,7 +179,7 @@ def test_killed_worker_rerun_at_once_completes_exactly_n_trials(shared, toy, tmp
     """SIGKILL mid-trial, re-run at once (no grace period waited): the dead trial is retried once with its
     parameters and the study ends with exactly n_trials finished trials."""
     kind, url = shared
-    name = f"toy-{kind}"
+    name = f"toy-{kind}-killed"  # one PostgreSQL server serves the session: a study of its own
     args = [*_storage_args(kind, tmp_path, url), f"hydra.sweeper.study_name={name}", "hydra.sweeper.n_trials=3",
             "hydra/sweeper/sampler=random", "hydra.sweeper.grace_period=600"]  # fmt: skip
     worker = toy(*args, "sleep=60", wait=False)
@@ -202,7 +202,7 @@ def test_rerun_waits_for_a_live_workers_trial_and_says_so(toy, tmp_path):  # noq
     """The budget is used up by another (live) worker's running trial: the re-run waits for it, saying what it
     waits for, then exits with the study complete."""
     args = ["hydra.sweeper.n_trials=1", "hydra/sweeper/sampler=random", "hydra.sweeper.study_name=toy-wait"]
-    slow = toy(*args, "sleep=6", wait=False)
+    slow = toy(*args, "sleep=45", wait=False)  # long enough for the second command to start up
     _wait_running(f"sqlite:///{tmp_path / 'sweep' / 'toy-wait.db'}", "toy-wait")
     proc = ok(toy(*args))
     assert slow.wait(timeout=120) == 0
