@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +86,17 @@ def plot_curves(
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
     plt.close(fig)
+
+
+def write_figure(items: Any, found: bool, missing: str, args: Any, plot: Callable, table: Callable) -> int:
+    """A plot script's ending, for its parsed ``args`` (``roots``, ``out``, ``metric``, ``title``): draw
+    ``plot(items, out, metric, title)`` and print ``table(items, metric)`` (exit status 0), or, when nothing was
+    ``found``, print one error line ``no <missing> with <metric> under <roots>`` (exit status 2)."""
+    if not found:
+        roots = ", ".join(map(str, args.roots))
+        print(f"error: no {missing} with {args.metric} under {roots}", file=sys.stderr)
+        return 2
+    plot(items, args.out, args.metric, args.title)
+    print(table(items, args.metric))
+    print(f"\nwrote {args.out}")
+    return 0

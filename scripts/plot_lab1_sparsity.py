@@ -95,16 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--title", default="Lab 1: accuracy vs sparsity (pruning + fine-tuning)")
     args = parser.parse_args(argv)
     points = read_points(args.roots, args.metric)
-    if not any(p.method for p in points):
-        print(
-            f"error: no pruned run with {args.metric} under {', '.join(map(str, args.roots))}",
-            file=sys.stderr,
-        )
-        return 2
-    plot(points, args.out, args.metric, args.title)
-    print(markdown_table(points, args.metric))
-    print(f"\nwrote {args.out}")
-    return 0
+    return run_records.write_figure(
+        points, any(p.method for p in points), "pruned run", args, plot, markdown_table
+    )
 
 
 if __name__ == "__main__":

@@ -149,16 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(best.run_dir, best.width)
         return 0
-    if not any(run.mode for run in runs):
-        print(
-            f"error: no quantized run with {args.metric} under {', '.join(map(str, args.roots))}",
-            file=sys.stderr,
-        )
-        return 2
-    plot(runs, args.out, args.metric, args.title)
-    print(markdown_table(runs, args.metric))
-    print(f"\nwrote {args.out}")
-    return 0
+    return run_records.write_figure(
+        runs, any(run.mode for run in runs), "quantized run", args, plot, markdown_table
+    )
 
 
 if __name__ == "__main__":

@@ -642,15 +642,9 @@ def _sign_codes(x: Tensor, stochastic: bool) -> Tensor:
     return torch.copysign(clipped.mul(0).add_(1), clipped)
 
 
-@register_format
-class BinaryQuantizer(Quantizer):
-    """Bipolar binary: the sign, ``+1`` or ``-1`` (0 cannot be represented: +0.0 becomes +1, -0.0 becomes -1).
+class _SignQuantizer(Quantizer):
+    """Shared parameters of the sign formats (binary, binary_scaling): weights only by default, no zero code."""
 
-    ``stochastic=True`` draws +1 with probability ``clamp((x+1)/2, 0, 1)`` while the module is in
-    training mode and is deterministic in eval mode. Gradient: STE clipped to ``|x| <= 1`` (BinaryConnect).
-    """
-
-    format_name = "binary"
     slots = ("weight",)
     zero_representable = False
     search_space = {"params": {}, "slots": ["weight"]}
@@ -659,6 +653,20 @@ class BinaryQuantizer(Quantizer):
         super().__init__()
         self.stochastic = _bool_param("stochastic", stochastic)
         _check_bipolar(bipolar)
+
+    def extra_repr(self) -> str:
+        return f"stochastic={self.stochastic}"
+
+
+@register_format
+class BinaryQuantizer(_SignQuantizer):
+    """Bipolar binary: the sign, ``+1`` or ``-1`` (0 cannot be represented: +0.0 becomes +1, -0.0 becomes -1).
+
+    ``stochastic=True`` draws +1 with probability ``clamp((x+1)/2, 0, 1)`` while the module is in
+    training mode and is deterministic in eval mode. Gradient: STE clipped to ``|x| <= 1`` (BinaryConnect).
+    """
+
+    format_name = "binary"
 
     def quantize(self, x: Tensor, need_mask: bool) -> tuple[Tensor, Tensor | None]:
         xf = _float_compute(x)
@@ -668,12 +676,9 @@ class BinaryQuantizer(Quantizer):
     def bits_per_element(self, last_dim: int) -> float:
         return 1.0
 
-    def extra_repr(self) -> str:
-        return f"stochastic={self.stochastic}"
-
 
 @register_format
-class BinaryScalingQuantizer(Quantizer):
+class BinaryScalingQuantizer(_SignQuantizer):
     """Binary with a per-row scale (XNOR-Net): ``q = a * sign(x)``, ``a = mean |x|`` over the last dim.
 
     For a weight ``[out, in]`` that is one scale per output channel. +0.0 becomes ``+a`` (-0.0:
@@ -683,14 +688,6 @@ class BinaryScalingQuantizer(Quantizer):
     """
 
     format_name = "binary_scaling"
-    slots = ("weight",)
-    zero_representable = False
-    search_space = {"params": {}, "slots": ["weight"]}
-
-    def __init__(self, stochastic: bool = False, bipolar: bool = True) -> None:
-        super().__init__()
-        self.stochastic = _bool_param("stochastic", stochastic)
-        _check_bipolar(bipolar)
 
     def quantize(self, x: Tensor, need_mask: bool) -> tuple[Tensor, Tensor | None]:
         xf = _float_compute(x)
@@ -702,9 +699,6 @@ class BinaryScalingQuantizer(Quantizer):
 
     def bits_per_element(self, last_dim: int) -> float:
         return 1.0 + 32.0 / last_dim
-
-    def extra_repr(self) -> str:
-        return f"stochastic={self.stochastic}"
 
 
 class _ResidualSign(torch.autograd.Function):
