@@ -10,6 +10,7 @@ each folder predicts the same label as the first.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ import torch
 
 from adls_lightning.config import ConfigError
 from adls_lightning.export import CONFIG_FILE, load_packed
-from adls_lightning.export.__main__ import CONF_DIR
+from adls_lightning.export.__main__ import CONF_DIR, PROJECT_ROOT
 
 
 def load_folder(folder: Path):
@@ -45,6 +46,7 @@ def evaluation_loader(overrides: Sequence[str]):
 
     from adls_lightning.build import build
 
+    os.environ.setdefault("PROJECT_ROOT", str(PROJECT_ROOT))
     with warnings.catch_warnings(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         warnings.simplefilter("ignore")
         cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
