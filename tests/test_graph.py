@@ -239,6 +239,41 @@ def test_capture_follows_peft_lora(model):
     assert sum(row.params for row in report_rows(graph_module)) == sum(p.numel() for p in lora.parameters())
 
 
+def _quantize_int8(model: nn.Module) -> None:
+    from adls_lightning.quant.transform import quantize_model
+
+    widths = {
+        f"{slot}_{key}": value
+        for slot in ("data_in", "weight", "bias")
+        for key, value in (("width", 8), ("frac_width", 4))
+    }
+    quantize_model(
+        model,
+        {
+            "by": "type",
+            "default": {"config": {"name": None}},
+            "linear": {"config": {"name": "integer", **widths}},
+        },
+    )
+
+
+def _prune_weights(model: nn.Module) -> None:
+    from adls_lightning.prune import Pruner
+
+    Pruner(weight={"sparsity": 0.5, "method": "l1"}, activation=None).prune(model)
+
+
+@pytest.mark.parametrize("compress", [_quantize_int8, _prune_weights], ids=["int8", "weight_pruned"])
+def test_capture_follows_quantized_and_pruned_models(compress):
+    torch.manual_seed(2)
+    compressed = build_from_config(vocab_size=VOCAB).eval()
+    compress(compressed)
+    graph_module = capture(compressed, ["input_ids", "attention_mask"])
+    probe = inputs(["input_ids", "attention_mask"], seed=6)
+    with torch.no_grad():
+        assert torch.equal(graph_module(**probe).logits, compressed(**probe).logits)
+
+
 def _svg_node_ids(path: Path) -> list[str]:
     root = ET.parse(path).getroot()
     return [el.get("id") for el in root.iter() if (el.get("id") or "").startswith("node-")]
