@@ -106,3 +106,14 @@ def merge_lora(module: torch.nn.Module, attribute: str = "model") -> int:
         "Merged %d LoRA layers (%s adapter parameters) into the base weights", len(scalings), f"{adapters:,}"
     )
     return adapters
+
+
+def merge_before_compression(module: torch.nn.Module) -> int:
+    """What every compression callback calls before it first changes the model: merges LoRA when the module asks
+    for it (``SequenceClassifier.merge_lora_before_compress``); returns the adapter parameters merged (0 if none).
+
+    Any LightningModule can sit under the callbacks; one without the switch is left as it is.
+    """
+    if getattr(module, "merge_lora_before_compress", False):
+        return module.merge_lora()
+    return 0

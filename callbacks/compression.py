@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
 from adls_lightning.config import ConfigError
+from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import Pruner
 from adls_lightning.quant import QuantConfig, quantization_report, quantize_model
 from callbacks.pruning import PruningCallback, forget_best_checkpoints, log_sparsity
@@ -115,6 +116,7 @@ class CompressionCallback(L.Callback):
                 "compress.prune and prune= are both set: prune either before training or in compress"
             )
         self._module = pl_module
+        merge_before_compression(pl_module)
         if self.pruner is not None:
             # Fixed structure (placeholder masks) before the optimizer is built: see Pruner.register_placeholders.
             self.pruner.register_placeholders(pl_module)

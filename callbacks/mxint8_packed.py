@@ -10,6 +10,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from adls_lightning.config import ConfigError, require_positive_int
+from adls_lightning.lora import merge_before_compression
 from adls_lightning.mxint8 import (
     PackedLayer,
     check_packable,
@@ -77,6 +78,7 @@ class MXInt8PackedEvaluation(L.Callback):
             return
         if fn == TrainerFn.VALIDATING:
             self._report[self._metric_key("float")] = self._float_score(trainer)
+        merge_before_compression(pl_module)
         bytes_before = module_bytes(pl_module)
         self._swaps = pack_linear_layers(pl_module, self.group_size, self.exclude)
         bytes_after = module_bytes(pl_module)

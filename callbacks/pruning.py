@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from adls_lightning.config import ConfigError
+from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import DEFAULT_EXCLUDE, Pruner, make_pruning_permanent
 
 
@@ -108,6 +109,7 @@ class PruningCallback(L.Callback):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._module = pl_module
+        merge_before_compression(pl_module)
         self.pruner.register_placeholders(pl_module)
         if self._load_hook is None:
             self._load_hook = pl_module.register_load_state_dict_post_hook(self._after_model_load)

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
 from adls_lightning.config import ConfigError
+from adls_lightning.lora import merge_before_compression
 from adls_lightning.quant import QuantConfig, quantization_report, quantize_model, quantized_layers
 from adls_lightning.registry import import_plugins
 
@@ -104,6 +105,7 @@ class QuantizationCallback(L.Callback):
 
     def quantize(self, pl_module: L.LightningModule) -> None:
         """Swap the layers of ``pl_module.model`` (or ``pl_module`` itself) now."""
+        merge_before_compression(pl_module)
         model = getattr(pl_module, "model", pl_module)
         names = quantize_model(model, self._parsed)
         if self.train_base:

@@ -97,3 +97,35 @@ def test_merged_weights_train_at_their_own_lr(compose_cfg, merged_lr):
             p.numel() for n, p in module.named_parameters() if n in head_names
         )
         assert base["lr"] == merged_lr and "lr" not in head
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["quant=int8"], ["quant=int8", "quant.mode=ptq"], ["prune=l1_0.5"], ["quant=int8", "prune=l1_0.5"]],
+    ids=["qat", "ptq", "prune", "qat+prune"],
+)
+def test_compressed_runs_deploy_no_adapters_when_merging(compose_cfg, tmp_path, overrides):
+    from adls_lightning.training import run
+
+    cfg = compose_cfg(
+        ["trainer.max_epochs=1", "model.merge_lora_before_compress=true", "model.merged_lr=1e-3", *overrides]
+    )
+    metrics = run(cfg)
+    assert metrics["model/lora_params"] == 0
+    best = next((tmp_path / "run" / "checkpoints").glob("best-*.ckpt"))
+    keys = torch.load(best, map_location="cpu", weights_only=False)["state_dict"].keys()
+    if overrides[-1] != "quant.mode=ptq":  # PTQ trains LoRA first; its checkpoints are the unmerged fine-tune
+        assert not [k for k in keys if "lora_" in k or "base_layer" in k or "modules_to_save" in k]
+    if "quant=int8" in overrides:
+        assert metrics["quant/layers"] > 0
+    if "prune=l1_0.5" in overrides:
+        assert metrics["prune/weight_sparsity"] == pytest.approx(0.5, abs=0.01)
+
+
+def test_unmerged_adapters_stay_when_asked(compose_cfg):
+    from adls_lightning.training import run
+
+    metrics = run(
+        compose_cfg(["trainer.max_epochs=1", "quant=int8", "model.merge_lora_before_compress=false"])
+    )
+    assert metrics["model/lora_params"] > 0
