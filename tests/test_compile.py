@@ -1,0 +1,286 @@
+"""The compile callback on the tiny BERT: torch's own counters reported, checkpoints interchangeable with eager runs,
+bounded recompiles with the padding policy, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo
+from omegaconf import open_dict
+
+from adls_lightning.build import build
+from adls_lightning.compile import CompileOptions
+from adls_lightning.config import ConfigError
+from adls_lightning.training import run
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPILE_KEYS = {"compile/seconds", "compile/graphs", "compile/graph_breaks", "compile/recompiles"}
+# Graphs handed to the counting backend below, in this process: an independent count of dynamo's output graphs.
+GRAPHS_SEEN: list[torch.fx.GraphModule] = []
+
+
+@torch._dynamo.register_backend(name="counting_eager")
+def counting_eager(graph: torch.fx.GraphModule, example_inputs):
+    GRAPHS_SEEN.append(graph)
+    return graph.forward
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    GRAPHS_SEEN.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _checkpoints(output_dir: Path) -> list[Path]:
+    return sorted((output_dir / "checkpoints").glob("*.ckpt"))
+
+
+def _record_shapes(cfg, shapes: set):
+    """Run ``cfg`` with a pre-hook on the (uncompiled) LightningModule recording what the compiled backbone sees."""
+    from lightning.pytorch.callbacks import Callback
+
+    class RecordShapes(Callback):
+        def setup(self, trainer, pl_module, stage):
+            if not getattr(pl_module, "_shape_hook", None):
+
+                def hook(module, args, kwargs):
+                    ids = kwargs["input_ids"]
+                    # Lightning evaluates under inference_mode: its inference tensors are another guard.
+                    shapes.add(
+                        (module.training, torch.is_grad_enabled(), ids.is_inference(), tuple(ids.shape))
+                    )
+
+                pl_module._shape_hook = pl_module.register_forward_pre_hook(hook, with_kwargs=True)
+
+    import adls_lightning.training as training
+
+    original = training.instantiate_callbacks
+    training.instantiate_callbacks = lambda c: [RecordShapes(), *original(c)]
+    try:
+        return run(cfg)
+    finally:
+        training.instantiate_callbacks = original
+
+
+def test_compiled_lora_run_reports_torch_counts_and_plain_checkpoint_keys(compose_cfg, tmp_path):
+    cfg = compose_cfg(["compile=aot_eager", "compile.backend=counting_eager", "trainer.max_epochs=1"])
+    shapes: set = set()
+    metrics = _record_shapes(cfg, shapes)
+    assert metrics.keys() >= COMPILE_KEYS
+    # One dynamo graph per compiled variant, as the counting backend saw them; LoRA BERT traces without breaks.
+    assert metrics["compile/graphs"] == len(GRAPHS_SEEN) > 0
+    assert metrics["compile/graph_breaks"] == 0
+    # Without breaks there is one frame; every (train/eval, grad, inference-tensor, shape) variant beyond the first that
+    # needed its own graph was a recompile. torch's default (dynamic=None) makes a changing dimension symbolic,
+    # so fewer graphs than variants are compiled.
+    assert metrics["compile/recompiles"] == metrics["compile/graphs"] - 1
+    assert metrics["compile/graphs"] <= len(shapes)
+    assert metrics["compile/seconds"] > 0
+    for ckpt in _checkpoints(tmp_path / "run"):
+        keys = torch.load(ckpt, weights_only=False)["state_dict"].keys()
+        assert not [k for k in keys if "_orig_mod" in k], ckpt
+
+
+def test_padding_policy_bounds_static_graphs(compose_cfg):
+    # Static shapes (dynamic=false): one graph per (mode, shape) variant, which padding to 16 tokens limits to
+    # max_length / 16 = 4 sequence lengths per batch size.
+    overrides = [
+        "compile=aot_eager",
+        "compile.dynamic=false",
+        "data.pad_to_multiple_of=16",
+        "trainer.max_epochs=1",
+        "test=false",
+        "+trainer.limit_val_batches=4",
+    ]
+    cfg = compose_cfg(overrides)
+    shapes: set = set()
+    metrics = _record_shapes(cfg, shapes)
+    assert {s[-1][1] for s in shapes} <= {16, 32, 48, 64}
+    assert metrics["compile/graphs"] == len(shapes)
+    assert metrics["compile/recompiles"] == len(shapes) - 1
+    # Unpadded, the same data has more distinct lengths: the policy is what bounds the count.
+    datamodule = build(cfg.data, "data")
+    datamodule.setup("fit")
+    with open_dict(cfg):
+        cfg.data.pad_to_multiple_of = None
+    unpadded = build(cfg.data, "data")
+    unpadded.setup("fit")
+    padded_lengths = {b["input_ids"].shape[1] for b in datamodule.train_dataloader()}
+    unpadded_lengths = {b["input_ids"].shape[1] for b in unpadded.train_dataloader()}
+    assert len(padded_lengths) <= 4 < len(unpadded_lengths)
+
+
+def test_compiled_checkpoint_loads_into_eager_run_and_back(compose_cfg, tmp_path):
+    # Same padding in every run, so compilation is the only difference; aot_eager's decompositions round
+    # differently from eager kernels, hence tolerances on the losses rather than equality.
+    pad = "data.pad_to_multiple_of=32"
+    compiled = run(
+        compose_cfg(["compile=aot_eager", "trainer.max_epochs=1"], output_dir=tmp_path / "compiled")
+    )
+    best = [p for p in _checkpoints(tmp_path / "compiled") if p.name.startswith("best")]
+    assert best
+    eager = run(compose_cfg([pad, "train=false", f"ckpt_path={best[0]}"], output_dir=tmp_path / "eager"))
+    assert not COMPILE_KEYS & eager.keys()
+    for key in ("val/loss", "test/loss"):
+        assert eager[key] == pytest.approx(compiled[key], abs=1e-4), key
+    # ... and evaluated compiled again, from the same file the eager run read.
+    again = run(
+        compose_cfg(
+            ["compile=aot_eager", "train=false", f"ckpt_path={best[0]}"], output_dir=tmp_path / "back"
+        )
+    )
+    assert again["val/loss"] == pytest.approx(eager["val/loss"], abs=1e-4)
+    assert again["compile/graphs"] > 0
+
+
+def _train_cmd(tiny_imdb_dir, cache_dir, out, *extra):
+    from tests.conftest import TINY_OVERRIDES
+
+    paths = [f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}", f"hydra.run.dir={out}"]
+    return [sys.executable, str(ROOT / "train.py"), *TINY_OVERRIDES, *paths, "compile=aot_eager", *extra]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=False,
+    reason="failed in the one run made so far (2026-11-23, machine overloaded, not diagnosed); expected cause: "
+    "Lightning restarts a non-resumable sampler's epoch from its start, fixed by the data module's resumable "
+    "sampler state (issue 15). Make strict once that lands.",
+)
+def test_killed_compiled_run_resumes_to_the_uninterrupted_result(tiny_imdb_dir, cache_dir, tmp_path):
+    # 300 train rows / batch 8 = 38 steps per epoch; last.ckpt every 5 steps, so the kill lands mid-epoch.
+    extra = ["trainer.max_epochs=2", "callbacks.last_checkpoint.every_n_train_steps=5"]
+    whole = subprocess.run(
+        _train_cmd(tiny_imdb_dir, cache_dir, tmp_path / "whole", *extra),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(
+        _train_cmd(tiny_imdb_dir, cache_dir, out, *extra), cwd=ROOT, start_new_session=True
+    )
+    last = out / "checkpoints" / "last.ckpt"
+    deadline = time.time() + 300
+    while not last.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert last.exists(), "no last.ckpt before the deadline"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    step_at_kill = torch.load(last, weights_only=False)["global_step"]
+    assert 0 < step_at_kill < 38
+    done = subprocess.run(
+        _train_cmd(tiny_imdb_dir, cache_dir, out, *extra, "ckpt_path=last"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = json.loads((tmp_path / "whole" / "metrics.json").read_text())
+    resumed = json.loads((out / "metrics.json").read_text())
+    for key in ("val/acc", "test/acc", "val/loss", "test/loss"):
+        assert resumed[key] == pytest.approx(expected[key], abs=1e-5), key
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        ({"backend": "inductr"}, "compile.backend='inductr': unknown; valid: "),
+        ({"mode": "fast"}, "compile.mode='fast': unknown; valid: default, reduce-overhead, max-autotune"),
+        ({"backend": "aot_eager", "mode": "max-autotune"}, "compile.mode='max-autotune': only"),
+        ({"fullgraph": "yes"}, "compile.fullgraph='yes': must be true or false"),
+    ],
+)
+def test_bad_options_name_the_key_and_the_choices(kwargs, key):
+    with pytest.raises(ConfigError) as err:
+        CompileOptions(**kwargs)
+    assert str(err.value).startswith(key)
+    if "backend" in key:
+        assert "aot_eager" in str(err.value) and "inductor" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "start"),
+    [
+        ("compile.backend=inductr", "error: compile.backend='inductr': unknown; valid: "),
+        ("compile.mode=fast", "error: compile.mode='fast': unknown; valid: "),
+        # activation pruning's data-dependent k-th value is a graph break: fullgraph cannot hold.
+        ("compile.fullgraph=true", "error: compile.fullgraph=true: model does not compile to one graph"),
+    ],
+)
+def test_cli_bad_input_is_one_line_without_traceback(tiny_imdb_dir, cache_dir, tmp_path, override, start):
+    extra = ["prune=l1_0.5", override] if "fullgraph" in override else [override]
+    out = tmp_path / "bad"
+    proc = subprocess.run(
+        _train_cmd(tiny_imdb_dir, cache_dir, out, *extra),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(start), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert not (out / "metrics.json").exists()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["quant=int8", "compile.backend=eager"],
+        ["prune=l1_0.5", "compile.backend=eager"],
+        [
+            "quant=mxint8_packed"
+        ],  # aot_eager: traces the packed kernels through their fake (meta) implementations
+        ["model.attn_implementation=eager", "compile.backend=eager"],
+    ],
+    ids=["int8", "l1_0.5", "mxint8_packed", "eager_attention"],
+)
+def test_compiles_with_compression_callbacks(compose_cfg, overrides):
+    metrics = run(
+        compose_cfg(
+            ["compile=aot_eager", "trainer.max_epochs=1", "+trainer.limit_train_batches=8", *overrides]
+        )
+    )
+    assert metrics.keys() >= COMPILE_KEYS
+    assert metrics["compile/graphs"] >= 1
+    assert metrics["val/acc"] >= 0.0
+
+
+def test_attn_implementation_switch_keeps_outputs(compose_cfg):
+    cfg = compose_cfg(["model.attn_implementation=eager"])
+    eager = build(cfg.model, "model", _convert_="partial").eval()
+    assert eager.model.config._attn_implementation == "eager"
+    from adls_lightning.models import set_attn_implementation
+
+    ids = torch.randint(0, 1000, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    with torch.no_grad():
+        naive = eager(input_ids=ids, attention_mask=mask).logits
+        set_attn_implementation(eager.model, "sdpa")
+        fused = eager(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(fused, naive, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError, match=r"model.attn_implementation='flash': must be one of eager, sdpa"):
+        set_attn_implementation(eager.model, "flash")
+
+
+@pytest.mark.slow
+def test_inductor_lora_run_has_no_graph_breaks(compose_cfg):
+    metrics = run(compose_cfg(["compile=inductor", "trainer.max_epochs=1"]))
+    assert metrics["compile/graph_breaks"] == 0
+    assert 1 <= metrics["compile/graphs"] <= 6
