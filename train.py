@@ -15,7 +15,10 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 @hydra.main(
-    version_base="1.3", config_path="conf", config_name="train", execution_whitelist=hydra_execution_whitelist()
+    version_base="1.3",
+    config_path="conf",
+    config_name="train",
+    execution_whitelist=hydra_execution_whitelist(),
 )
 def hydra_main(cfg: DictConfig) -> float | None:
     from adls_lightning.training import one_line_errors, run  # imported late: `--help` stays fast

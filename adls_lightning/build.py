@@ -114,7 +114,9 @@ def check_config_targets(cfg: Any) -> None:
         plugin_node = dict(hydra_node.pop(plugin, None) or {})
         if "_target_" in plugin_node:
             _refuse(
-                f"hydra.{plugin}._target_", plugin_node.pop("_target_"), allowed_targets() + HYDRA_PLUGIN_TARGETS
+                f"hydra.{plugin}._target_",
+                plugin_node.pop("_target_"),
+                allowed_targets() + HYDRA_PLUGIN_TARGETS,
             )
         check_targets(plugin_node, f"hydra.{plugin}")
     for logging_key in ("job_logging", "hydra_logging"):

@@ -65,7 +65,9 @@ def read_checkpoint(path: str | Path, key: str) -> dict[str, Any]:
     return dict(checkpoint)
 
 
-def check_shapes(state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module, path: str | Path, key: str) -> None:
+def check_shapes(
+    state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module, path: str | Path, key: str
+) -> None:
     """Refuse a checkpoint whose tensors do not fit ``model``: another architecture (width, depth, vocabulary).
 
     Only keys present in both are compared: callbacks (quantization, pruning, LoRA merge) may add or rename

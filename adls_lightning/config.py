@@ -117,8 +117,11 @@ def validate_run_config(cfg: Mapping) -> None:
 METRICS_FILE = "metrics.json"
 
 
-def check_output_dir(output_dir: Path, cfg: Mapping, key: str = "hydra.run.dir") -> None:
-    """Refuse a run folder that is not a writable folder, or that holds an earlier run a fresh run would replace.
+def check_output_dir(
+    output_dir: Path, cfg: Mapping, key: str = "hydra.run.dir", *, earlier_run: bool = True
+) -> None:
+    """Refuse a run folder that is not a writable folder, or (``earlier_run``) that holds an earlier run a fresh
+    run would replace. A search's sweep folder may hold its earlier trials: re-running resumes the study.
 
     Raises:
         ConfigError: naming ``key``; an earlier run is refused unless resuming (``ckpt_path``) or ``overwrite``.
@@ -128,7 +131,7 @@ def check_output_dir(output_dir: Path, cfg: Mapping, key: str = "hydra.run.dir")
         raise ConfigError(f"{key}={output_dir}: {existing} is a file, not a folder (give a folder path)")
     if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{key}={output_dir}: {existing} is not writable (give a folder you can write to)")
-    if cfg.get("ckpt_path") or cfg.get("overwrite"):
+    if not earlier_run or cfg.get("ckpt_path") or cfg.get("overwrite"):
         return
     earlier = [p for p in (output_dir / METRICS_FILE, output_dir / "checkpoints") if p.exists()]
     if earlier:
@@ -168,9 +171,18 @@ def check_composed_config(cfg: Any, multirun: bool) -> None:
         raise ConfigError(f"{err.full_key}: {err.msg}") from None
     finally:
         HydraConfig.instance().cfg = None
+    space = OmegaConf.select(cfg, "hydra.sweeper.search_space")
+    if multirun and space is not None:
+        from adls_lightning.build import build
+
+        # A space checks its own choices when built (cheap: nothing is sampled); built here, a bad choice list
+        # is refused before the sweep starts instead of failing every trial.
+        build(space, "hydra.sweeper.search_space")
     job.pop("hydra", None)
     validate_run_config(job)
-    check_output_dir(run_dir, job, "hydra.sweep.dir" if multirun else "hydra.run.dir")
+    check_output_dir(
+        run_dir, job, "hydra.sweep.dir" if multirun else "hydra.run.dir", earlier_run=not multirun
+    )
 
 
 def preflight(hydra_main: Callable[[], Any], config_dir: Path, config_name: str) -> Callable[[], Any]:

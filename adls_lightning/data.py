@@ -222,6 +222,8 @@ class IMDbDataModule(LightningDataModule):
         )
         self.splits: dict[str, datasets.Dataset] = {}
         self.cache_hits: dict[str, bool] = {}
+        self._train_loader: ResumableLoader | None = None
+        self._loader_state: dict | None = None
 
     # ----------------------------------------------------------------------------------------------- tokenization
     @staticmethod
@@ -316,19 +318,36 @@ class IMDbDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
-        sampler = None
+        # One seeded generator per fit: each epoch draws a new order, the same in every run with this seed.
+        generator = torch.Generator().manual_seed(hp.seed)
         if hp.group_by_length:
-            # One seeded generator per fit: each epoch draws a new order, the same in every run with this seed.
-            generator = torch.Generator().manual_seed(hp.seed)
             sampler = LengthGroupedSampler(hp.batch_size, lengths=self._lengths("train"), generator=generator)
-        return DataLoader(
+        else:
+            sampler = torch.utils.data.RandomSampler(self.splits["train"], generator=generator)
+        loader = ResumableLoader(
             self.splits["train"],
-            batch_size=hp.batch_size,
+            order_generator=generator,
             sampler=sampler,
-            shuffle=sampler is None,
+            batch_size=hp.batch_size,
             collate_fn=self._collate,
             num_workers=hp.num_workers,
         )
+        if self._loader_state is not None:
+            loader.load_state_dict(self._loader_state)
+            self._loader_state = None
+        self._train_loader = loader
+        return loader
+
+    # The training loader's position also travels as the data module's state: Lightning hands a loader its saved
+    # state only when the loader is created after the checkpoint's loops are restored, and a scheduler sized by
+    # `trainer.estimated_stepping_batches` creates it before. The data module is restored before either.
+    def state_dict(self) -> dict:
+        return {"train_loader": self._train_loader.state_dict()} if self._train_loader is not None else {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._loader_state = state_dict.get("train_loader")
+        if self._train_loader is not None and self._loader_state is not None:
+            self._train_loader.load_state_dict(self._loader_state)
 
     def _eval_loader(self, split: str) -> DataLoader:
         # Evaluation order does not matter: sort by length so each batch carries almost no padding.
@@ -345,3 +364,66 @@ class IMDbDataModule(LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._eval_loader("test")
+
+
+class _SkippingSampler(torch.utils.data.Sampler):
+    """``sampler``'s order with its first ``skip`` indices dropped (once): a resumed pass starts where it stopped."""
+
+    def __init__(self, sampler: torch.utils.data.Sampler) -> None:
+        self.sampler = sampler
+        self.skip = 0
+
+    def __iter__(self):
+        skip, self.skip = self.skip, 0
+        for position, index in enumerate(self.sampler):
+            if position >= skip:
+                yield index
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class ResumableLoader(DataLoader):
+    """The training loader, resumable mid-epoch: Lightning saves its ``state_dict`` in every checkpoint and hands
+    it back to ``load_state_dict`` on ``ckpt_path=...``, so a resumed run trains on exactly the batches it had
+    left, in the same order, with the same dropout masks.
+
+    A pass's order is drawn from ``order_generator`` when the pass starts. The state holds that generator's
+    state at the start of the current pass, how many batches of it were delivered (Lightning does not prefetch
+    from a loader with a length, so delivered = trained), and the global torch RNG state (dropout), which is put
+    back where the interrupted run stood: after the pass's start for a pass cut mid-way, before it otherwise.
+    """
+
+    def __init__(self, dataset, *, order_generator: torch.Generator, sampler, **kwargs) -> None:
+        super().__init__(dataset, sampler=_SkippingSampler(sampler), **kwargs)
+        self.order_generator = order_generator
+        self._pass_start = order_generator.get_state()
+        self._delivered = 0
+        self._restore: dict | None = None
+
+    def __iter__(self):
+        restore, self._restore = self._restore, None
+        mid_pass = restore is not None and restore["batches"] > 0
+        if restore is not None:
+            self.order_generator.set_state(restore["order_generator"])
+            self.sampler.skip = restore["batches"] * self.batch_size
+            if not mid_pass:
+                torch.set_rng_state(restore["torch_rng"])
+        self._pass_start = self.order_generator.get_state()
+        self._delivered = restore["batches"] if restore is not None else 0
+        iterator = super().__iter__()  # draws the workers' base seed from the global RNG, as every pass does
+        if mid_pass:
+            torch.set_rng_state(restore["torch_rng"])
+        for batch in iterator:
+            self._delivered += 1
+            yield batch
+
+    def state_dict(self) -> dict:
+        if self._delivered >= len(self):  # pass finished: the next one draws from the generator as it is now
+            start, delivered = self.order_generator.get_state(), 0
+        else:
+            start, delivered = self._pass_start, self._delivered
+        return {"order_generator": start, "batches": delivered, "torch_rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._restore = state

@@ -66,7 +66,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     A kill during a save leaves the previous ``last.ckpt`` whole; the next save removes the stale temporary file.
     """
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options=None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options=None
+    ) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__}.save_checkpoint takes no storage_options")
         buffer = io.BytesIO()

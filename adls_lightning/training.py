@@ -118,7 +118,9 @@ def _checked_objects(cfg: DictConfig) -> tuple:
     model = build(cfg.model, "model", _convert_="partial", **init)
     check_max_length(model, cfg.data.get("max_length"))
     if init:
-        check_shapes(read_checkpoint(init["init_ckpt"], "init_ckpt")["state_dict"], model, cfg.init_ckpt, "init_ckpt")
+        check_shapes(
+            read_checkpoint(init["init_ckpt"], "init_ckpt")["state_dict"], model, cfg.init_ckpt, "init_ckpt"
+        )
     callbacks = instantiate_callbacks(cfg)
     loggers = instantiate_loggers(cfg)
     # Checkpoints are written beside their target and renamed (never moved in from $TMPDIR).
@@ -133,7 +135,13 @@ def _checked_objects(cfg: DictConfig) -> tuple:
         )
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), trainer)
     if ckpt_path is not None and ckpt_path != "best":
-        check_shapes(read_checkpoint(ckpt_path, "ckpt_path")["state_dict"], model, ckpt_path, "ckpt_path")
+        checkpoint = read_checkpoint(ckpt_path, "ckpt_path")
+        if cfg.get("train", True) and "loops" not in checkpoint:
+            raise ConfigError(
+                f"ckpt_path={ckpt_path}: holds model weights only (save_weights_only), no training state to "
+                f"resume; start from its weights with init_ckpt={ckpt_path} instead"
+            )
+        check_shapes(checkpoint["state_dict"], model, ckpt_path, "ckpt_path")
     return datamodule, model, callbacks, loggers, trainer, ckpt_path
 
 
@@ -159,7 +167,9 @@ def check_max_length(model: torch.nn.Module, max_length: int | None) -> None:
     config = getattr(getattr(model, "model", None), "config", None)
     limit = getattr(config, "max_position_embeddings", None)
     if isinstance(limit, int) and isinstance(max_length, int) and max_length > limit:
-        raise ConfigError(f"data.max_length={max_length}: above the model's {limit} positions (give at most {limit})")
+        raise ConfigError(
+            f"data.max_length={max_length}: above the model's {limit} positions (give at most {limit})"
+        )
 
 
 @contextmanager
@@ -170,7 +180,10 @@ def held_log_file():
     """
     root = logging.getLogger()
     files = [h for h in root.handlers if isinstance(h, logging.FileHandler)]
-    held = [logging.handlers.MemoryHandler(capacity=10**6, flushLevel=logging.CRITICAL + 1, target=h) for h in files]
+    held = [
+        logging.handlers.MemoryHandler(capacity=10**6, flushLevel=logging.CRITICAL + 1, target=h)
+        for h in files
+    ]
     for file_handler, memory in zip(files, held):
         memory.setLevel(file_handler.level)
         memory.setFormatter(file_handler.formatter)

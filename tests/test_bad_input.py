@@ -1,0 +1,338 @@
+"""Bad input, as a clumsy or a hostile user hands it to ``train.py`` and ``search.py``: every case must end with
+exit code 2, one ``error:`` line naming the key or file as stderr's last line, no traceback, an earlier run's folder
+unchanged file by file (sha256), and -- for a ``_target_`` that would create a file if it ran -- no such file.
+
+Every case is a real subprocess of the entry point; they run side by side from one module fixture, most failing in
+the pre-flight check before any model is built. Corrupt files (data, checkpoints) are made on the fly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_reviews
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = 4
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    args: tuple[str, ...]
+    names: str  # what stderr's last line must contain (the key, or the file)
+    script: str = "train.py"
+    hostile: bool = False  # a target that would create {pwned} if it ran
+
+
+def _open(key: str) -> str:
+    """An override putting ``builtins.open({pwned}, 'w')`` at ``key`` (a node replaced whole)."""
+    return f"+{key}={{_target_: builtins.open, file: '{{pwned}}', mode: w}}"
+
+
+def _replace(key: str) -> tuple[str, str]:
+    return f"~{key}", _open(key)
+
+
+TRAIN_TARGETS = {  # a hostile _target_ per config group / node a run builds
+    "data": _replace("data"),
+    "model": _replace("model"),
+    "model.backbone": _replace("model.backbone"),
+    "model.optimizer": _replace("model.optimizer"),
+    "model.scheduler": _replace("model.scheduler"),
+    "callbacks.evil": (_open("callbacks.evil"),),
+    "callbacks.best_checkpoint": _replace("callbacks.best_checkpoint"),
+    "logger.evil": (_open("logger.evil"),),
+    "trainer": _replace("trainer"),
+    "quant": _replace("quant"),
+    "prune": _replace("prune"),
+    "compress": _replace("compress"),
+    "compile": _replace("compile"),
+    "paths.evil": (_open("paths.evil"),),
+    "hydra.callbacks.evil": (_open("hydra.callbacks.evil"),),
+    "hydra.launcher": _replace("hydra.launcher"),
+    "hydra.job_logging.handlers.evil": (
+        "+hydra.job_logging.handlers.evil={'()': builtins.open, file: '{pwned}', mode: w}",
+    ),
+    "callbacks.nested.dirpath": (
+        "+callbacks.nested={_target_: lightning.pytorch.callbacks.ModelCheckpoint, "
+        "dirpath: {_target_: builtins.open, file: '{pwned}', mode: w}}",
+    ),
+}
+SEARCH_TARGETS = {  # ... and per sweeper part
+    "hydra.sweeper.sampler": _replace("hydra.sweeper.sampler"),
+    "hydra.sweeper.search_space": _replace("hydra.sweeper.search_space"),
+    "hydra.sweeper.storage": (_open("hydra.sweeper.storage"),),
+    "hydra.sweeper": ("hydra.sweeper._target_=builtins.open",),
+    "search.pruner": _replace("search.pruner"),
+    "search.objective.evil": (_open("search.objective.evil"),),
+    "callbacks.optuna_pruning": _replace("callbacks.optuna_pruning"),
+    "data": _replace("data"),
+    "hydra.callbacks.evil": (_open("hydra.callbacks.evil"),),
+}
+
+CASES = [
+    *[Case(f"train-target-{k}", v, k, hostile=True) for k, v in TRAIN_TARGETS.items()],
+    *[Case(f"search-target-{k}", v, k, script="search.py", hostile=True) for k, v in SEARCH_TARGETS.items()],
+    Case(
+        "target-through-env-interpolation",
+        ("+callbacks.evil._target_=${oc.env:EVIL_TARGET}",),
+        "callbacks.evil",
+    ),
+    # values that used to pass validation and fail deep
+    Case("lr-nan", ("model.optimizer.lr=nan",), "model.optimizer.lr"),
+    Case("lr-negative", ("model.optimizer.lr=-1e-3",), "model.optimizer.lr"),
+    Case("lr-text", ("model.optimizer.lr=fast",), "model.optimizer.lr"),
+    Case("lr-inf", ("model.optimizer.lr=inf",), "model.optimizer.lr"),
+    Case("seed-float", ("seed=1.5",), "seed"),
+    Case("seed-text", ("seed=abc",), "seed"),
+    Case("seed-negative", ("seed=-3",), "seed"),
+    Case("precision-17", ("trainer.precision=17",), "trainer.precision"),
+    Case("precision-fp8", ("trainer.precision=fp8",), "trainer.precision"),
+    Case("accelerator-unknown", ("trainer.accelerator=quantum",), "trainer.accelerator"),
+    Case("max-epochs-zero", ("trainer.max_epochs=0",), "trainer.max_epochs"),
+    Case("lora-r-zero", ("model.lora.r=0",), "model.lora.r"),
+    Case("lora-dropout", ("model.lora.lora_dropout=1.5",), "model.lora.lora_dropout"),
+    Case("warmup-ratio", ("model.warmup_ratio=2",), "model.warmup_ratio"),
+    Case("typo-key", ("data.batchsize=3",), "data.batchsize"),
+    Case("unknown-preset", ("quant=int7",), "quant"),
+    Case("missing-ckpt", ("ckpt_path=/no/such.ckpt",), "ckpt_path"),
+    Case("missing-init-ckpt", ("init_ckpt=/no/such.ckpt",), "init_ckpt"),
+    Case("earlier-run", (), "hydra.run.dir"),
+    Case("run-dir-is-file", ("hydra.run.dir={file}",), "hydra.run.dir"),
+    Case("run-dir-under-file", ("hydra.run.dir={file}/sub",), "hydra.run.dir"),
+    Case("search-lr-nan", ("model.optimizer.lr=nan",), "model.optimizer.lr", script="search.py"),
+    Case("search-seed-text", ("seed=abc",), "seed", script="search.py"),
+    Case("search-typo", ("hydra.sweeper.ntrials=3",), "hydra.sweeper.ntrials", script="search.py"),
+    Case("search-space-empty", ("search.nas.hidden_size=[]",), "hidden_size", script="search.py"),
+    Case(
+        "search-space-negative",
+        ("search.nas.num_hidden_layers=[-2,4]",),
+        "num_hidden_layers",
+        script="search.py",
+    ),
+    Case("search-sweep-dir-is-file", ("hydra.sweep.dir={file}",), "hydra.sweep.dir", script="search.py"),
+    # found while building the run (overwrite=true gets past the earlier-run check; the folder must survive)
+    Case("data-batch-size-zero", ("overwrite=true", "data.batch_size=0"), "data.batch_size"),
+    Case("data-val-size-negative", ("overwrite=true", "data.val_size=-1"), "data.val_size"),
+    Case("data-truncation-side", ("overwrite=true", "data.truncation_side=middle"), "data.truncation_side"),
+    Case("data-dir-missing", ("overwrite=true", "data.data_dir=/no/such/dir"), "data.data_dir"),
+    Case("data-train-size-text", ("overwrite=true", "data.train_size=many"), "data.train_size"),
+    Case("max-length-above-positions", ("overwrite=true", "data.max_length=4096"), "data.max_length"),
+    Case("ckpt-last-nothing", ("ckpt_path=last",), "ckpt_path=last"),
+    *[
+        Case(f"data-{kind}", ("overwrite=true", f"data.data_dir={{bad_data}}/{kind}"), f"{kind}/{file}")
+        for kind, file in {
+            "random-parquet": "train.parquet",
+            "truncated-parquet-half": "train.parquet",
+            "truncated-parquet-tail": "train.parquet",
+            "csv-cut-in-quote": "train.csv",
+            "null-text": "train.parquet",
+            "bad-label": "train.parquet",
+            "wrong-columns": "train.parquet",
+            "empty-file": "train.csv",
+            "two-train-files": "data.data_dir",
+            "jsonl-garbage": "train.jsonl",
+        }.items()
+    ],
+    *[
+        Case(f"{key}-{name}", ("overwrite=true", f"{key}={{ckpts}}/{name}.ckpt"), f"{name}.ckpt")
+        for key in ("ckpt_path", "init_ckpt")
+        for name in ("garbage", "empty", "trunc-10", "trunc-50", "trunc-99", "plain-tensor", "other-arch")
+    ],
+    Case(
+        "ckpt-pickle-exploit",
+        ("overwrite=true", "ckpt_path={ckpts}/exploit.ckpt"),
+        "exploit.ckpt",
+        hostile=True,
+    ),
+]
+if not torch.cuda.is_available():
+    CASES.append(Case("accelerator-gpu-absent", ("trainer.accelerator=gpu",), "trainer.accelerator"))
+
+
+def _tree_hash(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def _lightning_checkpoint(hidden: int) -> dict:
+    return {
+        "state_dict": {
+            "model.base_model.model.bert.embeddings.position_embeddings.weight": torch.randn(512, hidden),
+            "model.base_model.model.classifier.modules_to_save.default.weight": torch.randn(2, hidden),
+        },
+        "pytorch-lightning_version": "2.6.6",
+        "epoch": 0,
+        "global_step": 1,
+    }
+
+
+class _Exploit:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def _make_ckpts(folder: Path, pwned_dir: Path) -> None:
+    folder.mkdir()
+    good = folder / "good.ckpt"
+    torch.save(_lightning_checkpoint(32), good)
+    data = good.read_bytes()
+    (folder / "garbage.ckpt").write_bytes(os.urandom(4096))
+    (folder / "empty.ckpt").write_bytes(b"")
+    for percent in (10, 50, 99):
+        (folder / f"trunc-{percent}.ckpt").write_bytes(data[: len(data) * percent // 100])
+    torch.save(torch.ones(3), folder / "plain-tensor.ckpt")
+    torch.save(_lightning_checkpoint(64), folder / "other-arch.ckpt")
+    torch.save(
+        {"state_dict": _Exploit(str(pwned_dir / "ckpt-pickle-exploit")), "pytorch-lightning_version": "x"},
+        folder / "exploit.ckpt",
+    )
+
+
+def _make_bad_data(folder: Path, good: Path) -> None:
+    train = (good / "train.parquet").read_bytes()
+
+    def kind(name: str) -> Path:
+        d = folder / name
+        d.mkdir(parents=True)
+        shutil.copy(good / "test.parquet", d)
+        return d
+
+    (kind("random-parquet") / "train.parquet").write_bytes(os.urandom(8000))
+    (kind("truncated-parquet-half") / "train.parquet").write_bytes(train[: len(train) // 2])
+    (kind("truncated-parquet-tail") / "train.parquet").write_bytes(train[:-3])
+    reviews = make_reviews(60, seed=3)
+    reviews.loc[9, "text"] = 'she said "stop, please" twice'
+    text = reviews.to_csv(index=False)
+    (kind("csv-cut-in-quote") / "train.csv").write_text(text[: text.index('"stop') + 4])
+    nulls = make_reviews(60, seed=3)
+    nulls.loc[7, "text"] = None
+    nulls.to_parquet(kind("null-text") / "train.parquet")
+    labels = make_reviews(60, seed=3)
+    labels.loc[4, "label"] = 2
+    labels.to_parquet(kind("bad-label") / "train.parquet")
+    make_reviews(60, seed=3).rename(columns={"text": "review"}).to_parquet(
+        kind("wrong-columns") / "train.parquet"
+    )
+    (kind("empty-file") / "train.csv").write_text("")
+    two = kind("two-train-files")
+    shutil.copy(good / "train.parquet", two)
+    make_reviews(60, seed=3).to_csv(two / "train.csv", index=False)
+    (kind("jsonl-garbage") / "train.jsonl").write_text('{"text": "fine", "label": 1}\n{"text": "cut\n')
+
+
+def _make_earlier_run(folder: Path) -> None:
+    (folder / ".hydra").mkdir(parents=True)
+    for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+        (folder / ".hydra" / name).write_text(f"# the earlier run's {name}\nseed: 7\n")
+    (folder / "metrics.json").write_text('{"val/acc": 0.875}\n')
+    (folder / "train.log").write_text("earlier run's log\n")
+    (folder / "checkpoints").mkdir()
+    torch.save(_lightning_checkpoint(32), folder / "checkpoints" / "best-epoch00-step1.ckpt")
+    (folder / "csv").mkdir()
+    (folder / "csv" / "metrics.csv").write_text("epoch,step,val/acc\n0,1,0.875\n")
+
+
+def _run(case: Case, base: Path, data_dir: Path, cache_dir: Path) -> dict:
+    work = base / case.id
+    earlier = work / "earlier-run"
+    _make_earlier_run(earlier)
+    a_file = work / "a-file"
+    a_file.write_text("not a folder\n")
+    pwned = base / "pwned" / case.id
+    paths = {"pwned": pwned, "file": a_file, "bad_data": base / "bad_data", "ckpts": base / "ckpts"}
+    common = [
+        "model=tiny_random",
+        "logger=none",
+        "trainer=cpu",
+        "data.max_length=64",
+        "data.batch_size=8",
+        "data.val_size=20",
+        "callbacks.rich_progress_bar=null",
+        f"data.data_dir={data_dir}",
+        f"paths.cache_dir={cache_dir}",
+        f"hydra.run.dir={earlier}",
+    ]
+    if case.script == "search.py":
+        common += ["search/preset=cpu", f"hydra.sweep.dir={earlier}", "hydra.sweeper.n_trials=1"]
+    args = [_fill(arg, paths) for arg in [*common, *case.args]]
+    before = _tree_hash(earlier)
+    env = {**os.environ, "WANDB_MODE": "offline", "EVIL_TARGET": "builtins.open", "HYDRA_FULL_ERROR": "0"}
+    env.pop("ADLS_EXTRA_TARGETS", None)
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / case.script), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return {
+        "rc": done.returncode,
+        "stderr": done.stderr,
+        "unchanged": before == _tree_hash(earlier),
+        "pwned": pwned.exists(),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _fill(arg: str, paths: dict[str, Path]) -> str:
+    for key, value in paths.items():
+        arg = arg.replace("{" + key + "}", str(value))
+    return arg
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory, tiny_imdb_dir, cache_dir) -> dict[str, dict]:
+    base = tmp_path_factory.mktemp("bad_input")
+    (base / "pwned").mkdir()
+    _make_bad_data(base / "bad_data", tiny_imdb_dir)
+    _make_ckpts(base / "ckpts", base / "pwned")
+    start = time.perf_counter()
+    with ThreadPoolExecutor(WORKERS) as pool:
+        futures = {case.id: pool.submit(_run, case, base, tiny_imdb_dir, cache_dir) for case in CASES}
+        results = {case_id: future.result() for case_id, future in futures.items()}
+    total = time.perf_counter() - start
+    slowest = max(results.items(), key=lambda item: item[1]["seconds"])
+    print(
+        f"\n{len(CASES)} bad-input cases in {total:.0f} s ({WORKERS} at a time); slowest {slowest[0]} "
+        f"{slowest[1]['seconds']:.0f} s"
+    )
+    return results
+
+
+def test_enough_cases():
+    assert len(CASES) >= 60
+    assert len({case.id for case in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_bad_input_is_one_line(outcomes, case):
+    result = outcomes[case.id]
+    lines = [line for line in result["stderr"].splitlines() if line.strip()]
+    assert lines, "nothing on stderr"
+    last = lines[-1]
+    assert result["rc"] == 2, result["stderr"][-2000:]
+    assert last.startswith("error: "), result["stderr"][-2000:]
+    assert case.names in last, last
+    assert "Traceback" not in result["stderr"], result["stderr"][-2000:]
+    assert result["unchanged"], "the earlier run's folder changed"
+    if case.hostile:
+        assert not result["pwned"], "a refused target ran"
