@@ -337,3 +337,28 @@ def test_two_objectives_give_a_pareto_front(toy, tmp_path):
         if o.values[0] >= t.values[0] and o.values[1] <= t.values[1] and o.values != t.values
     }
     assert sorted(f["number"] for f in front) == sorted(t.number for t in done if t.number not in dominated)
+
+
+def test_random_and_tpe_draw_their_own_start_up_trials(toy, tmp_path):
+    # TPE's first trials are random draws; with per-trial seeds they must not be the random sampler's draws.
+    draws = {}
+    for sampler in ("random", "tpe"):
+        ok(toy(f"hydra/sweeper/sampler={sampler}", "hydra.sweeper.n_trials=10", sweep_dir=tmp_path / sampler))
+        study = load(tmp_path / sampler, f"toy-{sampler}")
+        draws[sampler] = [t.params.get("x") for t in sorted(study.trials, key=lambda t: t.number)]
+    assert len(draws["random"]) == len(draws["tpe"]) == 10
+    assert sum(a != b for a, b in zip(draws["random"], draws["tpe"])) >= 5, draws
+
+
+def test_startup_trials_sets_the_samplers_random_start():
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.adls_optuna_sweeper._impl import StudySweeper, trial_seed
+
+    sampler = OmegaConf.create({"_target_": "optuna.samplers.TPESampler", "seed": 1, "n_startup_trials": 10})
+    sweeper = StudySweeper(sampler=sampler, study_name="s", startup_trials=3)
+    assert sweeper._make_sampler(5)._n_startup_trials == 3
+    assert StudySweeper(sampler=sampler, study_name="s")._make_sampler(5)._n_startup_trials == 10
+    assert trial_seed(1, 0, "a") != trial_seed(1, 0, "b") and trial_seed(1, 0, "a") == trial_seed(1, 0, "a")
+    with pytest.raises(Exception, match=r"hydra.sweeper.startup_trials=0"):
+        StudySweeper(sampler=sampler, study_name="s", startup_trials=0)

@@ -34,6 +34,7 @@ import socket
 import threading
 import time
 import warnings
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -110,9 +111,14 @@ def format_override_value(value: Any) -> str:
     raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as a Hydra override value")
 
 
-def trial_seed(base_seed: int, trial_number: int) -> int:
-    """A 32-bit seed for one trial, statistically independent across trial numbers (numpy ``SeedSequence``)."""
-    return int(np.random.SeedSequence([base_seed, trial_number]).generate_state(1)[0])
+def trial_seed(base_seed: int, trial_number: int, stream: str = "") -> int:
+    """A 32-bit seed for one trial, statistically independent across trial numbers (numpy ``SeedSequence``).
+
+    ``stream`` (the sampler's target) gives every sampler its own draws: without it TPE's random start-up trials
+    were the very draws of the random sampler, and a sampler comparison compared random with random.
+    """
+    entropy = [base_seed, trial_number] + ([zlib.crc32(stream.encode())] if stream else [])
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
 
 def retried_trial_numbers(trials: Sequence[FrozenTrial]) -> set[int]:
@@ -258,6 +264,8 @@ class StudySweeper(Sweeper):
         grid: the explicit grid for the grid sampler: ``{parameter: [values]}``.
         heartbeat_interval: seconds between a running trial's heartbeats (None disables crash detection).
         grace_period: seconds without a heartbeat after which a running trial counts as crashed.
+        startup_trials: the ``n_startup_trials`` (random start) of samplers that have one (TPE, GP); None keeps
+            the sampler's own. Lab budgets of ~8 trials need ~3, or TPE never leaves its random start.
     """
 
     def __init__(
@@ -274,8 +282,10 @@ class StudySweeper(Sweeper):
         grid: DictConfig | None = None,
         heartbeat_interval: int | None = 60,
         grace_period: int | None = 180,
+        startup_trials: int | None = None,
     ) -> None:
         self.sampler_cfg = sampler
+        self.startup_trials = startup_trials
         self.directions = [direction] if isinstance(direction, str) else list(direction)
         self.storage_cfg = storage
         self.study_name = study_name
@@ -303,6 +313,14 @@ class StudySweeper(Sweeper):
             raise SearchConfigError(
                 f"hydra.sweeper.max_failure_rate={self.max_failure_rate}: must be in [0, 1]"
             )
+        if self.startup_trials is not None and (
+            isinstance(self.startup_trials, bool)
+            or not isinstance(self.startup_trials, int)
+            or self.startup_trials < 1
+        ):
+            raise SearchConfigError(
+                f"hydra.sweeper.startup_trials={self.startup_trials}: must be a positive integer or null"
+            )
         if not self.study_name:
             raise SearchConfigError(
                 "hydra.sweeper.study_name: must be set (it names the study and its .db file)"
@@ -328,6 +346,9 @@ class StudySweeper(Sweeper):
         cfg = OmegaConf.to_container(self.sampler_cfg, resolve=True)
         if "seed" in cfg or seed is not None:
             cfg["seed"] = seed
+        if self.startup_trials is not None and "n_startup_trials" in cfg:
+            # TPE/GP start with n_startup_trials random draws (10 by default): a lab budget of 8 would be all random.
+            cfg["n_startup_trials"] = self.startup_trials
         return self._build(cfg, "hydra.sweeper.sampler")
 
     @staticmethod
@@ -602,7 +623,8 @@ class StudySweeper(Sweeper):
 
     def _trial_overrides(self, trial: optuna.Trial) -> list[str]:
         if self.base_seed is not None and self.sampler_cfg.get("_target_") not in SEQUENCE_SAMPLERS:
-            trial.study.sampler = self._make_sampler(trial_seed(self.base_seed, trial.number))
+            stream = str(self.sampler_cfg.get("_target_"))
+            trial.study.sampler = self._make_sampler(trial_seed(self.base_seed, trial.number, stream))
         overrides = self._space_overrides(trial)
         # the password never enters a job's config (nor its .hydra files): the job reads it from the environment
         trial_keys = {
