@@ -234,6 +234,18 @@ def test_submitit_local_runs_each_trial_as_its_own_process(toy, tmp_path):  # no
     assert (tmp_path / "sweep" / ".submitit").is_dir()
 
 
+def test_parallel_preset_runs_trials_in_joblib_processes(toy, tmp_path):  # noqa: F811
+    sweeper = toy("hydra/launcher=parallel", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2",
+                  "hydra/sweeper/sampler=random", "hydra.sweeper.study_name=toy-joblib", f"log_pid={tmp_path / 'pids'}",
+                  wait=False)  # fmt: skip
+    output = sweeper.communicate(timeout=600)[0].decode()
+    assert sweeper.returncode == 0, output
+    trials = _study(f"sqlite:///{tmp_path / 'sweep' / 'toy-joblib.db'}", "toy-joblib").trials
+    assert len(trials) == 4 and all(t.state in FINISHED for t in trials)
+    pids = {p.read_text() for p in (tmp_path / "pids").iterdir()}
+    assert pids and str(sweeper.pid) not in pids  # the trials ran in joblib's worker processes
+
+
 # -- bad input: one line, password masked, non-zero exit, no trial COMPLETE ----------------------------------------
 
 
@@ -297,6 +309,12 @@ class DumpMasks:
         return _Dump()
 
 
+# enough training for the tiny model to learn (chance is 0.5); half of every linear layer's weights pruned after
+# epoch 3, from the trained (DDP-synchronised) weights, then one epoch of fine-tuning
+LEARN = ["model/lora=none", "model.optimizer.lr=1e-3", "trainer.max_epochs=4", "prune=l1_0.5",
+         "prune.activation=null", "prune.at=3"]  # fmt: skip
+
+
 def _train(run_dir: Path, data_dir: Path, cache_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     from conftest import TINY_OVERRIDES
 
@@ -314,8 +332,8 @@ def test_ddp_cpu_one_record_and_the_accuracy_of_one_process_with_twice_the_batch
     runs = tmp_path / "runs"
     runs.mkdir()
     ddp = ok(_train(runs / "ddp", tiny_imdb_dir, cache_dir, "trainer=ddp_cpu", "data.batch_size=4",
-                    "prune=l1_0.5", f"+callbacks.dump_masks={{_target_:test_scale_out.DumpMasks,folder:'{tmp_path}'}}"))  # fmt: skip
-    ok(_train(runs / "single", tiny_imdb_dir, cache_dir, "trainer=cpu", "data.batch_size=8", "prune=l1_0.5"))
+                    *LEARN, f"+callbacks.dump_masks={{_target_:test_scale_out.DumpMasks,folder:'{tmp_path}'}}"))  # fmt: skip
+    ok(_train(runs / "single", tiny_imdb_dir, cache_dir, "trainer=cpu", "data.batch_size=8", *LEARN))
     # no extra Hydra run folders, one metrics.json, one CSV logger run (rank zero's)
     assert sorted(p.name for p in runs.iterdir()) == ["ddp", "single"]
     assert [p.relative_to(runs / "ddp") for p in (runs / "ddp").rglob("metrics.json")] == [
@@ -325,9 +343,11 @@ def test_ddp_cpu_one_record_and_the_accuracy_of_one_process_with_twice_the_batch
     assert ddp.stdout.count("Run summary") == 1, ddp.stdout
     m_ddp = json.loads((runs / "ddp" / "metrics.json").read_text())
     m_one = json.loads((runs / "single" / "metrics.json").read_text())
-    # the same samples per optimizer step (2 x 4 vs 8), batches composed differently: accuracy within 3 points
-    # of the 200 test reviews, and the test set counted once (torchmetrics synced over both ranks' halves)
-    assert abs(m_ddp["test/acc"] - m_one["test/acc"]) <= 0.03, (m_ddp["test/acc"], m_one["test/acc"])
+    # both learned (chance is 0.5), from the same samples per optimizer step (2 x 4 vs 8) composed differently
+    # (the distributed sampler deals each rank every other sample): test accuracy within 5 points of the 200
+    # reviews, counted once (torchmetrics syncs both ranks' halves)
+    assert m_one["test/acc"] >= 0.7, m_one
+    assert abs(m_ddp["test/acc"] - m_one["test/acc"]) <= 0.05, (m_ddp["test/acc"], m_one["test/acc"])
     # reports are the model's, not summed over ranks: the same sparsity as one process
     sparsity = [k for k in m_one if k.startswith("prune/") and "sparsity" in k]
     assert sparsity and all(abs(m_ddp[k] - m_one[k]) < 1e-6 for k in sparsity)
