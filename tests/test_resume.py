@@ -27,7 +27,7 @@ from adls_lightning.io_utils import AtomicCheckpointIO, atomic_write_json
 ROOT = Path(__file__).resolve().parent.parent
 STEPS_PER_EPOCH = 8  # 64 rows / batch 8
 KILL_AT_STEP = 11  # second epoch, two steps after the last.ckpt of step 9
-COMPARED_METRICS = ("val/acc", "val/f1", "test/acc", "test/f1", "train/loss_epoch")
+COMPARED_METRICS = ("train/loss", "val/loss", "val/acc", "test/loss", "test/acc", "test/f1")
 
 
 class RecordBatches(L.Callback):
