@@ -1,22 +1,30 @@
-"""Console commands installed by ``pip install .``: ``adls-train`` and ``adls-search``, the same as ``train.py``
-and ``search.py`` (same overrides, same configs) but runnable from any folder.
+"""The entry points: ``train.py`` / ``search.py`` in a checkout, and the console commands ``adls-train`` /
+``adls-search`` that ``pip install .`` installs (same overrides, same configs, runnable from any folder).
 
-The configs come with the package (``adls_lightning/conf``, a link to the repository's ``conf/``); outputs go to
-``./outputs`` of the folder the command runs in (``paths.root_dir``, i.e. ``$PROJECT_ROOT``, defaults to it).
+Both go through :func:`entry_point`: the config is checked by :func:`adls_lightning.config.preflight` before Hydra
+runs or writes anything, and Hydra's execution whitelist is the project's (:mod:`adls_lightning.build`).
+The packaged configs are ``adls_lightning/conf`` (a link to the repository's ``conf/``); the console commands
+write outputs under the folder they run in (``$PROJECT_ROOT`` defaults to it).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig
 
-CONFIG_DIR = str(Path(__file__).resolve().parent / "conf")
+from adls_lightning.build import hydra_execution_whitelist
+from adls_lightning.config import preflight
+
+CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 
 
-def _train(cfg: DictConfig) -> float | None:
+def run_training(cfg: DictConfig) -> float | None:
+    """Hydra task of ``train``: fit, validate and test one configuration; returns ``optimized_metric``."""
     from adls_lightning.training import one_line_errors, run  # imported late: `--help` stays fast
 
     with one_line_errors():
@@ -24,19 +32,33 @@ def _train(cfg: DictConfig) -> float | None:
     return metrics.get(cfg.get("optimized_metric"))
 
 
-def _search(cfg: DictConfig):
-    from adls_lightning.search.objective import run_trial
+def run_search_trial(cfg: DictConfig) -> Any:
+    """Hydra task of ``search``: one trial (a training run of the sampled config)."""
+    from adls_lightning.search.objective import run_trial  # imported late: `--help` stays fast
 
     return run_trial(cfg)
 
 
-def train() -> None:
-    """``adls-train [overrides]``: fit, validate and test one configuration (see ``conf/train.yaml``)."""
-    os.environ.setdefault("PROJECT_ROOT", os.getcwd())
-    hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")(_train)()  # as train.py
+def entry_point(
+    task: Callable[[DictConfig], Any], config_dir: Path, config_name: str, version_base: str | None
+) -> Callable[[], Any]:
+    """``@hydra.main`` over ``task`` with the project's whitelist, wrapped in the up-front config check."""
+    hydra_main = hydra.main(
+        version_base=version_base,
+        config_path=str(config_dir),
+        config_name=config_name,
+        execution_whitelist=hydra_execution_whitelist(),
+    )(task)
+    return preflight(hydra_main, config_dir, config_name)
 
 
-def search() -> None:
-    """``adls-search [overrides]``: an Optuna study whose trials are training runs (see ``conf/search.yaml``)."""
+def train(config_dir: Path = CONFIG_DIR) -> Any:
+    """``adls-train [overrides]``: see ``conf/train.yaml``."""
     os.environ.setdefault("PROJECT_ROOT", os.getcwd())
-    hydra.main(config_path=CONFIG_DIR, config_name="search")(_search)()  # as search.py
+    return entry_point(run_training, config_dir, "train", "1.3")()
+
+
+def search(config_dir: Path = CONFIG_DIR) -> Any:
+    """``adls-search [overrides]``: an Optuna study whose trials are training runs; see ``conf/search.yaml``."""
+    os.environ.setdefault("PROJECT_ROOT", os.getcwd())
+    return entry_point(run_search_trial, config_dir, "search", None)()

@@ -8,6 +8,7 @@ module its ``data.*`` keys, the sweeper its ``hydra.sweeper.*``); this module ch
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import os
@@ -159,13 +160,16 @@ def check_composed_config(cfg: Any, multirun: bool) -> None:
     from adls_lightning.build import check_config_targets
 
     check_config_targets(cfg)
-    # Resolve as the job will see it: ${hydra:runtime.output_dir} is the run dir (the sweep dir for a search).
-    run_dir = Path(str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir"))).absolute()
-    with open_dict(cfg):
-        cfg.hydra.runtime.output_dir = str(run_dir)
-        cfg.hydra.job.num = 0
-    HydraConfig.instance().set_config(cfg)
+    # Resolve as the job will see it: ${hydra:runtime.output_dir} is the run dir (the sweep dir for a search),
+    # and the run dir itself may use ${hydra:runtime.choices...} (a search's study name), so Hydra's config is
+    # set before either is resolved.
+    HydraConfig.instance().set_config(copy.deepcopy(cfg))  # set_config makes what it is given read-only
     try:
+        run_dir = Path(str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir"))).absolute()
+        with open_dict(cfg):
+            cfg.hydra.runtime.output_dir = str(run_dir)
+            cfg.hydra.job.num = 0
+        HydraConfig.instance().set_config(cfg)
         job = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:
         raise ConfigError(f"{err.full_key}: {err.msg}") from None
