@@ -165,7 +165,9 @@ def check_composed_config(cfg: Any, multirun: bool) -> None:
     # set before either is resolved.
     HydraConfig.instance().set_config(copy.deepcopy(cfg))  # set_config makes what it is given read-only
     try:
-        run_dir = Path(str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir"))).absolute()
+        run_dir = Path(
+            str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir"))
+        ).absolute()
         with open_dict(cfg):
             cfg.hydra.runtime.output_dir = str(run_dir)
             cfg.hydra.job.num = 0
