@@ -90,6 +90,17 @@ def compile_in_place(module: torch.nn.Module, options: CompileOptions) -> None:
     module.compile(**options.torch_kwargs())
 
 
+def start_compile_run() -> CompileCounters:
+    """Forget what dynamo compiled earlier in this process and count from here.
+
+    Runs in one process (Optuna trials, multirun jobs, tests) compile the same ``forward`` code again and again;
+    past ``torch._dynamo.config.recompile_limit`` dynamo silently falls back to eager for it, so a later run
+    would be neither compiled nor counted.
+    """
+    torch._dynamo.reset()
+    return CompileCounters()
+
+
 def is_compiled(module: torch.nn.Module) -> bool:
     """Whether ``nn.Module.compile`` was called on ``module``."""
     return getattr(module, "_compiled_call_impl", None) is not None

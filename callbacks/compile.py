@@ -14,6 +14,7 @@ from adls_lightning.compile import (
     graph_break_reasons,
     is_compiled,
     is_graph_break_error,
+    start_compile_run,
 )
 from adls_lightning.config import ConfigError
 
@@ -69,7 +70,7 @@ class CompileCallback(L.Callback):
         if is_compiled(target):
             return
         if self.counters is None:
-            self.counters = CompileCounters()
+            self.counters = start_compile_run()
         compile_in_place(target, self.options)
         log.info(
             "Compiling %s (%s) with %s", self.module or "the module", type(target).__name__, self.options

@@ -131,18 +131,18 @@ CASES = [
     Case("max-length-above-positions", ("overwrite=true", "data.max_length=4096"), "data.max_length"),
     Case("ckpt-last-nothing", ("ckpt_path=last",), "ckpt_path=last"),
     *[
-        Case(f"data-{kind}", ("overwrite=true", f"data.data_dir={{bad_data}}/{kind}"), f"{kind}/{file}")
-        for kind, file in {
-            "random-parquet": "train.parquet",
-            "truncated-parquet-half": "train.parquet",
-            "truncated-parquet-tail": "train.parquet",
-            "csv-cut-in-quote": "train.csv",
-            "null-text": "train.parquet",
-            "bad-label": "train.parquet",
-            "wrong-columns": "train.parquet",
-            "empty-file": "train.csv",
-            "two-train-files": "data.data_dir",
-            "jsonl-garbage": "train.jsonl",
+        Case(f"data-{kind}", ("overwrite=true", f"data.data_dir={{bad_data}}/{kind}"), names)
+        for kind, names in {
+            "random-parquet": "random-parquet/train.parquet",
+            "truncated-parquet-half": "truncated-parquet-half/train.parquet",
+            "truncated-parquet-tail": "truncated-parquet-tail/train.parquet",
+            "csv-cut-in-quote": "csv-cut-in-quote/train.csv",
+            "null-text": "null-text/train.parquet",
+            "bad-label": "bad-label/train.parquet",
+            "wrong-columns": "wrong-columns/train.parquet",
+            "empty-file": "empty-file/train.csv",
+            "two-train-files": "two-train-files: 2 'train' file found",  # the folder named, with the count
+            "jsonl-garbage": "jsonl-garbage/train.jsonl",
         }.items()
     ],
     *[

@@ -151,12 +151,6 @@ def _train_cmd(tiny_imdb_dir, cache_dir, out, *extra):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="failed in the one run made so far (2026-11-23, machine overloaded, not diagnosed); expected cause: "
-    "Lightning restarts a non-resumable sampler's epoch from its start, fixed by the data module's resumable "
-    "sampler state (issue 15). Make strict once that lands.",
-)
 def test_killed_compiled_run_resumes_to_the_uninterrupted_result(tiny_imdb_dir, cache_dir, tmp_path):
     # 300 train rows / batch 8 = 38 steps per epoch; last.ckpt every 5 steps, so the kill lands mid-epoch.
     extra = ["trainer.max_epochs=2", "callbacks.last_checkpoint.every_n_train_steps=5"]
