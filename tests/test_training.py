@@ -209,7 +209,7 @@ def test_label_outside_binary_is_rejected(compose_cfg, tmp_path):
     frame.loc[3, "label"] = 2
     frame.to_parquet(folder / "train.parquet")
     make_reviews(20, seed=1).to_parquet(folder / "test.parquet")
-    with pytest.raises(ConfigError, match=r"'label' has values \[0, 1, 2\]"):
+    with pytest.raises(ConfigError, match=r"row 3 has label 2 \(labels must be 0 or 1\)"):
         run(compose_cfg([f"data.data_dir={folder}", "data.val_size=20"]))
 
 
