@@ -444,7 +444,8 @@ class LogQuantizer(_SignMagnitudeQuantizer):
     """
 
     format_name = "log"
-    search_space = {"params": {"width": [8, 16]}}
+    # widths above 8 need an exponent_bias other than the default (2^(w-1)-1-B would exceed float32's range)
+    search_space = {"params": {"width": [5, 6, 8]}}
 
     def __init__(self, width: int, exponent_bias: int | None = None) -> None:
         super().__init__()
@@ -741,6 +742,7 @@ class BinaryResidualQuantizer(Quantizer):
 
     format_name = "binary_residual"
     zero_representable = False
+    search_space = {"params": {"levels": [1, 2, 3]}, "slots": ["data_in", "weight"]}
 
     def __init__(self, levels: int = 2, stochastic: bool = False, bipolar: bool = True) -> None:
         super().__init__()
@@ -855,6 +857,7 @@ class MXInt8Quantizer(Quantizer):
 
     format_name = "mxint8"
     blocked = True
+    search_space = {"params": {"block_size": [32]}, "slots": ["data_in", "weight"]}
 
     def __init__(self, block_size: Any = 32, width: int = 8) -> None:
         super().__init__()
