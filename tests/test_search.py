@@ -150,6 +150,74 @@ def test_mixed_precision_trials_quantize_each_layer_as_sampled(search, tmp_path)
         assert t.user_attrs["metrics"]["quant/layers"] == quantized
 
 
+# The 12 formats of `quant=` (the issue's list, written out by hand: the registry must hold exactly these).
+FORMATS = (
+    "integer", "log", "block_fp", "block_log", "block_minifloat", "minifloat_ieee", "minifloat_denorm",
+    "binary", "binary_scaling", "binary_residual", "ternary", "mxint8",
+)  # fmt: skip
+# Runs search.py's entry point once per argv in one process: 13 studies in one Python start-up.
+STUDIES_APP = """
+import json, sys
+from pathlib import Path
+from hydra.core.global_hydra import GlobalHydra
+from adls_lightning.cli import search
+conf, runs = Path(sys.argv[1]), json.loads(sys.argv[2])
+for argv in runs:
+    sys.argv = ["search.py", *argv]
+    GlobalHydra.instance().clear()
+    try:
+        search(conf)
+    except SystemExit as err:
+        print("EXIT", argv[-1], err.code, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def one_trial_per_precision(tmp_path_factory, tiny_imdb_dir, cache_dir):
+    """One 1-trial study per ``search.precision`` (the 12 formats and ``all``) on the tiny model; their sweep dir."""
+    sweeps = tmp_path_factory.mktemp("precisions")
+    base = [
+        f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}", "trainer=cpu", "trainer.max_epochs=1",
+        "callbacks.rich_progress_bar=null", "data.max_length=16", "data.batch_size=16", "data.train_size=32",
+        "data.val_size=32", "data.test_size=32", "search=mixed_precision", "model=tiny_random",
+        "hydra.sweeper.n_trials=1",
+    ]  # fmt: skip
+    runs = [[*base, f"hydra.sweep.dir={sweeps / p}", f"search.precision={p}"] for p in (*FORMATS, "all")]
+    app = sweeps / "studies.py"
+    app.write_text(STUDIES_APP)
+    # one thread: the studies are tiny, and OpenMP threads spin on a shared CPU
+    env = {**os.environ, "PROJECT_ROOT": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(app), str(ROOT / "conf"), json.dumps(runs)], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "EXIT" not in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return sweeps
+
+
+def test_the_registry_holds_the_twelve_formats_and_each_has_a_search_space():
+    from adls_lightning.quant.quantizers import QUANTIZERS
+
+    assert set(QUANTIZERS) == set(FORMATS)
+    assert all(QUANTIZERS[f].search_space is not None for f in FORMATS)
+
+
+@pytest.mark.parametrize("precision", [*FORMATS, "all"])
+def test_every_precision_completes_a_trial(one_trial_per_precision, precision):
+    name = f"mixed_precision-{precision}-acc-tpe"  # an all-formats study is named as such
+    study = optuna.load_study(
+        study_name=name, storage=f"sqlite:///{one_trial_per_precision / precision / name}.db"
+    )
+    (trial,) = study.trials
+    assert trial.state == TrialState.COMPLETE, trial.user_attrs
+    formats = [v for k, v in trial.params.items() if k.endswith("/format")]
+    assert len(formats) == len(linear_layers(hidden=32, intermediate=64, layers=2))
+    allowed = {"fp32", *FORMATS} if precision == "all" else {"fp32", precision}
+    assert set(formats) <= allowed
+    # every layer whose sampled format is not fp32 was quantized in the trained model
+    assert trial.user_attrs["metrics"]["quant/layers"] == sum(f != "fp32" for f in formats)
+
+
 def test_compression_aware_nas_scores_after_compression(search, tmp_path):
     ok(search("search=nas_compression", "compress.post_epochs=0", "hydra.sweeper.n_trials=1", *TINY_NAS))
     (trial,) = load(tmp_path, "nas_compression-post0-acc-tpe").trials

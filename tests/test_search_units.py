@@ -185,6 +185,45 @@ def test_mixed_precision_space_checks_its_config(tiny_bert):
         space(optuna.create_study().ask())
 
 
+def test_search_precision_picks_one_format_or_all(tiny_bert):
+    from adls_lightning.quant.quantizers import QUANTIZERS
+
+    assert MixedPrecisionSpace(tiny_bert, precision="log").use == ["fp32", "log"]
+    assert MixedPrecisionSpace(tiny_bert, precision="all").use == ["fp32", *QUANTIZERS]
+    # an explicit list wins over the precision
+    assert MixedPrecisionSpace(tiny_bert, use=["fp32", "ternary"], precision="log").use == ["fp32", "ternary"]
+    with pytest.raises(ConfigError, match="search.precision=posit: not a searchable format .*mxint8, all"):
+        MixedPrecisionSpace(tiny_bert, precision="posit")
+
+
+@pytest.mark.parametrize("fmt", ["integer", "log", "block_fp", "binary_residual", "mxint8", "ternary"])
+def test_every_combination_of_a_default_space_builds(fmt):
+    from adls_lightning.quant.quantizers import QUANTIZERS, make_quantizer
+
+    params = QUANTIZERS[fmt].search_space["params"]
+    for values in itertools.product(*params.values()):
+        make_quantizer(fmt, **dict(zip(params, values)))  # raises on a combination the format refuses
+
+
+def test_block_sizes_that_do_not_tile_a_layer_are_rejected_before_training(tiny_bert):
+    # hidden 16: MXINT8's 32-element blocks cannot tile the inputs of any layer of this model
+    space = MixedPrecisionSpace(tiny_bert, precision="mxint8", layers="classifier")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(0))
+    outcomes = set()
+    for _ in range(6):
+        trial = study.ask()
+        try:
+            space(trial)
+            outcomes.add(trial.params["classifier/format"])
+        except optuna.TrialPruned as reason:
+            assert trial.params["classifier/format"] == "mxint8"
+            assert "rejected classifier: mxint8 data_in: does not divide the dimension of size 16" in str(
+                reason
+            )
+            outcomes.add("rejected")
+    assert outcomes == {"fp32", "rejected"}
+
+
 class _LogsAccuracy(BoringModel):
     def validation_step(self, batch, batch_idx):
         self.log("val/acc", 0.25 + 0.25 * self.current_epoch)  # 0.25, 0.5, 0.75 over epochs

@@ -89,6 +89,23 @@ class NasSpace:
 
 FULL_PRECISION = "fp32"
 SLOTS = ("data_in", "weight", "bias")
+ALL_FORMATS = "all"
+
+
+def _precision_formats(precision: str | None, formats: list[str]) -> list[str]:
+    """The formats of one ``search.precision``: fp32 and that format, or every format for ``all`` / None.
+
+    Raises:
+        ConfigError: ``precision`` is none of the formats.
+    """
+    if precision in (None, ALL_FORMATS):
+        return formats
+    if precision == FULL_PRECISION or precision not in formats:
+        valid = [f for f in formats if f != FULL_PRECISION] + [ALL_FORMATS]
+        raise ConfigError(
+            f"search.precision={precision}: not a searchable format (valid: {', '.join(valid)})"
+        )
+    return [f for f in (FULL_PRECISION, precision) if f in formats]
 
 
 class MixedPrecisionSpace:
@@ -98,7 +115,8 @@ class MixedPrecisionSpace:
     quantized layer ``<layer>/<format>.<parameter>`` for each parameter of the format (e.g. ``width``,
     ``frac_width``); the names carry the format because each format has its own choices. A layer's format and
     widths apply to the operands in ``slots`` (input, weight and bias by default). Combinations the format
-    rejects (checked by ``adls_lightning.quant.make_quantizer``) are rejected with the reason.
+    rejects (checked by ``adls_lightning.quant.make_quantizer``), and block sizes that do not tile a layer's
+    dimension, are rejected with the reason before anything is trained.
 
     The overrides add one ``by: name`` entry per quantized layer under ``target`` (the quantization callback's
     config); full-precision layers get none (they fall to the config's ``default``, no quantization).
@@ -109,10 +127,12 @@ class MixedPrecisionSpace:
         formats: ``{format: {params: {parameter: [choices]}, slots: [operands]}}``; ``fp32`` = full precision.
             Each entry is read over the format's own default (``Quantizer.search_space``: a given ``params`` or
             ``slots`` replaces the default's). None = ``fp32`` and every registered format that has a default.
-        use: the formats searched (e.g. ``[fp32, integer]`` for one precision's curve); None = all of ``formats``.
+        use: the formats searched (e.g. ``[fp32, integer, log]``); None = as ``precision`` says.
         layers: a regular expression a layer name must fully match to be searched; None = every linear layer.
         target: config key of the quantization config the overrides extend.
         plugins: modules to import first, so the formats they register can be searched (``quant.plugins``).
+        precision: ``search.precision``, used when ``use`` is None: a format name searches ``[fp32, <format>]``
+            (one curve of Lab 3), ``all`` (or None) every format of ``formats``.
     """
 
     def __init__(
@@ -123,13 +143,16 @@ class MixedPrecisionSpace:
         layers: str | None = None,
         target: str = "quant.config",
         plugins: Sequence[str] | None = None,
+        precision: str | None = None,
     ) -> None:
         import_plugins(plugins, "hydra.sweeper.search_space.plugins")
         if formats is None:
             formats = {FULL_PRECISION: {}} | {
                 name: {} for name, cls in QUANTIZERS.items() if cls.search_space is not None
             }
-        use = list(formats) if use is None else _check_choices("use", use, list(formats))
+        if use is None:
+            use = _precision_formats(precision, list(formats))
+        use = _check_choices("use", use, list(formats))
         self.formats: dict[str, tuple[dict[str, list[Any]], list[str]]] = {}
         for name in use:
             if name == FULL_PRECISION:
@@ -147,12 +170,25 @@ class MixedPrecisionSpace:
             slots = _check_choices(f"formats.{name}.slots", spec.get("slots", SLOTS), SLOTS)
             self.formats[name] = (params, slots)
         self.use = use
-        names = [layer.name for layer in find_linear_layers(backbone)]
-        self.layers = [n for n in names if layers is None or re.fullmatch(layers, n)]
+        linears = {
+            layer.name: getattr(layer.module, "linear", layer.module)
+            for layer in find_linear_layers(backbone)
+        }
+        self.layers = [n for n in linears if layers is None or re.fullmatch(layers, n)]
         if not self.layers:
             raise ConfigError(
-                f"hydra.sweeper.search_space.layers={layers}: matches no linear layer (e.g. {names[0]})"
+                f"hydra.sweeper.search_space.layers={layers}: matches no linear layer (e.g. {next(iter(linears))})"
             )
+        # the last dimension each operand is blocked along (as the quantization transform checks it)
+        self.last_dims = {
+            n: {
+                "data_in": m.in_features,
+                "weight": m.in_features,
+                "bias": m.out_features if m.bias is not None else None,
+            }
+            for n, m in linears.items()
+            if n in self.layers
+        }
         self.target = target
 
     def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
@@ -166,9 +202,15 @@ class MixedPrecisionSpace:
                 p: trial.suggest_categorical(f"{layer}/{fmt}.{p}", choices) for p, choices in params.items()
             }
             try:
-                make_quantizer(fmt, **values)
+                quantizer = make_quantizer(fmt, **values)
             except ConfigError as err:
                 raise optuna.TrialPruned(f"rejected {layer}: {fmt} {err}") from None
+            # a format without searched parameters is written as its name alone: its own slots apply
+            for slot in slots if params else QUANTIZERS[fmt].slots:
+                size = self.last_dims[layer][slot]
+                problem = None if size is None else quantizer.check_last_dim(size)
+                if problem:
+                    raise optuna.TrialPruned(f"rejected {layer}: {fmt} {slot}: {problem}")
             config = {"name": fmt} | {f"{slot}_{p}": v for slot in slots for p, v in values.items()}
             overrides[f"++{self.target}.{layer}"] = {"config": config}
         return overrides
