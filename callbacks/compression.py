@@ -15,7 +15,7 @@ from typing_extensions import override
 from adls_lightning.config import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import Pruner
-from adls_lightning.quant import QuantConfig, quantization_report, quantize_model
+from adls_lightning.quant import quantization_report, quantize_model, to_recipe
 from callbacks.pruning import PruningCallback, forget_best_checkpoints, log_sparsity
 
 PRUNE_KEYS = ("weight", "activation", "include", "exclude", "seed")
@@ -97,7 +97,7 @@ class CompressionCallback(L.Callback):
                 )
             self.pruner = Pruner(**prune, key="compress.prune")
         # Parse now (no model needed) so a bad config fails before training, not after at_epoch epochs.
-        self.quant = QuantConfig.parse(quant, key="compress.quant") if quant else None
+        self.quant = to_recipe(quant, key="compress.quant") if quant else None
         self.at_epoch = at_epoch
         self.post_epochs = post_epochs
         self.monitor = monitor

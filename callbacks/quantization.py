@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -10,12 +9,11 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.trainer.states import TrainerFn
-from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
 from adls_lightning.config import ConfigError
 from adls_lightning.lora import merge_before_compression
-from adls_lightning.quant import QuantConfig, quantization_report, quantize_model, quantized_layers
+from adls_lightning.quant import QuantRecipe, quantization_report, quantize_model, quantized_layers, to_recipe
 from adls_lightning.registry import import_plugins
 
 log = logging.getLogger(__name__)
@@ -44,8 +42,10 @@ class QuantizationCallback(L.Callback):
     ``quant/layers`` and, for PTQ, ``ptq/val_acc_before``/``ptq/val_acc_after``.
 
     Args:
-        config: MASE-style quantization config (see :mod:`adls_lightning.quant.transform`); copied,
-            never modified.
+        config: a typed recipe (:class:`~adls_lightning.quant.QuantRecipe`, or a
+            :class:`~adls_lightning.quant.LayerRecipe` for every layer, e.g. built by Hydra from ``_target_``
+            leaves), a MASE-style dict, or the path of a lab config file (``.toml``/``.yaml``/``.json``; a whole
+            MASE config gives its ``[passes.quantize]``), converted by :func:`adls_lightning.quant.to_recipe`.
         mode: ``"qat"`` or ``"ptq"``.
         train_base: QAT only: train the quantized layers' weights too, not just LoRA adapters.
         monitor: the validation metric reported as PTQ accuracy.
@@ -65,7 +65,7 @@ class QuantizationCallback(L.Callback):
 
     def __init__(
         self,
-        config: Mapping[str, Any] | None = None,
+        config: QuantRecipe | Mapping[str, Any] | str | None = None,
         mode: str = "qat",
         train_base: bool = False,
         monitor: str = "val/acc",
@@ -78,10 +78,7 @@ class QuantizationCallback(L.Callback):
             raise ConfigError(f"quant.train_base={train_base!r}: must be true or false")
         if train_base and mode != "qat":
             raise ConfigError("quant.train_base=true: only applies to quant.mode=qat (PTQ does not train)")
-        if isinstance(config, DictConfig):
-            config = OmegaConf.to_container(config, resolve=True)
-        self.config: dict[str, Any] = copy.deepcopy(dict(config or {}))
-        self._parsed = QuantConfig.parse(self.config, key="quant.config")
+        self.recipe: QuantRecipe = to_recipe(config, key="quant.config")
         self.mode = mode
         self.train_base = train_base
         self.monitor = monitor
@@ -107,7 +104,7 @@ class QuantizationCallback(L.Callback):
         """Swap the layers of ``pl_module.model`` (or ``pl_module`` itself) now."""
         merge_before_compression(pl_module)
         model = getattr(pl_module, "model", pl_module)
-        names = quantize_model(model, self._parsed)
+        names = quantize_model(model, self.recipe)
         if self.train_base:
             for layer in quantized_layers(model):
                 layer.linear.requires_grad_(True)

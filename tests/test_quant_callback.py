@@ -35,9 +35,17 @@ def build(compose_cfg, overrides, **trainer_kwargs):
     return model, callback, datamodule, trainer
 
 
+# LoRA kept unmerged (the explicit option): adapters train over the frozen quantized base layers
+UNMERGED = "model.merge_lora_before_compress=false"
+
+
 def test_qat_trains_lora_adapters_over_frozen_quantized_base(compose_cfg):
     model, callback, datamodule, trainer = build(
-        compose_cfg, ["quant=int8"], enable_checkpointing=False, limit_train_batches=8, limit_val_batches=2
+        compose_cfg,
+        ["quant=int8", UNMERGED],
+        enable_checkpointing=False,
+        limit_train_batches=8,
+        limit_val_batches=2,
     )
     base = {n: p.detach().clone() for n, p in model.named_parameters() if "base_layer" in n}
     trainer.fit(model, datamodule=datamodule)
@@ -56,7 +64,7 @@ def test_qat_trains_lora_adapters_over_frozen_quantized_base(compose_cfg):
 
 def test_train_base_unfreezes_the_quantized_weights(compose_cfg):
     model, _, datamodule, trainer = build(
-        compose_cfg, ["quant=int8", "quant.train_base=true"], enable_checkpointing=False, limit_train_batches=4,
+        compose_cfg, ["quant=int8", "quant.train_base=true", UNMERGED], enable_checkpointing=False, limit_train_batches=4,
         limit_val_batches=1,
     )  # fmt: skip
     base = {n: p.detach().clone() for n, p in model.named_parameters() if "base_layer.weight" in n}
@@ -117,7 +125,7 @@ def test_ptq_run_writes_before_and_after_to_metrics(compose_cfg, tmp_path):
 
 
 def test_resumed_qat_run_comes_back_quantized(compose_cfg, tmp_path):
-    common = ["quant=int8", "callbacks.last_checkpoint.every_n_train_steps=10"]
+    common = ["quant=int8", UNMERGED, "callbacks.last_checkpoint.every_n_train_steps=10"]
     run(compose_cfg([*common, "trainer.max_epochs=1"], output_dir=tmp_path / "a"))
     last = tmp_path / "a" / "checkpoints" / "last.ckpt"
     saved = torch.load(last, weights_only=True)

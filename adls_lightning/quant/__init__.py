@@ -1,20 +1,23 @@
-"""Quantization: fake quantizers for every format of the ADLS labs, ``QuantLinear`` and ``quantize_model``.
+"""Quantization: fake quantizers for every format of the ADLS labs, ``QuantLinear``, typed recipes, ``quantize_model``.
 
 .. code-block:: python
 
-    from adls_lightning.quant import make_quantizer, quantize_model, quantization_report
+    from adls_lightning.quant import LayerRecipe, make_quantizer, quantize_model, quantization_report
 
     make_quantizer("integer", width=8, frac_width=4)(x)  # fake-quantized x, STE gradient
-    quantize_model(model, {"by": "type", "linear": {"config": {"name": "integer", ...}}})
+    quantize_model(model, LayerRecipe.uniform("integer", width=8, frac_width=4))  # typed recipe
+    quantize_model(model, {"by": "type", "linear": {"config": {"name": "integer", ...}}})  # the labs' dict
+    quantize_model(model, "lab_integer.toml")  # a lab config file ([passes.quantize])
     quantization_report(model)  # quant/avg_weight_bits, quant/avg_act_bits, quant/weight_bytes
 
 See ``docs/quantization.md``.
 """
 
 from adls_lightning.quant.linear import SLOTS, QuantLinear
+from adls_lightning.quant.mase import from_mase, load_lab_config, to_recipe
 from adls_lightning.quant.quantizers import QUANTIZERS, Quantizer, make_quantizer, register_format
+from adls_lightning.quant.recipe import LayerRecipe, OperandRecipe, QuantRecipe
 from adls_lightning.quant.transform import (
-    QuantConfig,
     find_linear_layers,
     quantization_report,
     quantize_model,
@@ -24,13 +27,18 @@ from adls_lightning.quant.transform import (
 __all__ = [
     "QUANTIZERS",
     "SLOTS",
-    "QuantConfig",
+    "LayerRecipe",
+    "OperandRecipe",
     "QuantLinear",
+    "QuantRecipe",
     "Quantizer",
     "find_linear_layers",
+    "from_mase",
+    "load_lab_config",
     "make_quantizer",
     "quantization_report",
     "quantize_model",
     "quantized_layers",
     "register_format",
+    "to_recipe",
 ]

@@ -17,10 +17,10 @@ SLOTS = ("data_in", "weight", "bias")
 class QuantLinear(nn.Module):
     """Wraps an ``nn.Linear`` (kept as the child ``linear``, not copied) with input, weight and bias quantizers.
 
-    ``forward(x) = F.linear(q_in(x), q_w(linear.weight), q_b(linear.bias))``; a missing quantizer
-    passes its operand through. Because the layer is wrapped, parametrizations registered on
-    ``linear.weight`` (pruning masks via ``torch.nn.utils.parametrize``) keep applying, whether they
-    were registered before or after wrapping, and the bias is kept.
+    ``forward(x) = q_out(F.linear(q_in(x), q_w(linear.weight), q_b(linear.bias)))``; a missing quantizer
+    passes its operand through (``q_out`` is MASE's ``data_out``, rarely used). Because the layer is wrapped,
+    parametrizations registered on ``linear.weight`` (pruning masks via ``torch.nn.utils.parametrize``) keep
+    applying, whether they were registered before or after wrapping, and the bias is kept.
 
     ``weight``, ``bias``, ``in_features`` and ``out_features`` read through to the wrapped layer, so
     code that inspects a linear layer (PEFT's LoRA wrapper does) still works. State dicts saved from
@@ -33,6 +33,7 @@ class QuantLinear(nn.Module):
         data_in_quantizer: quantizer for the input activations, or None.
         weight_quantizer: quantizer for the weight, or None.
         bias_quantizer: quantizer for the bias, or None.
+        data_out_quantizer: quantizer for the output, or None.
     """
 
     #: The child through which this wrapper calls the layer it wraps (read by :mod:`adls_lightning.layers`).
@@ -44,12 +45,14 @@ class QuantLinear(nn.Module):
         data_in_quantizer: Quantizer | None = None,
         weight_quantizer: Quantizer | None = None,
         bias_quantizer: Quantizer | None = None,
+        data_out_quantizer: Quantizer | None = None,
     ) -> None:
         super().__init__()
         self.linear = linear
         self.data_in_quantizer = data_in_quantizer
         self.weight_quantizer = weight_quantizer
         self.bias_quantizer = bias_quantizer
+        self.data_out_quantizer = data_out_quantizer
         self.register_load_state_dict_pre_hook(_accept_plain_linear_state)
 
     @property
@@ -69,7 +72,7 @@ class QuantLinear(nn.Module):
         return self.linear.out_features
 
     def quantizer(self, slot: str) -> Quantizer | None:
-        """The quantizer of ``slot`` (one of :data:`SLOTS`)."""
+        """The quantizer of ``slot`` (one of :data:`SLOTS`, or ``data_out``)."""
         return getattr(self, f"{slot}_quantizer")
 
     def forward(self, x: Tensor) -> Tensor:
@@ -81,7 +84,8 @@ class QuantLinear(nn.Module):
         bias = self.linear.bias
         if bias is not None and self.bias_quantizer is not None:
             bias = self.bias_quantizer(bias)
-        return F.linear(x, weight, bias)
+        out = F.linear(x, weight, bias)
+        return out if self.data_out_quantizer is None else self.data_out_quantizer(out)
 
     def slot_bits(self, slot: str) -> float:
         """Storage bits per element of ``slot``; the parameter dtype's width when it is not quantized."""

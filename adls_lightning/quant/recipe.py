@@ -1,0 +1,189 @@
+"""Typed quantization recipes: which number format each operand of each linear layer gets.
+
+Three frozen dataclasses, each checking itself when it is built (in Python, or by Hydra from a ``_target_`` leaf):
+
+* :class:`OperandRecipe` ``(format, params)``: one operand's format; building it builds the quantizer once, so an
+  unknown format or parameter, a missing one, or a bad value fails right there.
+* :class:`LayerRecipe` ``(data_in, weight, bias, data_out)``: one layer's operands; ``None`` keeps that operand at
+  full precision (``data_out`` quantizes the layer's output, MASE's ``data_out_*``).
+* :class:`QuantRecipe` ``(default, layers, patterns)``: which layers get which :class:`LayerRecipe`.
+
+A Hydra leaf building one (``quant.config`` may be this instead of a MASE dict)::
+
+    _target_: adls_lightning.quant.QuantRecipe
+    default:
+      _target_: adls_lightning.quant.LayerRecipe
+      weight: {_target_: adls_lightning.quant.OperandRecipe, format: integer, params: {width: 8, frac_width: 4}}
+    layers:
+      classifier: null          # keep the head at full precision
+
+The labs' MASE dicts are converted to these objects by :func:`adls_lightning.quant.mase.from_mase`, the one
+place that vocabulary is read.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from adls_lightning.config import ConfigError
+from adls_lightning.quant.linear import SLOTS
+from adls_lightning.quant.quantizers import QUANTIZERS, Quantizer, make_quantizer
+
+#: Operands a layer recipe may quantize: the stored operands plus the output.
+OPERANDS = (*SLOTS, "data_out")
+
+
+def _plain(value: Any) -> Any:
+    """Hydra hands nested nodes over as DictConfig/ListConfig; the recipes hold plain containers."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+@dataclass(frozen=True)
+class OperandRecipe:
+    """One operand's number format.
+
+    Args:
+        format: a registered format name (:data:`adls_lightning.quant.QUANTIZERS`).
+        params: the format's constructor parameters (``width``, ``frac_width``, ``block_size``...).
+
+    Raises:
+        QuantizerParamError: unknown format or parameter, a missing parameter or a bad value (names the parameter).
+    """
+
+    format: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", dict(_plain(self.params) or {}))
+        self.build()
+
+    def build(self) -> Quantizer:
+        """A new quantizer module of this format."""
+        return make_quantizer(self.format, **self.params)
+
+
+@dataclass(frozen=True)
+class LayerRecipe:
+    """The operands of one linear layer; ``None`` keeps an operand at full precision.
+
+    ``origins`` maps ``"<operand>_<param>"`` to the config key it was read from (the MASE adapter fills it), so
+    an error found later, e.g. a block size that does not divide a layer's width, names the key the user wrote.
+
+    Raises:
+        ConfigError: an operand that is neither an :class:`OperandRecipe`, a mapping of its fields, nor null.
+    """
+
+    data_in: OperandRecipe | None = None
+    weight: OperandRecipe | None = None
+    bias: OperandRecipe | None = None
+    data_out: OperandRecipe | None = None
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for operand in OPERANDS:
+            value = _plain(getattr(self, operand))
+            if isinstance(value, Mapping):
+                value = OperandRecipe(**value)
+            if value is not None and not isinstance(value, OperandRecipe):
+                raise ConfigError(f"{operand}={value!r}: expected {{format: ..., params: {{...}}}} or null")
+            object.__setattr__(self, operand, value)
+
+    @classmethod
+    def uniform(cls, format: str, **params: Any) -> LayerRecipe:
+        """``format`` with the same ``params`` on the operands the format quantizes by default (its ``slots``)."""
+        slots = QUANTIZERS[format].slots if format in QUANTIZERS else ("data_in", "weight")
+        return cls(**{slot: OperandRecipe(format, params) for slot in slots})
+
+    def quantizers(self) -> dict[str, Quantizer | None]:
+        """A new quantizer per operand (``None`` where the operand stays at full precision)."""
+        return {operand: (r.build() if (r := getattr(self, operand)) else None) for operand in OPERANDS}
+
+    def key_of(self, operand: str, param: str) -> str:
+        """The config key a parameter came from (or would go), for messages."""
+        return self.origins.get(f"{operand}_{param}", f"{operand}.params.{param}")
+
+
+@dataclass(frozen=True)
+class QuantRecipe:
+    """Which linear layers are quantized how.
+
+    A layer named in ``layers`` (its canonical dotted name, or MASE's FX spelling with underscores) gets that
+    entry; otherwise the first of ``patterns`` that matches the whole name (``re.fullmatch``); otherwise
+    ``default``. A ``None`` entry leaves the layer at full precision.
+
+    Args:
+        default: the recipe of layers nothing else names; ``None`` = full precision.
+        layers: per-layer recipes by name.
+        patterns: per-layer recipes by regular expression, first match wins.
+        key: the config key this recipe was read from, for messages.
+
+    Raises:
+        ConfigError: a pattern that is not a regular expression, or an entry that is not a :class:`LayerRecipe`.
+    """
+
+    default: LayerRecipe | None = None
+    layers: Mapping[str, LayerRecipe | None] = field(default_factory=dict)
+    patterns: Mapping[str, LayerRecipe | None] = field(default_factory=dict)
+    key: str = field(default="quant.config", compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "default", _layer_recipe(self.default, f"{self.key}.default"))
+        for attr in ("layers", "patterns"):
+            entries = dict(_plain(getattr(self, attr)) or {})
+            object.__setattr__(
+                self, attr, {k: _layer_recipe(v, f"{self.key}.{k}") for k, v in entries.items()}
+            )
+        for pattern in self.patterns:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ConfigError(f"{self.key}.{pattern}: not a valid regular expression ({err})") from None
+
+    def for_layers(self, names: list[str]) -> dict[str, LayerRecipe | None]:
+        """Each layer's recipe.
+
+        Raises:
+            ConfigError: a name or pattern that matches no layer (a typo would otherwise quantize nothing).
+        """
+        unmatched = [p for p in self.patterns if not any(re.fullmatch(p, n) for n in names)]
+        unmatched += [k for k in self.layers if not any(_names(k, n) for n in names)]
+        if unmatched:
+            raise ConfigError(f"{self.key}.{unmatched[0]}: matches no linear layer ({_examples(names)})")
+        return {name: self._recipe(name) for name in names}
+
+    def _recipe(self, name: str) -> LayerRecipe | None:
+        for key, recipe in self.layers.items():
+            if _names(key, name):
+                return recipe
+        for pattern, recipe in self.patterns.items():
+            if re.fullmatch(pattern, name):
+                return recipe
+        return self.default
+
+
+def _names(key: str, name: str) -> bool:
+    """Whether a per-layer key names the layer: its dotted name, or MASE's FX spelling with underscores."""
+    return key in (name, name.replace(".", "_"))
+
+
+def _layer_recipe(value: Any, key: str) -> LayerRecipe | None:
+    value = _plain(value)
+    if isinstance(value, Mapping):
+        value = LayerRecipe(**value)
+    if value is not None and not isinstance(value, LayerRecipe):
+        raise ConfigError(
+            f"{key}={value!r}: expected a LayerRecipe {{data_in, weight, bias, data_out}} or null"
+        )
+    return value
+
+
+def _examples(names: list[str]) -> str:
+    shown = ", ".join(names[:3])
+    return f"layers are e.g. {shown}" + (f" ... ({len(names)} in all)" if len(names) > 3 else "")
