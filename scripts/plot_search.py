@@ -6,8 +6,10 @@ Examples:
     # Lab 2 task 2: no compression vs compression-aware without / with post-compression training
     python scripts/plot_search.py best-so-far outputs/search/nas-acc-tpe/*.db \\
         outputs/search/nas_compression-post*-acc-tpe/*.db --out figures/nas_compression.png
-    # Lab 3: one curve per precision
+    # Lab 3: one curve per precision (12 formats: 12 curves)
     python scripts/plot_search.py best-so-far outputs/search/mixed_precision-*-acc-tpe/*.db --out figures/mp.png
+    # several seeds per study: studies named <name>-seed<N> are one curve, the mean, with the min-max spread
+    python scripts/plot_search.py best-so-far outputs/search/nas-acc-*-seed*/*.db --out figures/samplers.png
     # accuracy vs average weight bits, with the Pareto front
     python scripts/plot_search.py pareto outputs/search/mixed_precision-*/*.db --out figures/pareto.png
 """
@@ -52,14 +54,20 @@ def main(argv: list[str] | None = None) -> int:
         studies = plots.load_studies(args.storages, args.study)
         if args.figure == "best-so-far":
             maximize = None if args.metric is None else not args.minimize
-            curves = [plots.best_so_far(s, args.metric, maximize) for s in studies]
+            curves = plots.group_seeds([plots.best_so_far(s, args.metric, maximize) for s in studies])
             ylabel = args.metric or (studies[0].metric_names or ["objective"])[0]
             plots.plot_best_so_far(curves, args.out, ylabel, args.title)
             for curve in curves:
-                print(
-                    f"{curve.label}: best {ylabel} {curve.final:.4f} at trial {curve.reached_at} "
-                    f"of {len(curve.trials)}"
-                )
+                if isinstance(curve, plots.SeedBand):
+                    print(
+                        f"{curve.label}: best {ylabel} after {len(curve.trials)} trials, mean of {curve.seeds} "
+                        f"seeds {curve.final:.4f} (min {curve.low[-1]:.4f}, max {curve.high[-1]:.4f})"
+                    )
+                else:
+                    print(
+                        f"{curve.label}: best {ylabel} {curve.final:.4f} at trial {curve.reached_at} "
+                        f"of {len(curve.trials)}"
+                    )
         else:
             points, labels = [], []
             for study in studies:

@@ -251,3 +251,93 @@ def test_pruning_callback_reports_to_the_stored_trial_and_prunes(tmp_path, max_e
     assert stored.intermediate_values == {1: 0.25}
     assert stored.user_attrs["train/epochs"] == 1.0
     assert callback.report() == {"search/epochs": 1.0, "search/validations": 1.0}
+
+
+def _plot_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "plot_search.py"
+    spec = importlib.util.spec_from_file_location("plot_search", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _stored_study(url: str, name: str, values: list[float | None]) -> None:
+    """A study whose trials completed with ``values`` (None: a pruned trial)."""
+    study = optuna.create_study(study_name=name, storage=url, direction="maximize")
+    for value in values:
+        state = TrialState.PRUNED if value is None else TrialState.COMPLETE
+        study.add_trial(create_trial(state=state, value=value))
+
+
+FORMATS = (
+    "integer", "log", "block_fp", "block_log", "block_minifloat", "minifloat_ieee", "minifloat_denorm",
+    "binary", "binary_scaling", "binary_residual", "ternary", "mxint8",
+)  # fmt: skip
+
+
+def test_per_precision_figure_draws_one_curve_per_format(tmp_path, capsys):
+    from adls_lightning.search.plots import best_so_far, group_seeds, load_studies, plot_best_so_far
+
+    rng = random.Random(3)
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    values = {f: [round(rng.uniform(0.5, 0.9), 3) for _ in range(6)] + [None] for f in FORMATS}
+    for fmt in FORMATS:
+        _stored_study(url, f"mixed_precision-{fmt}-acc-tpe", values[fmt])
+    out = tmp_path / "precisions.png"
+    assert _plot_script().main(["best-so-far", str(tmp_path / "studies.db"), "--out", str(out)]) == 0
+    assert out.stat().st_size > 10_000
+    printed = dict(
+        line.split(": best ") for line in capsys.readouterr().out.splitlines() if ": best " in line
+    )
+    assert len(printed) == 12
+    for fmt in FORMATS:
+        final = max(v for v in values[fmt] if v is not None)
+        assert printed[f"mixed_precision-{fmt}-acc-tpe"].startswith(f"objective {final:.4f}")
+    curves = group_seeds([best_so_far(s) for s in load_studies([str(tmp_path / "studies.db")])])
+    entries = plot_best_so_far(curves, tmp_path / "again.png", "val/acc")
+    # twelve legend entries, named by the format alone (the shared words go to the title)
+    assert [e.split(" (")[0] for e in entries] == list(FORMATS)
+
+
+def test_seeds_of_a_study_are_one_curve_with_mean_and_spread(tmp_path, capsys):
+    from adls_lightning.search.plots import SeedBand, best_so_far, group_seeds, load_studies
+
+    rng = random.Random(5)
+    url = f"sqlite:///{tmp_path / 'seeds.db'}"
+    values = {
+        (sampler, seed): [round(rng.uniform(0.5, 0.9), 3) for _ in range(8 + seed)]
+        for sampler in ("random", "tpe", "grid")
+        for seed in range(3)
+    }
+    values["tpe", 1][0] = None  # a pruned first trial: that seed has no best yet at trial 0
+    for (sampler, seed), vals in values.items():
+        _stored_study(url, f"nas-acc-{sampler}-seed{seed}", vals)
+    _stored_study(url, "nas-acc-tpe", [0.6, 0.7])  # no seed part: a curve of its own
+    curves = group_seeds([best_so_far(s) for s in load_studies([str(tmp_path / "seeds.db")])])
+    bands = {c.label: c for c in curves if isinstance(c, SeedBand)}
+    assert sorted(bands) == ["nas-acc-grid-seed*", "nas-acc-random-seed*", "nas-acc-tpe-seed*"]
+    assert [c.label for c in curves if not isinstance(c, SeedBand)] == ["nas-acc-tpe"]
+    for sampler, band in bands.items():
+        # by hand: each seed's running maximum over its first 8 trials (the shortest seed), then across seeds
+        running = []
+        for seed in range(3):
+            best, seq = None, []
+            for v in values[sampler.split("-")[2], seed][:8]:
+                best = v if best is None else (best if v is None else max(best, v))
+                seq.append(best)
+            running.append(seq)
+        assert band.seeds == 3 and band.trials == list(range(8))
+        for i in range(8):
+            column = [seq[i] for seq in running if seq[i] is not None]
+            assert band.mean[i] == pytest.approx(sum(column) / len(column))
+            assert (band.low[i], band.high[i]) == (min(column), max(column))
+    assert (
+        _plot_script().main(["best-so-far", str(tmp_path / "seeds.db"), "--out", str(tmp_path / "s.png")])
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "nas-acc-tpe-seed*: best objective after 8 trials, mean of 3 seeds" in printed
+    assert "nas-acc-tpe: best objective 0.7000 at trial 1 of 2" in printed
