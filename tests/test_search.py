@@ -172,26 +172,41 @@ for argv in runs:
 """
 
 
+def run_studies(folder: Path, runs: list[list[str]]) -> None:
+    """Run search.py once per override list, all in one Python process (start-up dominates tiny studies)."""
+    app = folder / "studies.py"
+    app.write_text(STUDIES_APP)
+    # one thread: the studies are tiny, and OpenMP threads spin on a shared CPU
+    env = {**os.environ, "PROJECT_ROOT": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(app), str(ROOT / "conf"), json.dumps(runs)], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "EXIT" not in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def tiny_run(data_dir: Path, cache_dir: Path) -> list[str]:
+    """Overrides of a seconds-long trial: tiny data, one epoch."""
+    return [
+        f"data.data_dir={data_dir}", f"paths.cache_dir={cache_dir}", "trainer=cpu", "trainer.max_epochs=1",
+        "callbacks.rich_progress_bar=null", "data.max_length=16", "data.batch_size=16", "data.train_size=32",
+        "data.val_size=32", "data.test_size=32",
+    ]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def one_trial_per_precision(tmp_path_factory, tiny_imdb_dir, cache_dir):
     """One 1-trial study per ``search.precision`` (the 12 formats and ``all``) on the tiny model; their sweep dir."""
     sweeps = tmp_path_factory.mktemp("precisions")
     base = [
-        f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}", "trainer=cpu", "trainer.max_epochs=1",
-        "callbacks.rich_progress_bar=null", "data.max_length=16", "data.batch_size=16", "data.train_size=32",
-        "data.val_size=32", "data.test_size=32", "search=mixed_precision", "model=tiny_random",
+        *tiny_run(tiny_imdb_dir, cache_dir),
+        "search=mixed_precision",
+        "model=tiny_random",
         "hydra.sweeper.n_trials=1",
-    ]  # fmt: skip
-    runs = [[*base, f"hydra.sweep.dir={sweeps / p}", f"search.precision={p}"] for p in (*FORMATS, "all")]
-    app = sweeps / "studies.py"
-    app.write_text(STUDIES_APP)
-    # one thread: the studies are tiny, and OpenMP threads spin on a shared CPU
-    env = {**os.environ, "PROJECT_ROOT": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(app), str(ROOT / "conf"), json.dumps(runs)], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0 and "EXIT" not in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ]
+    run_studies(
+        sweeps, [[*base, f"hydra.sweep.dir={sweeps / p}", f"search.precision={p}"] for p in (*FORMATS, "all")]
+    )
     return sweeps
 
 
@@ -216,6 +231,42 @@ def test_every_precision_completes_a_trial(one_trial_per_precision, precision):
     assert set(formats) <= allowed
     # every layer whose sampled format is not fp32 was quantized in the trained model
     assert trial.user_attrs["metrics"]["quant/layers"] == sum(f != "fp32" for f in formats)
+
+
+GRID = "hydra.sweeper.grid={num_hidden_layers:[1,2,4],hidden_size:[32,64,128]}"
+
+
+def test_samplers_draw_different_trials_at_the_lab_preset(tmp_path, tiny_imdb_dir, cache_dir):
+    # The CPU lab preset's NAS space and sampler settings (startup_trials=3), trials cut to seconds. Before each
+    # sampler had its own random stream, TPE's start-up trials were the random sampler's very draws.
+    base = [*tiny_run(tiny_imdb_dir, cache_dir), "search=nas", "search/preset=cpu", "data.train_size=32",
+            "data.val_size=32", "data.test_size=32", "data.max_length=16", "hydra.sweeper.n_trials=10"]  # fmt: skip
+    runs = {
+        "random": ["hydra/sweeper/sampler=random"],
+        "tpe": ["hydra/sweeper/sampler=tpe"],
+        "grid": ["hydra/sweeper/sampler=grid", GRID],
+    }
+    run_studies(tmp_path, [[*base, f"hydra.sweep.dir={tmp_path / s}", *extra] for s, extra in runs.items()])
+    trials = {
+        s: sorted(
+            optuna.load_study(
+                study_name=f"nas-acc-{s}", storage=f"sqlite:///{tmp_path / s}/nas-acc-{s}.db"
+            ).trials,
+            key=lambda t: t.number,
+        )
+        for s in runs
+    }
+    assert [len(trials[s]) for s in runs] == [10, 10, 9]  # the grid has 9 points
+    knobs = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size")
+    for a, b in zip(trials["random"], trials["tpe"]):
+        assert a.params != b.params, (a.number, a.params)
+    # the architectures too (not only the per-layer choices): most of the 10 differ
+    arch = {s: [tuple(t.params.get(k) for k in knobs) for t in trials[s]] for s in ("random", "tpe")}
+    assert sum(x != y for x, y in zip(arch["random"], arch["tpe"])) >= 7, arch
+    # the grid visits each of its 9 points once, in an order unlike the random draws
+    grid = [(t.params["num_hidden_layers"], t.params["hidden_size"]) for t in trials["grid"]]
+    assert sorted(grid) == [(n, h) for n in (1, 2, 4) for h in (32, 64, 128)]
+    assert grid != [(t.params["num_hidden_layers"], t.params["hidden_size"]) for t in trials["random"][:9]]
 
 
 def test_compression_aware_nas_scores_after_compression(search, tmp_path):

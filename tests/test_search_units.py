@@ -341,3 +341,31 @@ def test_seeds_of_a_study_are_one_curve_with_mean_and_spread(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "nas-acc-tpe-seed*: best objective after 8 trials, mean of 3 seeds" in printed
     assert "nas-acc-tpe: best objective 0.7000 at trial 1 of 2" in printed
+
+
+@pytest.mark.parametrize(
+    ("sampler", "attribute"),
+    [("tpe", "_n_startup_trials"), ("gp", "_n_startup_trials"), ("nsgaii", "_population_size")],
+)
+def test_the_cpu_lab_preset_leaves_the_random_start_within_its_budget(sampler, attribute):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.adls_optuna_sweeper._impl import StudySweeper
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base=None):
+        cfg = compose(
+            "search",
+            ["search=nas", "search/preset=cpu", f"hydra/sweeper/sampler={sampler}"],
+            return_hydra_config=True,
+        )
+    sweeper_cfg = OmegaConf.to_container(cfg.hydra.sweeper, resolve=False)
+    n_trials, startup = sweeper_cfg["n_trials"], sweeper_cfg["startup_trials"]
+    sweeper = StudySweeper(sampler=OmegaConf.create(sweeper_cfg["sampler"] | {"seed": 0}), study_name="s",
+                           startup_trials=startup)  # fmt: skip
+    random_start = getattr(sweeper._make_sampler(0), attribute)
+    # the sampler's own default (10 start-up trials, a first generation of 50) would use up the 8-trial budget
+    assert random_start == startup and random_start <= n_trials // 2

@@ -264,8 +264,9 @@ class StudySweeper(Sweeper):
         grid: the explicit grid for the grid sampler: ``{parameter: [values]}``.
         heartbeat_interval: seconds between a running trial's heartbeats (None disables crash detection).
         grace_period: seconds without a heartbeat after which a running trial counts as crashed.
-        startup_trials: the ``n_startup_trials`` (random start) of samplers that have one (TPE, GP); None keeps
-            the sampler's own. Lab budgets of ~8 trials need ~3, or TPE never leaves its random start.
+        startup_trials: the ``n_startup_trials`` (random start) of samplers that have one (TPE, GP, CMA-ES), and
+            the ``population_size`` (a random first generation) of NSGA-II/III; None keeps the sampler's own. Lab
+            budgets of ~8 trials need ~3, or TPE (10) and NSGA-II (50) never leave their random start.
     """
 
     def __init__(
@@ -349,6 +350,9 @@ class StudySweeper(Sweeper):
         if self.startup_trials is not None and "n_startup_trials" in cfg:
             # TPE/GP start with n_startup_trials random draws (10 by default): a lab budget of 8 would be all random.
             cfg["n_startup_trials"] = self.startup_trials
+        if self.startup_trials is not None and "population_size" in cfg:
+            # NSGA-II/III's first generation (population_size, 50 by default) is random draws too; 2 parents at least
+            cfg["population_size"] = max(self.startup_trials, 2)
         return self._build(cfg, "hydra.sweeper.sampler")
 
     @staticmethod
