@@ -79,6 +79,11 @@ def check_shapes(
     own = model.state_dict()
     common = [k for k in state_dict if k in own]
     if not common:
+        # A run whose compression callbacks merged LoRA (model.merge_lora_before_compress) checkpoints the merged
+        # model: compare with the layout this model takes once merged, as the resumed run's callbacks will do.
+        own = _merged_layout(model) or own
+        common = [k for k in state_dict if k in own]
+    if not common:
         raise ConfigError(
             f"{key}={path}: no weight of this model in the checkpoint (another model? e.g. it has "
             f"{next(iter(state_dict), 'no keys')}, the model has {next(iter(own), 'no keys')})"
@@ -90,6 +95,18 @@ def check_shapes(
                 f"{key}={path}: shapes of key {name} differ: checkpoint {_shape(theirs.shape)} vs model "
                 f"{_shape(ours.shape)} (a checkpoint of another architecture)"
             )
+
+
+def _merged_layout(model: torch.nn.Module) -> dict[str, Any] | None:
+    """``model``'s state in the layout of its LoRA-merged model (``model.model`` a PEFT model), else None."""
+    from peft import PeftModel
+
+    from adls_lightning.lora import lora_scalings, merged_state
+
+    inner = getattr(model, "model", None)
+    if not isinstance(inner, PeftModel):
+        return None
+    return merged_state(model.state_dict(), "model.", lora_scalings(inner))
 
 
 def load_weights(model: torch.nn.Module, path: str | Path, key: str) -> None:

@@ -1,146 +1,125 @@
 """Kill-and-resume: a run killed mid-epoch and resumed with ``ckpt_path=last`` trains on exactly the batches an
-uninterrupted run of the same seed trains on and ends with the same metrics (bit-for-bit on CPU); checkpoint and metrics writes never destroy the
-previous good file.
+uninterrupted run of the same seed trains on, ends with the same metrics (bit-for-bit on CPU) and the same CSV log;
+checkpoint and metrics writes never destroy the previous good file.
 
-The runs are real ``train.py`` subprocesses (a tiny random BERT, 64 training rows, 8 steps per epoch, 2 epochs).
-Two callbacks from this module ride along through ``ADLS_EXTRA_TARGETS``: one records a fingerprint of every
-training batch per global step, one kills the process (``os._exit``, no clean-up) at a given step.
+The runs are real ``train.py`` subprocesses (a tiny random BERT, 64 training rows, 8 steps per epoch, 2 epochs),
+killed at a fixed step by ``tests.helpers.KillAtStep`` (see :func:`tests.helpers.kill_and_resume`).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
 import sys
-import zlib
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 
-from adls_lightning.io_utils import AtomicCheckpointIO, atomic_write_json
+from adls_lightning.io_utils import AtomicCheckpointIO, ResumableCSVWriter, atomic_write_json
+from tests.helpers import kill_and_resume, recorded_batches
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS_PER_EPOCH = 8  # 64 rows / batch 8
 KILL_AT_STEP = 11  # second epoch, two steps after the last.ckpt of step 9
 COMPARED_METRICS = ("train/loss", "val/loss", "val/acc", "test/loss", "test/acc", "test/f1")
+# Columns of the CSV log that measure the process, not the training: wall times and what this process trained.
+PROCESS_COLUMNS = ("final/time/", "final/train/samples_per_sec", "final/train/samples_seen")
+SMALL_RUN = [
+    "logger=csv",
+    "trainer.max_epochs=2",
+    "trainer.log_every_n_steps=1",
+    "data.max_length=32",
+    "data.batch_size=8",
+    "data.train_size=64",
+    "data.val_size=16",
+    "data.test_size=16",
+    "callbacks.last_checkpoint.every_n_train_steps=3",
+]
 
 
-class RecordBatches(L.Callback):
-    """Append ``{"step": global_step, "rows": [crc32 of each row's tokens]}`` per training batch to a file."""
-
-    def __init__(self, path: str) -> None:
-        self.path = Path(path)
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        rows = [zlib.crc32(row[row != 0].numpy().tobytes()) for row in batch["input_ids"]]
-        with self.path.open("a") as handle:
-            handle.write(json.dumps({"step": trainer.global_step, "rows": rows}) + "\n")
+def _csv_rows(run_dir: Path) -> list[dict[str, str]]:
+    with (run_dir / "csv" / "metrics.csv").open(newline="") as handle:
+        return [
+            {k: v for k, v in row.items() if not k.startswith(PROCESS_COLUMNS)}
+            for row in csv.DictReader(handle)
+        ]
 
 
-class KillAtStep(L.Callback):
-    """``os._exit`` (as SIGKILL would: no checkpoint, no clean-up) when the given global step is about to run."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step == self.step:
-            os._exit(17)
+def _train_steps(rows: list[dict[str, str]]) -> list[int]:
+    return [int(row["step"]) for row in rows if row.get("train/loss")]
 
 
-def _train(run_dir: Path, data_dir: Path, cache_dir: Path, extra: list[str]) -> subprocess.CompletedProcess:
-    overrides = [
-        "model=tiny_random",
-        "logger=csv",
-        "trainer=cpu",
-        "trainer.max_epochs=2",
-        "trainer.log_every_n_steps=1",
-        "data.max_length=32",
-        "data.batch_size=8",
-        "data.train_size=64",
-        "data.val_size=16",
-        "data.test_size=16",
-        f"data.data_dir={data_dir}",
-        f"paths.cache_dir={cache_dir}",
-        f"hydra.run.dir={run_dir}",
-        "callbacks.rich_progress_bar=null",
-        "callbacks.last_checkpoint.every_n_train_steps=3",
-        f"+callbacks.record._target_={__name__}.RecordBatches",
-        f"+callbacks.record.path={run_dir.parent / (run_dir.name + '-batches.jsonl')}",
-        *extra,
-    ]
-    env = {
-        **os.environ,
-        "ADLS_EXTRA_TARGETS": f"{__name__}.*",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-        "WANDB_MODE": "offline",
-    }
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *overrides],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
-def _batches(run_dir: Path) -> dict[int, list[int]]:
-    """Step -> row fingerprints; a step trained twice (before the kill and again after) keeps its last record."""
-    lines = (run_dir.parent / (run_dir.name + "-batches.jsonl")).read_text().splitlines()
-    return {rec["step"]: rec["rows"] for rec in map(json.loads, lines)}
-
-
-def _kill_and_resume(tmp_path: Path, data_dir: Path, cache_dir: Path, preset: list[str]) -> dict:
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    with ThreadPoolExecutor(2) as pool:  # the uninterrupted run and the run to be killed, side by side
-        whole_run = pool.submit(_train, whole, data_dir, cache_dir, preset)
-        kill_run = pool.submit(
-            _train,
-            killed,
-            data_dir,
-            cache_dir,
-            [
-                *preset,
-                f"+callbacks.kill._target_={__name__}.KillAtStep",
-                f"+callbacks.kill.step={KILL_AT_STEP}",
-            ],
-        )
-        whole_result, kill_result = whole_run.result(), kill_run.result()
-    assert whole_result.returncode == 0, whole_result.stderr[-3000:]
-    assert kill_result.returncode == 17, kill_result.stderr[-3000:]
-    resumed = _train(killed, data_dir, cache_dir, [*preset, "ckpt_path=last"])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    return {
-        "whole": (whole, json.loads((whole / "metrics.json").read_text())),
-        "resumed": (killed, json.loads((killed / "metrics.json").read_text())),
-        "stderr": resumed.stderr,
-    }
-
-
-@pytest.mark.parametrize("preset", [[], ["quant=int8"], ["prune=l1_0.5"]], ids=["plain", "int8", "l1_0.5"])
+@pytest.mark.parametrize(
+    "preset",
+    [[], ["quant=int8"], ["prune=l1_0.5"], ["quant=int8", "model.merge_lora_before_compress=false"]],
+    ids=["plain", "int8", "l1_0.5", "int8-unmerged"],
+)
 def test_killed_run_resumes_exactly(tmp_path, tiny_imdb_dir, cache_dir, preset):
-    runs = _kill_and_resume(tmp_path, tiny_imdb_dir, cache_dir, preset)
-    whole_dir, whole_metrics = runs["whole"]
-    killed_dir, resumed_metrics = runs["resumed"]
+    logged_before_resume: list[list[dict[str, str]]] = []
+    runs = kill_and_resume(
+        tiny_imdb_dir,
+        cache_dir,
+        tmp_path,
+        [*SMALL_RUN, *preset],
+        KILL_AT_STEP,
+        on_killed=lambda folder: logged_before_resume.append(_csv_rows(folder)),
+    )
+    whole_dir, killed_dir = runs["whole"], runs["killed"]
+    assert runs["resumed_from_step"] == 9  # mid-epoch: the last.ckpt of step 9, two steps before the kill
     # The same batches at every step: two full epochs, none repeated or skipped.
-    whole_batches, resumed_batches = _batches(whole_dir), _batches(killed_dir)
+    whole_batches, resumed_batches = recorded_batches(whole_dir), recorded_batches(killed_dir)
     assert sorted(whole_batches) == list(range(2 * STEPS_PER_EPOCH))
     assert resumed_batches == whole_batches
     # Lightning's warning about a loader it cannot resume is gone.
-    assert "not resumable" not in runs["stderr"]
+    assert "not resumable" not in runs["resumed_stderr"]
     # The same result, bit for bit (same seed, CPU, same batches, the RNG state restored for dropout).
+    whole_metrics = json.loads((whole_dir / "metrics.json").read_text())
+    resumed_metrics = json.loads((killed_dir / "metrics.json").read_text())
     for key in COMPARED_METRICS:
         assert resumed_metrics[key] == whole_metrics[key], key
-    # Not asserted yet: the CSV log's pre-kill rows. Lightning's CSV writer deletes an existing metrics.csv when
-    # it opens its folder (_ExperimentWriter._check_log_dir_exists), so a resumed run keeps only its own rows.
-    # No temporary file of any checkpoint or metrics write was left behind.
+    # The CSV log holds the killed run's rows up to the checkpoint and the resumed run's after it: row for row
+    # the uninterrupted run's log (the rows the killed run logged after its checkpoint were not kept twice).
+    # The killed run had logged every step it trained, also the two after its checkpoint (9, 10).
+    assert _train_steps(logged_before_resume[0]) == list(range(KILL_AT_STEP))
+    whole_rows, resumed_rows = _csv_rows(whole_dir), _csv_rows(killed_dir)
+    assert _train_steps(whole_rows) == list(range(2 * STEPS_PER_EPOCH))
+    assert resumed_rows == whole_rows
+    # No temporary file of any checkpoint, metrics or log write was left behind.
     assert not [p for p in killed_dir.rglob("*.tmp")]
     assert oct((killed_dir / "metrics.json").stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _write_log(folder: Path, steps: list[int], tail: str = "") -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = "".join(f"0,{step},{step / 10}\n" for step in steps)
+    (folder / "metrics.csv").write_text("epoch,step,train/loss\n" + rows + tail)
+
+
+def test_csv_writer_keeps_rows_before_the_resume_step_and_drops_a_cut_line(tmp_path):
+    # Written independently of the writer: rows of steps 0..5, then a line a kill cut in the middle.
+    _write_log(tmp_path, list(range(6)), tail="0,6,0.")
+    writer = ResumableCSVWriter(str(tmp_path))
+    writer.log_metrics(
+        {"train/loss": 0.25, "val/acc": 0.5}, step=4
+    )  # resumed at step 4: rows 4, 5 logged again
+    writer.save()
+    with (tmp_path / "metrics.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["step"] for row in rows] == ["0", "1", "2", "3", "4"]
+    assert rows[2] == {"epoch": "0", "step": "2", "train/loss": "0.2", "val/acc": ""}
+    assert rows[4] == {"epoch": "", "step": "4", "train/loss": "0.25", "val/acc": "0.5"}
+
+
+def test_csv_writer_of_a_fresh_run_starts_an_empty_log(tmp_path):
+    _write_log(tmp_path, [0, 1, 2])
+    writer = ResumableCSVWriter(str(tmp_path))
+    assert (tmp_path / "metrics.csv").exists()  # nothing is deleted before the run logs
+    writer.log_metrics({"train/loss": 1.0}, step=0)
+    writer.save()
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == ["step,train/loss", "0,1.0"]
 
 
 def _umask() -> int:
