@@ -10,6 +10,7 @@ write outputs under the folder they run in (``$PROJECT_ROOT`` defaults to it).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import hydra
 from omegaconf import DictConfig
 
 from adls_lightning.build import hydra_execution_whitelist
-from adls_lightning.config import preflight
+from adls_lightning.config import ConfigError, exit_with, preflight
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 
@@ -49,7 +50,20 @@ def entry_point(
         config_name=config_name,
         execution_whitelist=hydra_execution_whitelist(),
     )(task)
-    return preflight(hydra_main, config_dir, config_name)
+    checked_main = preflight(hydra_main, config_dir, config_name)
+
+    def main() -> Any:
+        # init_from_study=STUDY becomes the best trial's model overrides and init_ckpt before Hydra parses them
+        if any(arg.lstrip("+").startswith("init_from_study=") for arg in sys.argv[1:]):
+            from adls_lightning.search.from_study import expand_command_line
+
+            try:
+                sys.argv[1:] = expand_command_line(sys.argv[1:], name_study=config_name == "search")
+            except ConfigError as err:
+                exit_with(str(err))
+        return checked_main()
+
+    return main
 
 
 def train(config_dir: Path = CONFIG_DIR) -> Any:

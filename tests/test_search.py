@@ -278,6 +278,61 @@ def test_compression_aware_nas_scores_after_compression(search, tmp_path):
     assert metrics["prune/weight_sparsity"] == pytest.approx(0.5, abs=0.05)
 
 
+def train(*overrides: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PROJECT_ROOT": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "train.py"), "logger=none", *overrides]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_runs_start_from_the_best_trial_of_a_study(search, tmp_path, tiny_imdb_dir, cache_dir):
+    ok(search("search=nas", "hydra.sweeper.n_trials=2", *TINY_NAS))
+    db = tmp_path / "sweep" / "nas-acc-tpe.db"
+    best = load(tmp_path, "nas-acc-tpe").best_trial
+    data = [f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}", "trainer=cpu",
+            "callbacks.rich_progress_bar=null", "data.max_length=32", "data.batch_size=16", "data.val_size=64",
+            "data.train_size=128", "data.test_size=64"]  # fmt: skip
+    # evaluation only: the rebuilt architecture with the trial's best weights scores exactly what the trial did
+    ok(train(f"init_from_study={db}", "train=false", f"hydra.run.dir={tmp_path / 'eval'}", *data))
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    trial_metrics = best.user_attrs["metrics"]
+    assert metrics["params/total"] == trial_metrics["params/total"]
+    assert metrics["val/loss"] == pytest.approx(trial_metrics["val/loss"], abs=1e-6)
+    recorded = (tmp_path / "eval" / ".hydra" / "overrides.yaml").read_text()
+    assert (
+        "- model=nas_bert" in recorded
+        and f"- model.backbone.hidden_size={best.params['hidden_size']}" in recorded
+    )
+    assert f"- init_ckpt={Path(best.user_attrs['output_dir']).resolve()}/checkpoints/best" in recorded
+
+    # Lab 3 from Lab 2's best: a study of its own, named after where it started
+    lab3 = tmp_path / "lab3"
+    lab3.mkdir()
+    run_studies(lab3, [[*tiny_run(tiny_imdb_dir, cache_dir), f"hydra.sweep.dir={lab3}", "search=mixed_precision",
+                        f"init_from_study={db}", "hydra.sweeper.n_trials=1"]])  # fmt: skip
+    name = "mixed_precision-integer-from-nas-acc-tpe-acc-tpe"
+    (trial,) = optuna.load_study(study_name=name, storage=f"sqlite:///{lab3 / name}.db").trials
+    assert trial.state == TrialState.COMPLETE
+    assert trial.user_attrs["metrics"]["params/total"] == trial_metrics["params/total"]
+
+
+def test_init_from_study_refuses_a_study_without_a_usable_trial(tmp_path):
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    study = optuna.create_study(study_name="lab2", storage=empty, direction="maximize")
+    study.add_trial(optuna.trial.create_trial(state=TrialState.PRUNED))
+    run_dir = tmp_path / "run"
+    for overrides, message in [
+        ([f"init_from_study={tmp_path / 'nothing.db'}"], "init_from_study=" + str(tmp_path / "nothing.db")),
+        ([f"init_from_study={tmp_path / 'empty.db'}"], "study lab2 has no completed trial (1 PRUNED)"),
+        ([f"init_from_study={tmp_path / 'empty.db'}", "search.name_suffix=x"], "no completed trial"),
+    ]:
+        proc = train(*overrides, f"hydra.run.dir={run_dir}")
+        assert proc.returncode != 0
+        assert [line for line in proc.stderr.splitlines() if line.startswith("error: ")] == [
+            next(line for line in proc.stderr.splitlines() if message in line)
+        ], proc.stderr
+        assert "Traceback" not in proc.stderr and not run_dir.exists()
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -1,0 +1,198 @@
+"""Start a run from the best trial of a stored study: ``init_from_study=STUDY`` (Lab 3 from Lab 2's best).
+
+``STUDY`` is the study's storage (a ``.db`` file or an SQLAlchemy URL holding one study) or a study name, looked up
+where ``search.py`` keeps it by default (``outputs/search/<name>/<name>.db``). The best trial's model becomes this
+run's model: its ``model=`` choice and the ``model.*`` overrides it ran with (the sampled architecture), read from
+the trial's run record (``<trial dir>/.hydra``), and its weights: ``init_ckpt=`` its best checkpoint. A trial that
+saved no checkpoint gives its model config only, and the run says so (the weights are then initialised afresh).
+
+The expansion happens on the command line, before Hydra composes anything, so the run's own record
+(``.hydra/overrides.yaml``) lists exactly what was taken from the study.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+import yaml
+from optuna.trial import FrozenTrial, TrialState
+
+from adls_lightning.config import ConfigError
+from adls_lightning.search.storage import open_storage
+
+KEY = "init_from_study"
+RUN_RECORD = ".hydra"
+
+
+@dataclass(frozen=True)
+class StudyStart:
+    """What a run takes from a study's best trial.
+
+    Attributes:
+        study_name: the study.
+        trial: the best trial's number.
+        value: its objective value.
+        overrides: the model overrides (``model=...``, ``model.*=...``) and ``init_ckpt=...`` when it saved one.
+        checkpoint: the best checkpoint of the trial, or None when it saved none.
+    """
+
+    study_name: str
+    trial: int
+    value: float
+    overrides: list[str]
+    checkpoint: Path | None
+
+    def describe(self) -> str:
+        weights = (
+            f"weights {self.checkpoint}"
+            if self.checkpoint
+            else "no checkpoint saved: the model config only, weights initialised afresh"
+        )
+        return (
+            f"{KEY}: study {self.study_name}, best trial {self.trial} (value {self.value:.4f}); "
+            f"{' '.join(o for o in self.overrides if not o.startswith('init_ckpt='))}; {weights}"
+        )
+
+
+def _storage_of(source: str, search_dir: Path) -> tuple[str, str | None]:
+    """(storage URL, study name or None) of ``source``: a URL, a file, or a study name under ``search_dir``."""
+    if "://" in source:
+        return source, None
+    path = Path(source).expanduser()
+    if path.is_file():
+        return f"sqlite:///{path.resolve()}", None
+    by_name = search_dir / source / f"{source}.db"
+    if "/" not in source and by_name.is_file():
+        return f"sqlite:///{by_name.resolve()}", source
+    raise ConfigError(
+        f"{KEY}={source}: no such study file, and no study of that name in {search_dir} "
+        f"(give a .db file, an SQLAlchemy URL or a study name as in {search_dir}/NAME/NAME.db)"
+    )
+
+
+def best_trial(source: str, search_dir: Path) -> tuple[str, FrozenTrial]:
+    """The study named by ``source`` and its best completed trial.
+
+    Raises:
+        ConfigError: no such storage or study, several studies in the storage, several objectives, or no
+            completed trial.
+    """
+    url, name = _storage_of(source, search_dir)
+    storage = open_storage(url, key=KEY)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+    if name is None:
+        if len(names) != 1:
+            raise ConfigError(
+                f"{KEY}={source}: holds {len(names)} studies ({', '.join(names) or 'none'}); "
+                "give a storage with one study, or the study's name"
+            )
+        name = names[0]
+    study = optuna.load_study(study_name=name, storage=storage)
+    if len(study.directions) > 1:
+        raise ConfigError(
+            f"{KEY}={source}: study {name} has {len(study.directions)} objectives, so no single best trial; "
+            f"pick one of its Pareto front ({name}_best.json) and give its init_ckpt and model overrides"
+        )
+    trials = study.get_trials(deepcopy=False)
+    if not any(t.state == TrialState.COMPLETE for t in trials):
+        states = {s.name: sum(t.state == s for t in trials) for s in TrialState}
+        shown = ", ".join(f"{n} {k}" for k, n in states.items() if n) or "no trials"
+        raise ConfigError(f"{KEY}={source}: study {name} has no completed trial ({shown})")
+    return name, study.best_trial
+
+
+def _trial_dir(trial: FrozenTrial, url: str) -> Path:
+    """The trial's output folder: as recorded, or ``trial_<n>`` beside the study's .db (a moved sweep folder)."""
+    recorded = trial.user_attrs.get("output_dir")
+    if recorded and Path(recorded).is_dir():
+        return Path(recorded)
+    if url.startswith("sqlite:///"):
+        beside = Path(url.removeprefix("sqlite:///")).parent / f"trial_{trial.number}"
+        if beside.is_dir():
+            return beside
+    raise ConfigError(
+        f"{KEY}: the output folder of trial {trial.number} ({recorded}) no longer exists; its model config and "
+        "weights were there"
+    )
+
+
+def _read_yaml(path: Path) -> object:
+    if not path.is_file():
+        raise ConfigError(f"{KEY}: {path} is missing (the trial's run record); cannot rebuild its model")
+    return yaml.safe_load(path.read_text())
+
+
+def model_overrides(trial_dir: Path) -> list[str]:
+    """``model=<choice>`` and every ``model.*`` override the trial ran with (from its run record)."""
+    record = trial_dir / RUN_RECORD
+    choices = (_read_yaml(record / "hydra.yaml") or {}).get("hydra", {}).get("runtime", {}).get("choices", {})
+    if not choices.get("model"):
+        raise ConfigError(f"{KEY}: {record / 'hydra.yaml'} names no model choice")
+    overrides = [f"model={choices['model']}"]
+    for line in _read_yaml(record / "overrides.yaml") or []:
+        key = str(line).split("=", 1)[0].lstrip("+~")
+        if key.startswith("model."):
+            overrides.append(str(line))
+    return overrides
+
+
+def best_checkpoint(trial_dir: Path) -> Path | None:
+    """The trial's best checkpoint (``checkpoints/best*.ckpt``, the newest if several), or None."""
+    found = sorted((trial_dir / "checkpoints").glob("best*.ckpt"), key=lambda p: p.stat().st_mtime)
+    return found[-1].resolve() if found else None
+
+
+def start_from_study(source: str, search_dir: Path) -> StudyStart:
+    """What ``init_from_study=source`` adds to a run's command line.
+
+    Raises:
+        ConfigError: see :func:`best_trial`, or the trial's folder or run record is gone.
+    """
+    url, _ = _storage_of(source, search_dir)
+    name, trial = best_trial(source, search_dir)
+    folder = _trial_dir(trial, url)
+    overrides = model_overrides(folder)
+    checkpoint = best_checkpoint(folder)
+    if checkpoint is not None:
+        overrides.append(f"init_ckpt={checkpoint}")
+    return StudyStart(name, trial.number, trial.value, overrides, checkpoint)
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def expand_command_line(
+    args: Sequence[str], search_dir: Path | None = None, name_study: bool = False
+) -> list[str]:
+    """``args`` (the overrides of a train.py/search.py command line) with ``init_from_study=X`` expanded.
+
+    The study's model overrides come first, so the command line's own ``model.*`` values win (``model.lora=...``
+    on top of the study's architecture); ``init_from_study=X`` itself stays, so the run records where it started.
+    ``name_study`` (search.py) adds ``search.name_suffix=-from-<study>``: a search from another study's best
+    trial is a study of its own, not the resumption of one that started elsewhere.
+
+    Raises:
+        ConfigError: bad study (see :func:`start_from_study`), or the command line also sets ``model=`` or
+            ``init_ckpt=`` (the study sets both).
+    """
+    sources = [a.split("=", 1)[1] for a in args if _key(a) == KEY]
+    if not sources or sources[-1] in ("", "null"):
+        return list(args)
+    search_dir = search_dir or Path(os.environ.get("PROJECT_ROOT", os.getcwd())) / "outputs" / "search"
+    start = start_from_study(sources[-1], search_dir)
+    clash = next((a for a in args if _key(a) in ("model", "init_ckpt")), None)
+    if clash is not None:
+        raise ConfigError(
+            f"{clash}: {KEY}={sources[-1]} sets the model and its weights ({start.overrides[0]}); remove one of them"
+        )
+    own = {_key(a) for a in args}
+    taken = [o for o in start.overrides if _key(o) not in own]
+    if name_study and "search.name_suffix" not in own:
+        taken.append(f"search.name_suffix=-from-{start.study_name}")
+    print(start.describe(), flush=True)
+    return taken + list(args)
