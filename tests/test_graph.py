@@ -29,6 +29,7 @@ from adls_lightning.graph import (
     run_passes,
 )
 from adls_lightning.models import build_from_config, load_pretrained
+from tests.helpers import assert_one_line_error
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 120
@@ -365,9 +366,7 @@ def test_out_that_is_a_file_is_one_line_exit_2(tmp_path):
     a_file = tmp_path / "report.csv"
     a_file.write_text("keep me\n")
     result = run_command("model=tiny_random", f"out={a_file}")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == f"error: out={a_file}: is a file, not a folder"
-    assert "Traceback" not in result.stderr
+    assert assert_one_line_error(result) == f"error: out={a_file}: is a file, not a folder"
     assert a_file.read_text() == "keep me\n"
 
 

@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +11,7 @@ import torch
 from adls_lightning.build import build
 from adls_lightning.config import ConfigError
 from adls_lightning.training import run
+from tests.helpers import assert_one_line_error, kill_and_resume, run_train
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED_METRICS = {
@@ -221,72 +217,29 @@ def test_fresh_run_refuses_to_overwrite_an_earlier_run(compose_cfg, tmp_path):
     assert (tmp_path / "run" / "metrics.json").read_text() == before
 
 
-def _train_cmd(tiny_imdb_dir: Path, cache_dir: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        str(ROOT / "train.py"),
-        "model=tiny_random",
-        "logger=none",
-        "trainer=cpu",
-        f"data.data_dir={tiny_imdb_dir}",
-        f"paths.cache_dir={cache_dir}",
-        f"hydra.run.dir={out}",
-        "data.max_length=64",
-        "data.batch_size=8",
-        "data.val_size=100",
-        "callbacks.rich_progress_bar=null",
-        *extra,
-    ]
-
-
 def test_cli_bad_input_is_one_line_and_exit_2(tiny_imdb_dir, cache_dir, tmp_path):
-    cmd = _train_cmd(tiny_imdb_dir, cache_dir, tmp_path / "bad", "data.max_length=-1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1] == "error: data.max_length=-1: must be a positive integer"
-    assert "Traceback" not in proc.stderr
+    proc = run_train(tiny_imdb_dir, cache_dir, tmp_path / "bad", "data.max_length=-1")
+    assert assert_one_line_error(proc) == "error: data.max_length=-1: must be a positive integer"
 
 
 def test_hub_model_offline_is_one_line(tiny_imdb_dir, cache_dir, tmp_path):
     # model=bert_tiny (the labs' hub model) on a machine without the hub: one line naming the key, no traceback.
-    cmd = _train_cmd(tiny_imdb_dir, cache_dir, tmp_path / "offline", "model=bert_tiny")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
-    assert proc.returncode == 2, proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: data.tokenizer=prajjwal1/bert-tiny: cannot load"), last
-    assert "Traceback" not in proc.stderr
+    proc = run_train(
+        tiny_imdb_dir, cache_dir, tmp_path / "offline", "model=bert_tiny", env={"HF_HUB_OFFLINE": "1"}
+    )
+    assert_one_line_error(proc, starts="error: data.tokenizer=prajjwal1/bert-tiny: cannot load")
 
 
 def test_killed_run_resumes_from_last_checkpoint(tiny_imdb_dir, cache_dir, tmp_path):
-    out = tmp_path / "killed"
-    # 300 train rows / batch 8 = 38 steps per epoch; last.ckpt every 5 steps
+    # 300 train rows / batch 8 = 38 steps per epoch (the last of 4 rows); last.ckpt every 5 steps; killed before
+    # step 48 of 114, in the second epoch, three steps after the last.ckpt of step 45.
     extra = ["trainer.max_epochs=3", "callbacks.last_checkpoint.every_n_train_steps=5"]
-    proc = subprocess.Popen(
-        _train_cmd(tiny_imdb_dir, cache_dir, out, *extra), cwd=ROOT, start_new_session=True
-    )
-    last = out / "checkpoints" / "last.ckpt"
-    deadline = time.time() + 240
-    while not last.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    assert last.exists(), "no last.ckpt before the deadline"
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (out / "metrics.json").exists()
-    step_at_kill = torch.load(last, weights_only=False)["global_step"]
-    assert 0 < step_at_kill < 3 * 38
-    done = subprocess.run(
-        _train_cmd(tiny_imdb_dir, cache_dir, out, *extra, "ckpt_path=last"),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    metrics = json.loads((out / "metrics.json").read_text())
+    runs = kill_and_resume(tiny_imdb_dir, cache_dir, tmp_path, extra, kill_at_step=48, uninterrupted=False)
+    assert runs["resumed_from_step"] == 45
+    metrics = json.loads((runs["killed"] / "metrics.json").read_text())
     assert {"val/acc", "test/acc"} <= metrics.keys()
-    # the resumed run trained only the remaining steps, not all of them again
-    assert metrics["train/samples_seen"] < 3 * 300
+    # The resumed run trained only what was left: 3 epochs of 300 rows less epoch 0 and 7 batches of 8.
+    assert metrics["train/samples_seen"] == 3 * 300 - 300 - 7 * 8
 
 
 def test_raw_splits_are_read_once_per_process_and_source(tiny_imdb_dir, tmp_path):
