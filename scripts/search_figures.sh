@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
-# The four search figures of docs/search.md (Labs 2 and 3) on the CPU search preset, then their PNGs.
+# The search figures of docs/search.md (Labs 2 and 3) on the CPU search preset: the studies, then their PNGs.
 #
-#   bash scripts/search_figures.sh            # WORKERS=2 processes share each study (one thread each)
-#   WORKERS=1 bash scripts/search_figures.sh
+#   bash scripts/search_figures.sh                  # every figure below (many hours on a 2-core CPU)
+#   bash scripts/search_figures.sh lab3             # one figure: lab2-samplers | lab2-compression | lab3 | pareto
+#   SEEDS="0 1 2 3" SAMPLER_TRIALS=20 bash scripts/search_figures.sh lab2-samplers
+#   WORKERS=1 bash scripts/search_figures.sh lab3   # processes sharing each study (default 2, one thread each)
+#   PLOT_ONLY=1 bash scripts/search_figures.sh lab3 # redraw from the stored studies (SEARCH_DIR, into OUT)
 #
 # Every study lives in outputs/search/<study>/<study>.db, so re-running resumes the unfinished studies and skips
-# the finished ones (their trials are not repeated).
+# the finished ones (their trials are not repeated). A figure is redrawn from whatever the studies hold.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 WORKERS=${WORKERS:-2}
+SEEDS=${SEEDS:-0 1 2}                     # the sampler comparison: one study per sampler and seed
+SAMPLER_TRIALS=${SAMPLER_TRIALS:-16}      # trials per sampler study (the preset's 8 do not separate the curves)
+FORMATS="integer log block_fp block_log block_minifloat minifloat_ieee minifloat_denorm binary binary_scaling
+binary_residual ternary mxint8"           # the 12 formats of quant= (adls_lightning/quant/quantizers.py)
+PLOT_ONLY=${PLOT_ONLY:-0}                 # 1: run no study, draw the figures from what is stored
+SEARCH_DIR=${SEARCH_DIR:-outputs/search}  # where the figures read the studies (search.py's default sweep dirs)
+OUT=${OUT:-docs/figures}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one thread per worker: oversubscribed OpenMP threads spin
+mkdir -p "$OUT"
 
 # One study, run by $WORKERS processes on its storage; together they run exactly n_trials.
 study() {
+  [ "$PLOT_ONLY" = 1 ] && return
   local pids=()
   for _ in $(seq "$WORKERS"); do
     "$PY" search.py search/preset=cpu logger=none "$@" &
@@ -23,20 +35,45 @@ study() {
   for pid in "${pids[@]}"; do wait "$pid"; done
 }
 
-# Lab 2 task 1: one study per sampler
-for sampler in tpe random; do study search=nas hydra/sweeper/sampler=$sampler; done
-study search=nas hydra/sweeper/sampler=grid 'hydra.sweeper.grid={num_hidden_layers:[1,2,4],hidden_size:[32,64,128]}'
-# Lab 2 task 2: compression-aware NAS without and with post-compression training
-for post in 0 1; do study search=nas_compression compress.post_epochs=$post hydra.sweeper.n_trials=8; done
-# Lab 3: one study per precision (QAT of a NAS-BERT with a format per linear layer)
-for precision in integer minifloat_ieee block_fp; do
-  study search=mixed_precision model=nas_bert search.precision=$precision hydra.sweeper.n_trials=8
-done
+# Lab 2 task 1: random vs TPE vs grid, each over $SEEDS (study nas-acc-<sampler>-seed<N>; the figure draws each
+# sampler's mean best-so-far with the min-max spread over its seeds). The grid has 18 points (3 depths x 3 widths x
+# 2 head counts), so it is not used up before $SAMPLER_TRIALS.
+GRID='{num_hidden_layers:[1,2,4],hidden_size:[32,64,128],num_attention_heads:[2,4]}'
+samplers() {
+  for seed in $SEEDS; do
+    for sampler in random tpe grid; do
+      local extra=()
+      [ "$sampler" = grid ] && extra=("hydra.sweeper.grid=$GRID")
+      study search=nas hydra/sweeper/sampler=$sampler seed="$seed" hydra.sweeper.n_trials="$SAMPLER_TRIALS" \
+        hydra.sweeper.study_name="nas-acc-$sampler-seed$seed" "${extra[@]}"
+    done
+  done
+  "$PY" scripts/plot_search.py best-so-far $SEARCH_DIR/nas-acc-*-seed*/*.db --out "$OUT/lab2_samplers.png"
+}
 
-mkdir -p docs/figures
-"$PY" scripts/plot_search.py best-so-far outputs/search/nas-acc-*/*.db --out docs/figures/lab2_samplers.png
-"$PY" scripts/plot_search.py best-so-far outputs/search/nas-acc-tpe/*.db \
-  outputs/search/nas_compression-post*-acc-tpe/*.db --out docs/figures/lab2_compression.png
-"$PY" scripts/plot_search.py best-so-far outputs/search/mixed_precision-*-acc-tpe/*.db \
-  --out docs/figures/lab3_precisions.png
-"$PY" scripts/plot_search.py pareto outputs/search/mixed_precision-*/*.db --out docs/figures/pareto_acc_bits.png
+part() {
+  case $1 in
+    lab2-samplers) samplers ;;
+    lab2-compression)  # no compression vs compression-aware NAS without and with post-compression training
+      study search=nas hydra/sweeper/sampler=tpe
+      for post in 0 1; do study search=nas_compression compress.post_epochs=$post hydra.sweeper.n_trials=8; done
+      "$PY" scripts/plot_search.py best-so-far $SEARCH_DIR/nas-acc-tpe/*.db \
+        $SEARCH_DIR/nas_compression-post*-acc-tpe/*.db --out "$OUT/lab2_compression.png" ;;
+    lab3)  # one study per precision (QAT of a NAS-BERT with a format per linear layer): 12 curves
+      for precision in $FORMATS; do
+        study search=mixed_precision model=nas_bert search.precision="$precision" hydra.sweeper.n_trials=8
+      done
+      "$PY" scripts/plot_search.py best-so-far $(for p in $FORMATS; do
+        echo $SEARCH_DIR/mixed_precision-$p-acc-tpe/mixed_precision-$p-acc-tpe.db; done) \
+        --out "$OUT/lab3_precisions.png" ;;
+    pareto)  # accuracy vs average weight bits over every trial of the Lab 3 studies
+      "$PY" scripts/plot_search.py pareto $(for p in $FORMATS; do
+        echo $SEARCH_DIR/mixed_precision-$p-acc-tpe/mixed_precision-$p-acc-tpe.db; done) \
+        --out "$OUT/pareto_acc_bits.png" ;;
+    *) echo "unknown part $1 (lab2-samplers, lab2-compression, lab3, pareto)" >&2; exit 2 ;;
+  esac
+}
+
+for p in "${@:-lab2-samplers lab2-compression lab3 pareto}"; do
+  for one in $p; do part "$one"; done
+done

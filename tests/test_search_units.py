@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import math
+import os
 import random
+import sys
 
 import lightning as L
 import optuna
@@ -369,3 +371,40 @@ def test_the_cpu_lab_preset_leaves_the_random_start_within_its_budget(sampler, a
     random_start = getattr(sweeper._make_sampler(0), attribute)
     # the sampler's own default (10 start-up trials, a first generation of 50) would use up the 8-trial budget
     assert random_start == startup and random_start <= n_trials // 2
+
+
+def test_one_command_redraws_the_lab_figures_from_stored_studies(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    rng = random.Random(7)
+    for fmt in FORMATS:
+        name = f"mixed_precision-{fmt}-acc-tpe"
+        (tmp_path / "search" / name).mkdir(parents=True)
+        study = optuna.create_study(study_name=name, storage=f"sqlite:///{tmp_path / 'search' / name / name}.db",
+                                    direction="maximize")  # fmt: skip
+        for _ in range(4):
+            acc, bits = round(rng.uniform(0.5, 0.9), 3), rng.choice([4.0, 8.0, 16.0, 32.0])
+            metrics = {"val/acc": acc, "quant/avg_weight_bits": bits}
+            study.add_trial(create_trial(value=acc, user_attrs={"metrics": metrics}))
+    for sampler, seed in itertools.product(("random", "tpe", "grid"), range(3)):
+        name = f"nas-acc-{sampler}-seed{seed}"
+        (tmp_path / "search" / name).mkdir(parents=True)
+        _stored_study(
+            f"sqlite:///{tmp_path / 'search' / name / name}.db", name, [rng.random() for _ in range(5)]
+        )
+    env = {**os.environ, "PLOT_ONLY": "1", "SEARCH_DIR": str(tmp_path / "search"), "OUT": str(tmp_path / "figs"),
+           "PY": sys.executable}  # fmt: skip
+    proc = subprocess.run(
+        ["bash", str(root / "scripts" / "search_figures.sh"), "lab3 pareto lab2-samplers"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == [
+        "lab2_samplers.png", "lab3_precisions.png", "pareto_acc_bits.png"
+    ]  # fmt: skip
+    lines = proc.stdout.splitlines()
+    assert sum(line.startswith("mixed_precision-") and ": best " in line for line in lines) == 12
+    assert sum("mean of 3 seeds" in line for line in lines) == 3
+    assert any(line.startswith("Pareto front (") and "of 48 trials" in line for line in lines)
