@@ -66,6 +66,10 @@ def random_scores(tensor: Tensor, generator: torch.Generator) -> Tensor:
 
 SCOPES = ("local", "global")
 ACTIVATION_SCOPES = ("local",)
+#: The labs' (MASE's) method names, mapped where a config is read.
+MASE_METHODS = {"l1-norm": "l1"}
+#: What one pruning decision covers; MASE also validates "channel" but has no criterion for it.
+GRANULARITIES = ("elementwise",)
 DEFAULT_EXCLUDE = ("classifier",)
 
 
@@ -75,7 +79,8 @@ class MaskSpec:
 
     Args:
         sparsity: Fraction of entries set to zero, in [0, 1).
-        method: ``"l1"`` (smallest magnitude) or ``"random"`` (seeded uniform ranking).
+        method: ``"l1"`` (smallest magnitude; MASE's ``"l1-norm"`` is read as ``"l1"``) or ``"random"`` (seeded
+            uniform ranking), or a method registered with :func:`register_method`.
         scope: ``"local"`` (per layer) or ``"global"`` (one ranking over all pruned layers; weights only).
         key: Config key prefix used in error messages, e.g. ``"prune.weight"``.
 
@@ -99,17 +104,34 @@ class MaskSpec:
     def from_config(cls, config: Mapping[str, Any] | None, key: str) -> MaskSpec | None:
         """Builds a spec from a config mapping; ``None`` or an empty mapping means "do not prune".
 
+        The labs' spellings are read too: ``method: l1-norm`` and ``granularity: elementwise`` (the only one).
+
         Raises:
             ConfigError: On unknown keys or invalid values.
         """
         if config is None or len(config) == 0:
             return None
-        unknown = sorted(set(config) - {"sparsity", "method", "scope"})
+        config = dict(config)
+        unknown = sorted(set(config) - {"sparsity", "method", "scope", "granularity"})
         if unknown:
-            raise ConfigError(f"{key}.{unknown[0]}: unknown key; valid keys are sparsity, method, scope")
+            raise ConfigError(
+                f"{key}.{unknown[0]}: unknown key; valid keys are sparsity, method, scope, granularity"
+            )
         if "sparsity" not in config:
             raise ConfigError(f"{key}.sparsity: missing; give a number in [0, 1)")
-        return cls(key=key, **dict(config))
+        if isinstance(config["sparsity"], Mapping):
+            raise ConfigError(
+                f"{key}.sparsity: a per-layer mapping is not supported; give one number and choose layers "
+                "with include/exclude"
+            )
+        granularity = config.pop("granularity", GRANULARITIES[0])
+        if granularity not in GRANULARITIES:
+            raise ConfigError(
+                f"{key}.granularity={granularity!r}: only elementwise is implemented (structured pruning is not)"
+            )
+        if isinstance(config.get("method"), str):
+            config["method"] = MASE_METHODS.get(config["method"], config["method"])
+        return cls(key=key, **config)
 
 
 def num_to_prune(numel: int, sparsity: float) -> int:

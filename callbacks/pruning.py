@@ -14,6 +14,7 @@ from typing_extensions import override
 from adls_lightning.config import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import DEFAULT_EXCLUDE, Pruner, make_pruning_permanent
+from adls_lightning.quant.mase import load_lab_config
 
 
 def forget_best_checkpoints(trainer: L.Trainer) -> None:
@@ -76,6 +77,9 @@ class PruningCallback(L.Callback):
         seed: Seed for ``random`` masks.
         make_permanent: Bake the zeros into plain weights at the end of each stage (for export or LoRA merging);
             the next stage's ``setup`` re-creates the structure, so it can still load checkpoints with masks.
+        config: A lab pruning config, MASE's ``{weight: {...}, activation: {...}}`` as a mapping or the path of a
+            ``.toml``/``.yaml``/``.json`` file (a whole MASE config gives its ``[passes.prune]``); when set, its
+            ``weight`` and ``activation`` replace the two arguments above (``method: l1-norm`` is read as l1).
 
     Raises:
         ConfigError: On invalid settings, at construction time.
@@ -95,7 +99,16 @@ class PruningCallback(L.Callback):
         exclude: Sequence[str] | None = DEFAULT_EXCLUDE,
         seed: int = 0,
         make_permanent: bool = False,
+        config: Mapping[str, Any] | str | None = None,
     ) -> None:
+        if config is not None:
+            lab = load_lab_config(config, "prune", "prune.config")
+            unknown = sorted(set(lab) - {"weight", "activation"})
+            if unknown:
+                raise ConfigError(
+                    f"prune.config.{unknown[0]}: unknown key; a lab pruning config has weight, activation"
+                )
+            weight, activation = lab.get("weight"), lab.get("activation")
         if at != "fit_start" and (isinstance(at, bool) or not isinstance(at, int) or at < 1):
             raise ConfigError(f"prune.at={at!r}: must be fit_start or a number of epochs >= 1")
         self.pruner = Pruner(weight, activation, include=include, exclude=exclude, seed=seed, key="prune")

@@ -463,12 +463,15 @@ def test_bert_targets_and_counted_sparsity(lora):
             "prune.weight.scope='layer': must be one of local, global",
         ),
         ({"activation": {"sparsity": 1.5}}, "prune.activation.sparsity=1.5"),
-        ({"activation": {"sparsity": 0.5, "method": "l1-norm"}}, "prune.activation.method='l1-norm'"),
+        ({"activation": {"sparsity": 0.5, "method": "l2-norm"}}, "prune.activation.method='l2-norm'"),
         (
             {"activation": {"sparsity": 0.5, "scope": "global"}},
             "prune.activation.scope='global': must be local",
         ),
-        ({"weight": {"sparsity": 0.5, "granularity": "channel"}}, "prune.weight.granularity: unknown key"),
+        (
+            {"weight": {"sparsity": 0.5, "granularity": "channel"}},
+            "prune.weight.granularity='channel': only elementwise",
+        ),
         ({"weight": {"method": "l1"}}, "prune.weight.sparsity: missing"),
         ({"weight": {"sparsity": 0.5}, "exclude": ["("]}, "prune.exclude: '(' is not a valid regex"),
     ],

@@ -125,8 +125,8 @@ def test_compression_accuracies_match_independent_evaluations(compose_cfg, tmp_p
             "prune.activation.sparsity=-0.2: must be a number in [0.0, 1.0)",
         ),
         (
-            ["prune=l1_0.5", "prune.weight.method=l1-norm"],
-            "prune.weight.method='l1-norm': must be one of l1, random",
+            ["prune=l1_0.5", "prune.weight.method=l2-norm"],
+            "prune.weight.method='l2-norm': must be one of l1, random",
         ),
         (
             ["prune=l1_0.5", "prune.weight.scope=layer"],

@@ -36,6 +36,7 @@ The caller's config is never modified (MASE's ``pass_args.pop("by")`` broke reus
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import logging
 import os
@@ -90,7 +91,15 @@ def load_lab_config(source: Any, pass_name: str, key: str) -> dict[str, Any]:
     Raises:
         ConfigError: a missing or unreadable file, or no ``passes.<pass_name>`` table in a whole config.
     """
+    return _load(source, pass_name, key)[0]
+
+
+def _load(source: Any, pass_name: str, key: str) -> tuple[dict[str, Any], str]:
+    """:func:`load_lab_config`, plus the key its entries are named under in messages (``lab.toml:passes.quantize``
+    for a file)."""
+    where = key
     if isinstance(source, (str, os.PathLike)):
+        where = str(source)
         source = _read_file(Path(source), key)
     data = _plain(source)
     if not isinstance(data, Mapping):
@@ -99,13 +108,15 @@ def load_lab_config(source: Any, pass_name: str, key: str) -> dict[str, Any]:
         passes = data["passes"]
         if not isinstance(passes, Mapping) or pass_name not in passes:
             raise ConfigError(
-                f"{key}.passes: has no '{pass_name}' table (a MASE config's [passes.{pass_name}])"
+                f"{where}.passes: has no '{pass_name}' table (a MASE config's [passes.{pass_name}])"
             )
         ignored = [k for k in data if k != "passes"] + [f"passes.{p}" for p in passes if p != pass_name]
         if ignored:
-            log.info("%s: ignored %s (this run's own settings apply)", key, ", ".join(ignored))
-        data = passes[pass_name]
-    return copy.deepcopy(dict(data))
+            log.info("%s: ignored %s (this run's own settings apply)", where, ", ".join(ignored))
+        data, where = passes[pass_name], f"{where}:passes.{pass_name}"
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}={data!r}: expected a table of the pass's arguments")
+    return copy.deepcopy(dict(data)), where
 
 
 def _read_file(path: Path, key: str) -> Any:
@@ -147,7 +158,7 @@ def from_mase(config: Any, key: str = "config") -> QuantRecipe:
     Raises:
         ConfigError: naming the offending key, prefixed with ``key``.
     """
-    config = load_lab_config(config or {}, "quantize", key)
+    config, key = _load(config or {}, "quantize", key)
     for name, why in _IGNORED_TOP.items():
         if config.pop(name, None) is not None:
             log.info("%s.%s: ignored (%s)", key, name, why)
@@ -170,6 +181,22 @@ def from_mase(config: Any, key: str = "config") -> QuantRecipe:
         for name, (path, value) in _flatten_names(config, key).items():
             layers[name] = base.merged(_Entry.read(value, path)).recipe()
     return QuantRecipe(default=base.recipe(), layers=layers, patterns=patterns, key=key)
+
+
+def _read_bools(fmt: str, params: dict[str, Any]) -> None:
+    """MASE's TOML files write booleans as 0/1 (to keep arrays homogeneous): read those as booleans where the
+    format's parameter is one."""
+    if fmt not in QUANTIZERS:
+        return
+    signature = inspect.signature(QUANTIZERS[fmt].__init__).parameters
+    for name, value in params.items():
+        if (
+            name in signature
+            and isinstance(signature[name].default, bool)
+            and type(value) is int
+            and value in (0, 1)
+        ):
+            params[name] = bool(value)
 
 
 def _is_layer_config(value: Mapping) -> bool:
@@ -277,6 +304,7 @@ class _Entry:
                 continue
             shared = QUANTIZERS[operand_fmt].layer_params if operand_fmt in QUANTIZERS else ()
             params.update({p: values[p] for p in shared if p in values})
+            _read_bools(operand_fmt, params)
             try:
                 operands[operand] = OperandRecipe(operand_fmt, params)
             except QuantizerParamError as err:

@@ -650,10 +650,11 @@ class _SignQuantizer(Quantizer):
     zero_representable = False
     search_space = {"params": {}, "slots": ["weight"]}
 
-    def __init__(self, stochastic: bool = False, bipolar: bool = True) -> None:
+    def __init__(self, stochastic: bool = False, bipolar: bool = True, width: int = 1) -> None:
         super().__init__()
         self.stochastic = _bool_param("stochastic", stochastic)
         _check_bipolar(bipolar)
+        _int_param("width", width, 1, 1, hint=" (binary values take 1 bit; MASE configs may name it)")
 
     def extra_repr(self) -> str:
         return f"stochastic={self.stochastic}"
@@ -744,11 +745,24 @@ class BinaryResidualQuantizer(Quantizer):
     zero_representable = False
     search_space = {"params": {"levels": [1, 2, 3]}, "slots": ["data_in", "weight"]}
 
-    def __init__(self, levels: int = 2, stochastic: bool = False, bipolar: bool = True) -> None:
+    def __init__(
+        self,
+        levels: int = 2,
+        stochastic: bool = False,
+        bipolar: bool = True,
+        width: int | None = None,
+        residual_sign: bool = True,
+    ) -> None:
         super().__init__()
         self.levels = _int_param("levels", levels, 1, 8)
         self.stochastic = _bool_param("stochastic", stochastic)
         _check_bipolar(bipolar)
+        if width is not None:  # MASE configs name it: the stored bits, one per level
+            _int_param("width", width, levels, levels, hint=f" (one bit per level, levels={levels})")
+        if _bool_param("residual_sign", residual_sign) is not True:
+            raise QuantizerParamError(
+                "residual_sign", "=False: only residual-sign binarisation is implemented"
+            )
         self.scales = nn.Parameter(torch.ones(levels))
         self.register_buffer("initialized", torch.tensor(False))
 

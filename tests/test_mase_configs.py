@@ -1,0 +1,409 @@
+"""The labs' (MASE's) quantize and prune configs, pasted as they are.
+
+The TOML texts below are written for this test from the key lists of chop's quantize pass (``QUANT_ARITH_ENTRIES``,
+``MASE_OP_TO_ENTRIES``) and of its example configs' shape (``model``, ``dataset``, ``[passes.quantize]`` with
+``by``, ``report`` and a ``default.config`` table), as ``../shared/docs/reference-mase.md`` lists them. Each one
+either loads unchanged and quantizes a tiny BERT as its format says (checked against values computed here another
+way: closed formulas, ``torch.float8_e4m3fn``, brute-force nearest grid points), or fails with one line naming the
+key. The pruning configs use MASE's ``l1-norm`` / ``random``, ``local`` / ``global`` and ``granularity``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+from test_quant_model import LAYER_NAMES, tiny_bert
+
+from adls_lightning.config import ConfigError
+from adls_lightning.prune import num_to_prune
+from adls_lightning.quant import LayerRecipe, QuantRecipe, quantize_model, quantized_layers, to_recipe
+from adls_lightning.training import run
+from callbacks.pruning import PruningCallback
+from callbacks.quantization import QuantizationCallback
+
+HEADER = """# basics
+model = "toy"
+dataset = "toy-tiny"
+
+[passes.quantize]
+by = "type"
+report = true
+
+[passes.quantize.default.config]
+"""
+OPERANDS = ("data_in", "weight", "bias")
+
+
+def toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def lab_toml(keys: dict | str) -> str:
+    """A MASE quantize config file: the shared header, then the default layer config's keys (a dict or TOML)."""
+    body = keys if isinstance(keys, str) else "\n".join(f"{k} = {toml_value(v)}" for k, v in keys.items())
+    return HEADER + body.strip() + "\n"
+
+
+def per_operand(operands=OPERANDS, **params) -> dict:
+    """chop's per-operand keys: ``{operand}_{param}`` for each operand."""
+    return {f"{operand}_{param}": value for operand in operands for param, value in params.items()}
+
+
+# chop's example quantize configs, from its key list (QUANT_ARITH_ENTRIES) and example values
+EXAMPLES = {
+    "integer": {"name": "integer", **per_operand(width=8, frac_width=3)},
+    "fixed": {"name": "fixed", **per_operand((*OPERANDS, "data_out"), width=8, frac_width=3), "floor": True},
+    "block_fp": {
+        "name": "block_fp",
+        **per_operand(width=7, exponent_width=8, exponent_bias=127, block_size=[1, 16]),
+        "data_in_skip_first_dim": True,
+        "bias_block_size": [16],
+    },
+    "block_log": {"name": "block_log", **per_operand(width=8, exponent_bias_width=4, block_size=[16])},
+    "block_minifloat": {
+        "name": "block_minifloat",
+        **per_operand(width=8, exponent_width=4, exponent_bias_width=8, block_size=[1, 16]),
+        "bias_block_size": [16],
+    },
+    "log": {"name": "log", **per_operand(width=8, exponent_bias=128)},
+    "minifloat_ieee": {"name": "minifloat_ieee", **per_operand(width=8, exponent_width=4, exponent_bias=7)},
+    "minifloat_denorm": {
+        "name": "minifloat_denorm",
+        **per_operand(width=8, exponent_width=4, exponent_bias=7),
+    },
+    "ternary": {
+        "name": "ternary",
+        **per_operand(width=2, mean="NA", median="NA", max="NA"),
+        "data_in_scaling_factor": True,
+        "weight_scaling_factor": False,
+        "bias_scaling_factor": False,
+    },
+    "binary": {"name": "binary", "weight_width": 1, "weight_stochastic": False, "weight_bipolar": True},
+    # chop's TOML writes these booleans as 0/1 (to keep its arrays homogeneous)
+    "binary_training": {
+        "name": "binary",
+        "binary_training": 1,
+        **per_operand(stochastic=0, bipolar=1),
+        "weight_width": 1,
+    },
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Expected values, computed without the project's quantizers
+# --------------------------------------------------------------------------------------------------
+def fixed_point(t: torch.Tensor, width: int, frac: int, floor: bool = False) -> torch.Tensor:
+    scaled = t * 2.0**frac
+    scaled = scaled.floor() if floor else scaled.round()
+    return scaled.clamp(-(2 ** (width - 1)), 2 ** (width - 1) - 1) / 2.0**frac
+
+
+def nearest_on_grid(t: torch.Tensor, magnitudes: torch.Tensor) -> torch.Tensor:
+    """Distance from each element to the nearest signed grid point (brute force over every grid value)."""
+    grid = torch.cat([-magnitudes, magnitudes])
+    return (t.unsqueeze(-1) - grid).abs().min(dim=-1).values
+
+
+def signs(t: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.signbit(t), -1.0, 1.0)
+
+
+def check_integer(layer, x):
+    expected = F.linear(fixed_point(x, 8, 3), fixed_point(layer.weight, 8, 3), fixed_point(layer.bias, 8, 3))
+    assert torch.allclose(layer(x), expected, atol=1e-6)
+
+
+def check_fixed(layer, x):
+    inner = F.linear(
+        fixed_point(x, 8, 3, True), fixed_point(layer.weight, 8, 3, True), fixed_point(layer.bias, 8, 3, True)
+    )
+    assert torch.allclose(layer(x), fixed_point(inner, 8, 3, True), atol=1e-6)  # data_out: output quantized
+
+
+def check_minifloat_ieee(layer, x):
+    # e4m3 with bias 7 is float8_e4m3fn below its 448 limit (the inputs here stay far below it)
+    e4m3 = [t.to(torch.float8_e4m3fn).float() for t in (x, layer.weight, layer.bias)]
+    assert torch.allclose(layer(x), F.linear(*e4m3), atol=1e-5)
+
+
+def check_minifloat_denorm(layer, x):
+    # no implicit leading 1: magnitudes k/8 * 2^E, k = 0..7, E = -7..8; each value goes to the nearest one
+    grid = torch.tensor([k / 8 * 2.0**e for k in range(8) for e in range(-7, 9)])
+    w, q = layer.weight, layer.weight_quantizer(layer.weight)
+    assert torch.equal(nearest_on_grid(q, grid), torch.zeros_like(q))
+    assert torch.allclose((w - q).abs(), nearest_on_grid(w, grid), atol=1e-9)
+
+
+def check_log(layer, x):
+    # sign + 7 exponent bits, bias 128: magnitudes 2^k for -128 < k <= -1, rounded in the log domain
+    q = layer.weight_quantizer(layer.weight)
+    nonzero = q != 0
+    exponents = torch.log2(q[nonzero].abs())
+    assert torch.equal(exponents, exponents.round()) and exponents.max() <= -1
+    w = layer.weight[nonzero].abs()
+    in_range = w <= 0.5
+    assert (exponents - torch.log2(w))[in_range].abs().max() <= 0.5 + 1e-6
+    assert torch.equal(exponents[~in_range], torch.full_like(exponents[~in_range], -1.0))  # saturates at 2^-1
+
+
+def check_block_fp(layer, x):
+    # per 16 consecutive weights of a row: one step 2^(floor(log2 max)+1-6), codes |k| <= 63, nearest
+    w = layer.weight.reshape(-1, 16)
+    q = layer.weight_quantizer(layer.weight).reshape(-1, 16)
+    step = 2.0 ** (torch.floor(torch.log2(w.abs().amax(dim=1, keepdim=True))) + 1 - 6)
+    codes = q / step
+    assert torch.equal(codes, codes.round()) and codes.abs().max() <= 63
+    assert ((w - q).abs() <= step / 2 + 1e-9).all()
+
+
+def check_block_minifloat(layer, x):
+    # 3 mantissa bits: relative error <= 2^-4 for values in the block's normal range
+    w, q = layer.weight, layer.weight_quantizer(layer.weight)
+    big = w.abs() >= 2.0**-19
+    assert ((w - q).abs()[big] <= w.abs()[big] * 2.0**-4 + 1e-12).all()
+    assert not torch.equal(w, q)
+
+
+def check_block_log(layer, x):
+    q = layer.weight_quantizer(layer.weight)
+    exponents = torch.log2(q[q != 0].abs())
+    assert torch.equal(exponents, exponents.round())  # powers of two only
+    assert (exponents - torch.log2(layer.weight[q != 0].abs())).abs().max() <= 0.5 + 1e-6
+
+
+def check_ternary(layer, x):
+    w, q = layer.weight, layer.weight_quantizer(layer.weight)
+    kept = w.abs() > 0.75 * w.abs().mean()  # TWN threshold; no scaling factor for weights: codes -1, 0, 1
+    assert torch.equal(q, torch.where(kept, signs(w), torch.zeros_like(w)))
+    assert layer.data_in_quantizer is not None and layer.bias_quantizer is not None  # their keys are given
+
+
+def check_binary(layer, x):
+    assert (
+        layer.data_in_quantizer is None and layer.bias_quantizer is None
+    )  # MASE's LinearBinary: weight only
+    assert torch.allclose(layer(x), F.linear(x, signs(layer.weight), layer.bias), atol=1e-6)
+
+
+def check_binary_training(layer, x):
+    expected = F.linear(signs(x), signs(layer.weight), signs(layer.bias))  # binary_training: every operand
+    assert torch.allclose(layer(x), expected, atol=1e-6)
+
+
+CHECKS = {
+    "integer": check_integer,
+    "fixed": check_fixed,
+    "block_fp": check_block_fp,
+    "block_log": check_block_log,
+    "block_minifloat": check_block_minifloat,
+    "log": check_log,
+    "minifloat_ieee": check_minifloat_ieee,
+    "minifloat_denorm": check_minifloat_denorm,
+    "ternary": check_ternary,
+    "binary": check_binary,
+    "binary_training": check_binary_training,
+}
+
+
+@pytest.mark.parametrize("example", list(EXAMPLES))
+def test_lab_quantize_config_loads_unchanged_and_quantizes_as_its_format_says(example, tmp_path, caplog):
+    path = tmp_path / f"{example}.toml"
+    text = lab_toml(EXAMPLES[example])
+    path.write_text(text)
+    model = tiny_bert(init_std=0.2).eval()
+    with caplog.at_level(logging.INFO, logger="adls_lightning.quant.mase"):
+        names = quantize_model(model, path, key="quant.config")
+    assert path.read_text() == text
+    assert names == LAYER_NAMES  # `default` applies to every linear layer (the only quantized op here)
+    notes = [r.getMessage() for r in caplog.records]
+    assert any("report: ignored" in n for n in notes) and any("model, dataset" in n for n in notes)
+    layer = quantized_layers(model)[0]
+    x = torch.randn(3, 5, layer.in_features, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        CHECKS[example](layer, x)
+
+
+REFUSED = [
+    ('name = "binary"\nweight_bipolar = false', "passes.quantize.default.config.weight_bipolar=False: only bipolar"),
+    ('name = "mxint"\nweight_width = 8\nweight_block_size = 32', "default.config.name='mxint': not available here"),
+    ('name = "mxint_hardware"\nweight_parallelism = [1, 4]', "default.config.name='mxint_hardware': not available"),
+    ('name = "integer"\nweight_width = 8\ndata_in_width = 8\nnoparse = true', "default.config.noparse: unknown key"),
+    ('name = "integer"\ndata_in_width = 8\nweight_width = 8\ndata_in_levels = 2',
+     "default.config.data_in_levels: not a parameter of format 'integer'"),
+    ('name = "integer"\ndata_in_width = 8\nweight_width = 8\nbinary_training = true',
+     "default.config.binary_training: only applies to binary"),
+    ('name = "ternary"\nweight_median = -0.01', "default.config.weight_median=-0.01: precomputed statistics"),
+    ('name = "integer"\ndata_in_width = 8\nweight_width = 8\n[passes.quantize.relu.config]\nname = "integer"',
+     "passes.quantize.relu: only linear layers are quantized"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "message"), REFUSED)
+def test_lab_keys_without_a_meaning_here_fail_with_one_line_naming_them(body, message, tmp_path):
+    path = tmp_path / "lab.toml"
+    path.write_text(lab_toml(body))
+    model = tiny_bert()
+    with pytest.raises(ConfigError) as info:
+        quantize_model(model, path)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert str(info.value).startswith(f"{path}:passes.quantize.")
+    assert not quantized_layers(model)
+
+
+def test_lab_file_through_quant_config_trains(compose_cfg, tmp_path):
+    path = tmp_path / "integer.toml"
+    path.write_text(lab_toml(EXAMPLES["integer"]))
+    cfg = compose_cfg(["quant=int8", f"quant.config={path}"])
+    callback = instantiate(cfg.quant, _convert_="partial")
+    weight = callback.recipe.default.weight
+    assert (weight.format, weight.params) == ("integer", {"width": 8, "frac_width": 3})
+    metrics = run(cfg)
+    assert metrics["quant/layers"] == 14 and metrics["quant/avg_weight_bits"] == 8.0
+
+
+def test_bad_lab_file_is_one_line(tmp_path):
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[passes.quantize\nby = 1")
+    for source, message in [
+        (tmp_path / "missing.toml", "missing.toml: no such file"),
+        (broken, "broken.toml: cannot be read"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            QuantizationCallback(config=str(source))
+        assert message in str(info.value) and "\n" not in str(info.value)
+    no_quantize = tmp_path / "prune_only.toml"
+    no_quantize.write_text('[passes.prune.weight]\nsparsity = 0.5\nmethod = "l1-norm"\n')
+    with pytest.raises(ConfigError, match=r"passes: has no 'quantize' table"):
+        QuantizationCallback(config=str(no_quantize))
+
+
+# --------------------------------------------------------------------------------------------------
+# The same recipes, typed, as Hydra builds them from _target_ leaves
+# --------------------------------------------------------------------------------------------------
+TYPED_PRESET = """
+defaults: [_base]
+config:
+  _target_: adls_lightning.quant.QuantRecipe
+  default:
+    _target_: adls_lightning.quant.LayerRecipe
+    data_in: {_target_: adls_lightning.quant.OperandRecipe, format: integer, params: {width: 8, frac_width: 3}}
+    weight: {_target_: adls_lightning.quant.OperandRecipe, format: integer, params: {width: 8, frac_width: 3}}
+    bias: {_target_: adls_lightning.quant.OperandRecipe, format: integer, params: {width: 8, frac_width: 3}}
+  layers:
+    classifier: null
+"""
+
+
+def test_typed_preset_is_the_lab_config(compose_cfg, tmp_path):
+    (tmp_path / "conf" / "quant").mkdir(parents=True)
+    (tmp_path / "conf" / "quant" / "typed_int8.yaml").write_text(TYPED_PRESET)
+    cfg = compose_cfg(["quant=typed_int8", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"])
+    callback = instantiate(cfg.quant, _convert_="partial")
+    assert isinstance(callback.recipe, QuantRecipe)
+    lab = to_recipe({"default": {"config": {"name": "integer", **{
+        f"{slot}_{p}": v for slot in ("data_in", "weight", "bias") for p, v in (("width", 8), ("frac_width", 3))
+    }}}, "classifier": {"name": None}})  # fmt: skip
+    assert callback.recipe == lab  # the typed leaf and the pasted dict are the same recipe
+    model = tiny_bert()
+    assert quantize_model(model, callback.recipe) == LAYER_NAMES[:-1]
+    # a bad value is refused when Hydra builds the object, naming the parameter
+    bad = compose_cfg(
+        [
+            "quant=typed_int8",
+            f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+            "quant.config.default.weight.params.width=0",
+        ]
+    )
+    with pytest.raises(ConfigError, match=r"width=0: must be an integer in \[1, 32\]"):
+        instantiate(bad.quant, _convert_="partial")
+    assert LayerRecipe.uniform("binary") == LayerRecipe(weight={"format": "binary"})  # weights only, as MASE
+
+
+# --------------------------------------------------------------------------------------------------
+# Pruning configs
+# --------------------------------------------------------------------------------------------------
+PRUNE_HEADER = 'model = "toy"\ndataset = "toy-tiny"\n\n'
+
+
+def prune_toml(weight: str, activation: str = "") -> str:
+    text = PRUNE_HEADER + "[passes.prune.weight]\n" + weight.strip() + "\n"
+    if activation:
+        text += "\n[passes.prune.activation]\n" + activation.strip() + "\n"
+    return text
+
+
+def pruned_linears(model):
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and name != "classifier"
+    }
+
+
+def test_l1_norm_local_prunes_the_smallest_half_of_every_layer(tmp_path):
+    path = tmp_path / "prune.toml"
+    elementwise = 'sparsity = 0.5\nmethod = "l1-norm"\nscope = "local"\ngranularity = "elementwise"'
+    path.write_text(prune_toml(elementwise, elementwise))
+    callback = PruningCallback(config=str(path))
+    model = tiny_bert(init_std=0.2)
+    before = {name: m.weight.detach().clone() for name, m in pruned_linears(model).items()}
+    callback.pruner.prune(model)
+    assert callback.pruner.activation is not None and callback.pruner.activation.method == "l1"
+    for name, module in pruned_linears(model).items():
+        zero = module.weight == 0
+        assert int(zero.sum()) == module.weight.numel() // 2, name
+        assert before[name][zero].abs().max() <= before[name][~zero].abs().min()
+
+
+def test_random_global_prunes_an_exact_share_over_all_layers(tmp_path):
+    path = tmp_path / "prune.toml"
+    path.write_text(prune_toml('sparsity = 0.3\nmethod = "random"\nscope = "global"'))
+    callback = PruningCallback(config=str(path))
+    model = tiny_bert()
+    callback.pruner.prune(model)
+    layers = pruned_linears(model).values()
+    total = sum(m.weight.numel() for m in layers)
+    zeros = [int((m.weight == 0).sum()) for m in layers]
+    assert sum(zeros) == num_to_prune(total, 0.3)
+    assert len(set(round(z / m.weight.numel(), 2) for z, m in zip(zeros, layers))) > 1  # not per layer
+
+
+@pytest.mark.parametrize(
+    ("weight", "message"),
+    [
+        ('sparsity = 0.5\nmethod = "l1-norm"\ngranularity = "channel"',
+         "prune.weight.granularity='channel': only elementwise is implemented"),
+        ('method = "l1-norm"\n[passes.prune.weight.sparsity]\n"bert.pooler.dense" = 0.5',
+         "prune.weight.sparsity: a per-layer mapping is not supported"),
+        ('sparsity = 0.5\nmethod = "l2-norm"', "prune.weight.method='l2-norm': must be one of l1, random"),
+        ('sparsity = 0.5\ncriterion = "l1-norm"', "prune.weight.criterion: unknown key"),
+    ],
+)  # fmt: skip
+def test_prune_keys_without_a_meaning_here_fail_with_one_line(weight, message, tmp_path):
+    path = tmp_path / "prune.toml"
+    path.write_text(prune_toml(weight))
+    with pytest.raises(ConfigError) as info:
+        PruningCallback(config=str(path))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_lab_prune_file_through_prune_config(compose_cfg, tmp_path):
+    path = tmp_path / "prune.toml"
+    path.write_text(prune_toml('sparsity = 0.2\nmethod = "l1-norm"\nscope = "global"'))
+    callback = instantiate(compose_cfg(["prune=l1_0.5", f"prune.config={path}"]).prune, _convert_="partial")
+    spec = callback.pruner.weight
+    assert (spec.sparsity, spec.method, spec.scope) == (0.2, "l1", "global")
+    assert (
+        callback.pruner.activation is None
+    )  # the lab file has no activation table: it replaces the preset's
+    assert len(callback.pruner.targets(tiny_bert())) == 13  # every linear layer but the classifier
