@@ -40,12 +40,10 @@ def run_search_trial(cfg: DictConfig) -> Any:
     return run_trial(cfg)
 
 
-def entry_point(
-    task: Callable[[DictConfig], Any], config_dir: Path, config_name: str, version_base: str | None
-) -> Callable[[], Any]:
+def entry_point(task: Callable[[DictConfig], Any], config_dir: Path, config_name: str) -> Callable[[], Any]:
     """``@hydra.main`` over ``task`` with the project's whitelist, wrapped in the up-front config check."""
+    # No version_base: Hydra 1.4 deprecates the parameter (a warning on every run) and has no behaviour behind it.
     hydra_main = hydra.main(
-        version_base=version_base,
         config_path=str(config_dir),
         config_name=config_name,
         execution_whitelist=hydra_execution_whitelist(),
@@ -69,10 +67,10 @@ def entry_point(
 def train(config_dir: Path = CONFIG_DIR) -> Any:
     """``adls-train [overrides]``: see ``conf/train.yaml``."""
     os.environ.setdefault("PROJECT_ROOT", os.getcwd())
-    return entry_point(run_training, config_dir, "train", "1.3")()
+    return entry_point(run_training, config_dir, "train")()
 
 
 def search(config_dir: Path = CONFIG_DIR) -> Any:
     """``adls-search [overrides]``: an Optuna study whose trials are training runs; see ``conf/search.yaml``."""
     os.environ.setdefault("PROJECT_ROOT", os.getcwd())
-    return entry_point(run_search_trial, config_dir, "search", None)()
+    return entry_point(run_search_trial, config_dir, "search")()

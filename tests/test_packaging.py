@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -23,6 +24,23 @@ import pytest
 from tests.conftest import TINY_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _copy_of_checkout(dest: Path) -> Path:
+    """The checkout's files as git sees them (tracked and new, not ignored), links kept as links."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, (entry.decode() for entry in listed)):
+        src, dst = ROOT / name, dest / name
+        if not src.exists() and not src.is_symlink():
+            continue  # deleted in the work tree, not yet in the index
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst, follow_symlinks=False)
+    return dest
 
 
 @pytest.fixture(scope="module")
