@@ -74,14 +74,13 @@ def _storage_of(source: str, search_dir: Path) -> tuple[str, str | None]:
     )
 
 
-def best_trial(source: str, search_dir: Path) -> tuple[str, FrozenTrial]:
-    """The study named by ``source`` and its best completed trial.
+def best_trial(source: str, url: str, name: str | None) -> tuple[str, FrozenTrial]:
+    """The study ``name`` (None: the only one) in the storage ``url`` and its best completed trial.
 
     Raises:
-        ConfigError: no such storage or study, several studies in the storage, several objectives, or no
-            completed trial.
+        ConfigError: the storage cannot be opened, holds several studies, or the study has several objectives
+            or no completed trial (messages name ``init_from_study=source``).
     """
-    url, name = _storage_of(source, search_dir)
     storage = open_storage(url, key=KEY)
     names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
     if name is None:
@@ -152,8 +151,8 @@ def start_from_study(source: str, search_dir: Path) -> StudyStart:
     Raises:
         ConfigError: see :func:`best_trial`, or the trial's folder or run record is gone.
     """
-    url, _ = _storage_of(source, search_dir)
-    name, trial = best_trial(source, search_dir)
+    url, name = _storage_of(source, search_dir)
+    name, trial = best_trial(source, url, name)
     folder = _trial_dir(trial, url)
     overrides = model_overrides(folder)
     checkpoint = best_checkpoint(folder)
