@@ -72,6 +72,15 @@ def best_seconds(
     return best
 
 
+def print_header(columns: list[tuple[str, str, str]]) -> None:
+    """Print a table's header: a line of units, the column names, a rule. ``columns`` holds
+    ``(name, format spec, unit)``, e.g. ``("native", ">9", "GB/s")``; the rows use the same specs."""
+    print(" ".join(f"{unit:{spec}}" for _, spec, unit in columns).rstrip())
+    header = " ".join(f"{name:{spec}}" for name, spec, _ in columns)
+    print(header)
+    print("-" * len(header))
+
+
 def bench_device(
     device: torch.device, sizes: list[int], group_size: int, budget_s: float, max_rounds: int, allocator: str
 ) -> None:
@@ -88,13 +97,19 @@ def bench_device(
             else f", {torch.cuda.get_device_name()}"
         )
     )
-    header = (
-        f"{'elements':>9} {'op':<18} {'native':>9} {'copy':>9} {'reference':>9} {'vs copy':>8} {'vs ref':>8}"
-        f" {'ceiling':>8} {'of ceil':>8}"
+    print_header(
+        [
+            ("elements", ">9", ""),
+            ("op", "<18", ""),
+            ("native", ">9", unit),
+            ("copy", ">9", unit),
+            ("reference", ">9", unit),
+            ("vs copy", ">8", ""),
+            ("vs ref", ">8", ""),
+            ("ceiling", ">8", ""),
+            ("of ceil", ">8", ""),
+        ]
     )
-    print(f"{'':>28}{unit:>9} {unit:>9} {unit:>9}")
-    print(header)
-    print("-" * len(header))
     for n in sizes:
         bench_size(n, device, group_size, budget_s, max_rounds, scale)
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_mxint8 import best_seconds  # noqa: E402
+from bench_mxint8 import best_seconds, print_header  # noqa: E402
 
 from adls_lightning.mxint8 import (  # noqa: E402
     FUSED_MAX_ROWS,
@@ -44,6 +44,7 @@ from adls_lightning.mxint8 import (  # noqa: E402
 SHAPES = [(768, 3072), (3072, 768)]
 ROWS = [1, 2, 4, 8, 16, 32, 64, 512]
 GROUP_SIZE = 32
+PEAK_SIZE = 1024  # the FMA limit is estimated by a square fp32 matmul of this size (BLAS, compute-bound)
 
 
 def bench_layer(
@@ -54,6 +55,7 @@ def bench_layer(
     packed = QLinearPacked.from_linear(dense, GROUP_SIZE)
     mantissa, scale, bias = packed.weight_mantissa, packed.weight_scale, packed.bias
     weight = dense.weight.detach()
+    square = torch.randn(PEAK_SIZE, PEAK_SIZE, device=device)
     results = []
     for n in rows:
         x = torch.randn(n, in_features, device=device)
@@ -65,47 +67,73 @@ def bench_layer(
         }
         if n == rows[0]:
             fns["copy"] = lambda: torch.empty_like(weight).copy_(weight)
+            fns["matmul"] = lambda: torch.mm(square, square)
         with torch.inference_mode():
             seconds = best_seconds(fns, device, budget_s, max_rounds=200)
         results.append({"rows": n, **seconds})
-    copy_seconds = results[0].pop("copy")
+    copy_seconds, matmul_seconds = results[0].pop("copy"), results[0].pop("matmul")
     for result in results:
         result["copy"] = copy_seconds
+        result["matmul_flops"] = 2 * PEAK_SIZE**3 / matmul_seconds
     return results
+
+
+def fma_share(result: dict, weights: int) -> float:
+    """The fused kernel's multiply-add rate as a share of the matmul's (1.0: as compute-bound as BLAS)."""
+    return 2 * weights * result["rows"] / result["fused"] / result["matmul_flops"]
 
 
 def print_table(in_features: int, out_features: int, results: list[dict]) -> None:
     weights = in_features * out_features
     fp32_bytes, packed_bytes = 4 * weights, weights + weights // GROUP_SIZE
     copy_gbs = 2 * fp32_bytes / results[0]["copy"] / 1e9
-    print(f"\n{in_features}->{out_features} (copy of the fp32 weight: {copy_gbs:.1f} GB/s read+write)")
-    header = (
-        f"{'rows':>5} {'nn.Linear':>10} {'fused':>9} {'deq+mm':>9} {'QLinPack':>9}"
-        f" {'fused/Lin':>9} {'fused/deq':>9} {'QLP/deq':>8} {'W GB/s Lin':>10} {'W GB/s fus':>10}"
+    peak = results[0]["matmul_flops"]
+    print(
+        f"\n{in_features}->{out_features} (copy of the fp32 weight: {copy_gbs:.1f} GB/s read+write;"
+        f" fp32 {PEAK_SIZE}^3 matmul: {peak / 1e9:.1f} GFLOP/s, so {2 * weights / peak * 1e6:.1f} us per row"
+        f" at least)"
     )
-    print(f"{'':>5} {'us':>10} {'us':>9} {'us':>9} {'us':>9}")
-    print(header)
-    print("-" * len(header))
+    print_header(
+        [
+            ("rows", ">5", ""),
+            ("nn.Linear", ">10", "us"),
+            ("fused", ">9", "us"),
+            ("deq+mm", ">9", "us"),
+            ("QLinPack", ">9", "us"),
+            ("fused/Lin", ">9", ""),
+            ("fused/deq", ">9", ""),
+            ("QLP/deq", ">8", ""),
+            ("W GB/s Lin", ">10", ""),
+            ("W GB/s fus", ">10", ""),
+            ("fus %FMA", ">8", ""),
+        ]
+    )
     for r in results:
         print(
             f"{r['rows']:>5} {r['nn.Linear'] * 1e6:10.1f} {r['fused'] * 1e6:9.1f} {r['deq+mm'] * 1e6:9.1f}"
             f" {r['QLinearPacked'] * 1e6:9.1f} {r['nn.Linear'] / r['fused']:8.2f}x {r['deq+mm'] / r['fused']:8.2f}x"
             f" {r['deq+mm'] / r['QLinearPacked']:7.2f}x {fp32_bytes / r['nn.Linear'] / 1e9:10.1f}"
-            f" {packed_bytes / r['fused'] / 1e9:10.1f}"
+            f" {packed_bytes / r['fused'] / 1e9:10.1f} {fma_share(r, weights):7.0%}"
         )
 
 
 def summarise(all_results: list[tuple[int, str, list[dict]]]) -> None:
+    weights_of = {f"{i}->{o}": i * o for i, o in SHAPES}
     rows_fused_wins = []
     small = {"vs_linear": [], "vs_deq": []}
     large = []
-    for _, _, results in all_results:
+    ceilings = []
+    for threads, label, results in all_results:
         wins = [r["rows"] for r in results if r["fused"] <= r["deq+mm"]]
         rows_fused_wins.append(max(wins) if wins else 0)
         for r in results:
             if r["rows"] <= 8:
                 small["vs_linear"].append(r["nn.Linear"] / r["fused"])
                 small["vs_deq"].append(r["deq+mm"] / r["fused"])
+            if r["rows"] == 8:
+                # A kernel doing its multiply-adds at the matmul's rate, and nothing else, would take this long.
+                compute_bound = 2 * weights_of[label] * r["rows"] / r["matmul_flops"]
+                ceilings.append(f"{threads} thr {label}: {r['deq+mm'] / compute_bound:.2f}x")
             if r["rows"] == 512:
                 large.append(r["deq+mm"] / r["QLinearPacked"])
     print(
@@ -115,6 +143,11 @@ def summarise(all_results: list[tuple[int, str, list[dict]]]) -> None:
         print(
             f"rows <= 8: fused vs nn.Linear {min(small['vs_linear']):.2f}-{max(small['vs_linear']):.2f}x (goal >= 1.5x),"
             f" vs deq+mm {min(small['vs_deq']):.2f}-{max(small['vs_deq']):.2f}x (goal >= 3x)"
+        )
+    if ceilings:
+        print(
+            "8 rows, deq+mm over the time of the multiply-adds alone at the matmul's rate (the most any"
+            " kernel could show): " + ", ".join(ceilings)
         )
     if large:
         print(

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import math
-import os
 import platform
-import subprocess
 import sys
 
 import pytest
@@ -23,6 +21,7 @@ from adls_lightning.mxint8 import (
     quantize_reference,
 )
 from adls_lightning.mxint8.ops import PORTABLE_CPU_ENV, env_flag
+from tests.mxint8_helpers import assert_passes_with_portable_kernels
 
 NAN = float("nan")
 INF = float("inf")
@@ -276,13 +275,7 @@ def test_cpu_kernel_isa_follows_the_cpu_and_the_switch():
 @pytest.mark.skipif(native_cpu_isa() != "avx2", reason="the portable loops already serve every test here")
 def test_portable_cpu_kernels_are_bit_exact_too():
     """CPUs without AVX2 run the portable loops: run the bit-exact tests again with them forced."""
-    tests = "bit_exact or odd_group_sizes or cpu_kernel_isa"
-    command = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", tests]
-    result = subprocess.run(
-        command, env={**os.environ, PORTABLE_CPU_ENV: "1"}, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and " failed" not in result.stdout
+    assert_passes_with_portable_kernels(__file__, "bit_exact or odd_group_sizes or cpu_kernel_isa")
 
 
 def test_empty_tensors():

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,7 +18,7 @@ from adls_lightning.mxint8 import (
     quantize,
 )
 from adls_lightning.mxint8.format import element_scale_reference
-from adls_lightning.mxint8.ops import PORTABLE_CPU_ENV
+from tests.mxint8_helpers import assert_passes_with_portable_kernels
 
 GROUP_SIZES = [8, 16, 24, 32, 40, 64, 128, 256, 512]
 ROWS = [1, 2, 3, 4, 5, 7, 8, 13, 64]
@@ -84,10 +80,42 @@ def test_fused_kernel_over_parallel_tasks_and_leading_dimensions():
     assert ((fused.reshape(6, -1).double() - expected).abs() <= bound).all()
 
 
-def test_nan_group_gives_nan_outputs_of_that_feature_only():
+@pytest.mark.parametrize("group_size", [8, 24, 32, 512])
+def test_chunked_kernel_over_row_and_depth_blocks(group_size):
+    """From 4 rows the AVX2 kernel walks the input features in chunks and keeps up to 32 rows' partial sums
+    between chunks: long rows (several chunks), row counts around the 8-row tile and the 32-row block, and
+    output features around the 16-wide blocks must all give the exact result within the bound."""
+    in_features = group_size * max(1, 3072 // group_size)
+    for i, (rows, out_features) in enumerate(
+        [(4, 16), (7, 17), (8, 33), (9, 15), (31, 1), (33, 20), (70, 3)]
+    ):
+        mantissa, scale = packed_weight(out_features, in_features, group_size, seed=20 + i)
+        x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(200 + i))
+        bias = torch.randn(out_features) if i % 2 else None
+        expected, bound = exact_linear(x, mantissa, scale, bias, group_size)
+        fused = linear(x, mantissa, scale, bias, group_size)
+        assert ((fused.double() - expected).abs() <= bound).all(), (rows, out_features)
+
+
+@pytest.mark.parametrize("group_size", [8, 32])
+def test_every_scale_code_decodes_exactly(group_size):
+    """x = the identity picks out dequant(W)^T exactly (one product per output): every finite scale code,
+    the subnormal steps (E < 7) and the largest ones (E > 237, decoded by multiplying) included."""
+    generator = torch.Generator().manual_seed(9)
+    in_features, out_features = 4 * group_size, 64
+    mantissa = torch.randint(-128, 128, (out_features, in_features), generator=generator, dtype=torch.int8)
+    scale = torch.randint(0, 255, (out_features, 4), generator=generator).to(torch.uint8)
+    scale.view(-1)[:8] = torch.tensor([0, 6, 7, 8, 236, 237, 238, 254], dtype=torch.uint8)
+    weight = dequantize(mantissa, scale, group_size)
+    result = linear(torch.eye(in_features), mantissa, scale, None, group_size)
+    assert torch.equal(result, weight.T)
+
+
+@pytest.mark.parametrize("rows", [3, 9])
+def test_nan_group_gives_nan_outputs_of_that_feature_only(rows):
     mantissa, scale = packed_weight(4, 64, 32, seed=1)
     scale[2, 1] = 0xFF
-    y = linear(torch.randn(3, 64), mantissa, scale, None, 32)
+    y = linear(torch.randn(rows, 64), mantissa, scale, None, 32)
     assert y[:, 2].isnan().all() and not y[:, [0, 1, 3]].isnan().any()
 
 
@@ -190,13 +218,9 @@ def test_native_kernel_serves_cpu():
 
 @pytest.mark.skipif(native_cpu_isa() != "avx2", reason="the portable loops already serve every test here")
 def test_portable_fused_kernel_is_correct_too():
-    tests = "reassociation or parallel_tasks or nan_group"
-    command = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", tests]
-    result = subprocess.run(
-        command, env={**os.environ, PORTABLE_CPU_ENV: "1"}, capture_output=True, text=True, timeout=600
+    assert_passes_with_portable_kernels(
+        __file__, "reassociation or parallel_tasks or nan_group or chunked or scale_code"
     )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and " failed" not in result.stdout
 
 
 @pytest.mark.gpu

@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_train_with_mxint8_packed_records_packed_metrics(compose_cfg, tmp_path):
     metrics = run(compose_cfg(["quant=mxint8_packed", "trainer.max_epochs=2"]))
-    # tiny_random + LoRA: 2 layers x 6 encoder linears (LoRA-merged or plain) + the pooler's two PEFT copies
-    assert metrics["mxint8/packed_layers"] == 14
+    # tiny_random + LoRA, merged before packing (model.merge_lora_before_compress, on by default): 2 layers
+    # x 6 encoder linears + the pooler (PEFT's merge leaves one copy of it)
+    assert metrics["mxint8/packed_layers"] == 13
     assert metrics["mxint8/bits_per_weight"] == 8.25
     assert metrics["mxint8/linear_weight_saving"] == pytest.approx((32 - 8.25) / 32)
     assert 0 < metrics["mxint8/model_saving"] < metrics["mxint8/linear_weight_saving"]

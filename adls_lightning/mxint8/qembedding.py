@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from adls_lightning.mxint8.ops import dequantize, quantize
+from adls_lightning.mxint8.ops import dequantize
+from adls_lightning.mxint8.packed_weight import register_packed_weight, store_packed_weight
 
 
 class QEmbeddingPacked(nn.Module):
@@ -23,30 +24,16 @@ class QEmbeddingPacked(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        if group_size <= 0 or embedding_dim % group_size:
-            raise ValueError(
-                f"QEmbeddingPacked: group_size={group_size} must be a positive divisor of "
-                f"embedding_dim={embedding_dim}"
-            )
+        register_packed_weight(self, num_embeddings, embedding_dim, group_size, "embedding_dim", device)
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
-        self.group_size = group_size
-        self.register_buffer(
-            "weight_mantissa", torch.zeros(num_embeddings, embedding_dim, dtype=torch.int8, device=device)
-        )
-        self.register_buffer(
-            "weight_scale",
-            torch.zeros(num_embeddings, embedding_dim // group_size, dtype=torch.uint8, device=device),
-        )
 
     @classmethod
     @torch.no_grad()
     def from_embedding(cls, embedding: nn.Embedding, group_size: int = 32) -> QEmbeddingPacked:
-        weight = embedding.weight.detach()
+        weight = embedding.weight
         packed = cls(embedding.num_embeddings, embedding.embedding_dim, group_size, device=weight.device)
-        mantissa, scale = quantize(weight, group_size)
-        packed.weight_mantissa.copy_(mantissa)
-        packed.weight_scale.copy_(scale)
+        store_packed_weight(packed, weight)
         return packed
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,8 @@ from torch import nn
 
 from adls_lightning.layers import name_filter, target_layers
 from adls_lightning.mxint8.format import DEQUANTIZE_OUTPUT_DTYPES
-from adls_lightning.mxint8.ops import dequantize, linear, quantize
+from adls_lightning.mxint8.ops import dequantize, linear
+from adls_lightning.mxint8.packed_weight import register_packed_weight, store_packed_weight
 
 log = logging.getLogger(__name__)
 
@@ -65,20 +66,9 @@ class QLinearPacked(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if group_size <= 0 or in_features % group_size:
-            raise ValueError(
-                f"QLinearPacked: group_size={group_size} must be a positive divisor of in_features={in_features}"
-            )
+        register_packed_weight(self, out_features, in_features, group_size, "in_features", device)
         self.in_features = in_features
         self.out_features = out_features
-        self.group_size = group_size
-        self.register_buffer(
-            "weight_mantissa", torch.zeros(out_features, in_features, dtype=torch.int8, device=device)
-        )
-        self.register_buffer(
-            "weight_scale",
-            torch.zeros(out_features, in_features // group_size, dtype=torch.uint8, device=device),
-        )
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
 
     @classmethod
@@ -94,9 +84,7 @@ class QLinearPacked(nn.Module):
             device=weight.device,
             dtype=linear.bias.dtype if linear.bias is not None else weight.dtype,
         )
-        mantissa, scale = quantize(weight, group_size)
-        packed.weight_mantissa.copy_(mantissa)
-        packed.weight_scale.copy_(scale)
+        store_packed_weight(packed, weight)
         if linear.bias is not None:
             packed.bias.copy_(linear.bias.detach())
         packed.train(linear.training)
