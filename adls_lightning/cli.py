@@ -29,6 +29,10 @@ def run_training(cfg: DictConfig) -> float | None:
     from adls_lightning.training import one_line_errors, run  # imported late: `--help` stays fast
 
     with one_line_errors():
+        if cfg.get("init_from_study") is not None:
+            from adls_lightning.search.from_study import check_from_command_line
+
+            check_from_command_line(cfg)
         metrics = run(cfg)
     return metrics.get(cfg.get("optimized_metric"))
 
@@ -37,6 +41,10 @@ def run_search_trial(cfg: DictConfig) -> Any:
     """Hydra task of ``search``: one trial (a training run of the sampled config)."""
     from adls_lightning.search.objective import run_trial  # imported late: `--help` stays fast
 
+    if cfg.get("init_from_study") is not None:
+        from adls_lightning.search.from_study import check_from_command_line
+
+        check_from_command_line(cfg)
     return run_trial(cfg)
 
 

@@ -320,17 +320,24 @@ def test_init_from_study_refuses_a_study_without_a_usable_trial(tmp_path):
     study = optuna.create_study(study_name="lab2", storage=empty, direction="maximize")
     study.add_trial(optuna.trial.create_trial(state=TrialState.PRUNED))
     run_dir = tmp_path / "run"
+    # an experiment file that sets it: only the command line is expanded, so the run would silently ignore it
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "from_study.yaml").write_text(
+        f"# @package _global_\ninit_from_study: {tmp_path / 'empty.db'}\n"
+    )
+    in_a_file = [f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "experiment=from_study"]
     for overrides, message in [
         ([f"init_from_study={tmp_path / 'nothing.db'}"], "init_from_study=" + str(tmp_path / "nothing.db")),
         ([f"init_from_study={tmp_path / 'empty.db'}"], "study lab2 has no completed trial (1 PRUNED)"),
-        ([f"init_from_study={tmp_path / 'empty.db'}", "search.name_suffix=x"], "no completed trial"),
+        (in_a_file, "set in a config file, where it is not read"),
     ]:
         proc = train(*overrides, f"hydra.run.dir={run_dir}")
         assert proc.returncode != 0
         assert [line for line in proc.stderr.splitlines() if line.startswith("error: ")] == [
             next(line for line in proc.stderr.splitlines() if message in line)
         ], proc.stderr
-        assert "Traceback" not in proc.stderr and not run_dir.exists()
+        assert "Traceback" not in proc.stderr
+        assert not run_dir.exists() or not any(run_dir.iterdir())  # nothing written
 
 
 @pytest.mark.parametrize(

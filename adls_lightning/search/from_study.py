@@ -195,3 +195,21 @@ def expand_command_line(
         taken.append(f"search.name_suffix=-from-{start.study_name}")
     print(start.describe(), flush=True)
     return taken + list(args)
+
+
+def check_from_command_line(cfg: object) -> None:
+    """Refuse an ``init_from_study`` that a config file set: only the command line is expanded, so it would be
+    ignored and the run would start from other weights than the user meant.
+
+    Raises:
+        ConfigError: ``init_from_study`` is set but not among the run's command-line overrides.
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    value = cfg.get(KEY)
+    if value is None or any(_key(o) == KEY for o in HydraConfig.get().overrides.task):
+        return
+    raise ConfigError(
+        f"{KEY}={value}: set in a config file, where it is not read; give it on the command line "
+        f"(train.py/search.py {KEY}={value}), which turns it into the study's model and init_ckpt"
+    )
