@@ -349,7 +349,8 @@ def test_seeds_of_a_study_are_one_curve_with_mean_and_spread(tmp_path, capsys):
     ("sampler", "attribute"),
     [("tpe", "_n_startup_trials"), ("gp", "_n_startup_trials"), ("nsgaii", "_population_size")],
 )
-def test_the_cpu_lab_preset_leaves_the_random_start_within_its_budget(sampler, attribute):
+@pytest.mark.parametrize("preset", ["cpu", "gpu"])
+def test_the_lab_presets_leave_the_random_start_within_their_budget(sampler, attribute, preset):
     from pathlib import Path
 
     from hydra import compose, initialize_config_dir
@@ -361,7 +362,7 @@ def test_the_cpu_lab_preset_leaves_the_random_start_within_its_budget(sampler, a
     with initialize_config_dir(config_dir=str(conf), version_base=None):
         cfg = compose(
             "search",
-            ["search=nas", "search/preset=cpu", f"hydra/sweeper/sampler={sampler}"],
+            ["search=nas", f"search/preset={preset}", f"hydra/sweeper/sampler={sampler}"],
             return_hydra_config=True,
         )
     sweeper_cfg = OmegaConf.to_container(cfg.hydra.sweeper, resolve=False)
@@ -369,8 +370,8 @@ def test_the_cpu_lab_preset_leaves_the_random_start_within_its_budget(sampler, a
     sweeper = StudySweeper(sampler=OmegaConf.create(sweeper_cfg["sampler"] | {"seed": 0}), study_name="s",
                            startup_trials=startup)  # fmt: skip
     random_start = getattr(sweeper._make_sampler(0), attribute)
-    # the sampler's own default (10 start-up trials, a first generation of 50) would use up the 8-trial budget
-    assert random_start == startup and random_start <= n_trials // 2
+    # the sampler's own default (10 start-up trials, a first generation of 50) would use up a lab budget (8, 20)
+    assert random_start == startup and random_start <= n_trials // 2 and n_trials <= 20
 
 
 def test_one_command_redraws_the_lab_figures_from_stored_studies(tmp_path):
