@@ -15,16 +15,18 @@ from typing_extensions import override
 from adls_lightning.config import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import Pruner
-from adls_lightning.quant import quantization_report, quantize_model, to_recipe
+from adls_lightning.quant import QuantRecipe, quantization_report, quantize_model, to_recipe
 from callbacks.pruning import PruningCallback, forget_best_checkpoints, log_sparsity
 
 PRUNE_KEYS = ("weight", "activation", "include", "exclude", "seed")
 
 
-def _plain(config: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _plain(config: Any) -> Any:
     if isinstance(config, DictConfig):
-        return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]
-    return copy.deepcopy(dict(config)) if config else None
+        return OmegaConf.to_container(config, resolve=True)
+    if isinstance(config, Mapping):
+        return copy.deepcopy(dict(config)) if config else None
+    return config  # a lab config file's path or a typed recipe (quant)
 
 
 def validate_mid_fit(trainer: L.Trainer) -> None:
@@ -59,7 +61,8 @@ class CompressionCallback(L.Callback):
         at_epoch: Epochs of training before compressing (>= 1).
         post_epochs: Epochs of training after compressing (>= 0).
         quant: A quantization config for ``adls_lightning.quant.quantize_model`` (MASE style: ``by``,
-            ``default``, ``linear: {config: {name: integer, ...}}``), or ``None`` for no quantization.
+            ``default``, ``linear: {config: {name: integer, ...}}``; a lab config file's path; or a typed
+            :class:`~adls_lightning.quant.QuantRecipe`), or ``None`` for no quantization.
         prune: ``{weight, activation, include, exclude, seed}`` as for :class:`~callbacks.pruning.PruningCallback`,
             or ``None`` for no pruning.
         monitor: The validation metric reported before/after compression and at the end.
@@ -72,7 +75,7 @@ class CompressionCallback(L.Callback):
         self,
         at_epoch: int = 1,
         post_epochs: int = 1,
-        quant: Mapping[str, Any] | None = None,
+        quant: Mapping[str, Any] | str | QuantRecipe | None = None,
         prune: Mapping[str, Any] | None = None,
         monitor: str = "val/acc",
     ) -> None:

@@ -20,8 +20,16 @@ from test_quant_model import LAYER_NAMES, tiny_bert
 
 from adls_lightning.config import ConfigError
 from adls_lightning.prune import num_to_prune
-from adls_lightning.quant import LayerRecipe, QuantRecipe, quantize_model, quantized_layers, to_recipe
+from adls_lightning.quant import (
+    LayerRecipe,
+    OperandRecipe,
+    QuantRecipe,
+    quantize_model,
+    quantized_layers,
+    to_recipe,
+)
 from adls_lightning.training import run
+from callbacks.compression import CompressionCallback
 from callbacks.pruning import PruningCallback
 from callbacks.quantization import QuantizationCallback
 
@@ -407,3 +415,11 @@ def test_lab_prune_file_through_prune_config(compose_cfg, tmp_path):
         callback.pruner.activation is None
     )  # the lab file has no activation table: it replaces the preset's
     assert len(callback.pruner.targets(tiny_bert())) == 13  # every linear layer but the classifier
+
+
+def test_lab_files_through_compress(tmp_path):
+    path = tmp_path / "integer.toml"
+    path.write_text(lab_toml(EXAMPLES["integer"]))
+    callback = CompressionCallback(quant=str(path), prune={"weight": {"sparsity": 0.5, "method": "l1-norm"}})
+    assert callback.quant.default.weight == OperandRecipe("integer", {"width": 8, "frac_width": 3})
+    assert callback.pruner.weight.method == "l1"
