@@ -16,6 +16,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from lightning.pytorch.demos.boring_classes import BoringModel
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
+from test_search import FORMATS
 from transformers import BertConfig, BertForSequenceClassification
 
 from adls_lightning.config import ConfigError
@@ -272,12 +273,6 @@ def _stored_study(url: str, name: str, values: list[float | None]) -> None:
     for value in values:
         state = TrialState.PRUNED if value is None else TrialState.COMPLETE
         study.add_trial(create_trial(state=state, value=value))
-
-
-FORMATS = (
-    "integer", "log", "block_fp", "block_log", "block_minifloat", "minifloat_ieee", "minifloat_denorm",
-    "binary", "binary_scaling", "binary_residual", "ternary", "mxint8",
-)  # fmt: skip
 
 
 def test_per_precision_figure_draws_one_curve_per_format(tmp_path, capsys):
