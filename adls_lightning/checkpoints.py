@@ -28,12 +28,12 @@ def _shape(shape: Iterable[int]) -> str:
     return " x ".join(str(d) for d in shape) or "scalar"
 
 
-def read_checkpoint(path: str | Path, key: str) -> dict[str, Any]:
-    """Load a Lightning checkpoint onto the CPU.
+def check_checkpoint_file(path: str | Path, key: str) -> None:
+    """The checks that read no more than the archive's ends (the pre-flight check runs them before any import of
+    the model's libraries): the file exists, is not empty, is a ``torch.save`` archive and is whole.
 
     Raises:
-        ConfigError: ``KEY=PATH: <what is wrong>`` for a missing, empty, non-checkpoint, truncated or
-            non-Lightning file.
+        ConfigError: ``KEY=PATH: <what is wrong>`` for a missing, empty, non-checkpoint or truncated file.
     """
     path = Path(path)
     if not path.is_file():
@@ -50,6 +50,16 @@ def read_checkpoint(path: str | Path, key: str) -> dict[str, Any]:
             f"{key}={path}: truncated checkpoint ({size} bytes; the archive's end is missing: a copy or a "
             "save that was cut short)"
         )
+
+
+def read_checkpoint(path: str | Path, key: str) -> dict[str, Any]:
+    """Load a Lightning checkpoint onto the CPU.
+
+    Raises:
+        ConfigError: ``KEY=PATH: <what is wrong>`` for a missing, empty, non-checkpoint, truncated or
+            non-Lightning file.
+    """
+    check_checkpoint_file(path, key)
     try:
         # Lightning checkpoints hold plain containers and tensors (hyper-parameters are saved as dicts), so the
         # safe loader suffices and a hostile file cannot run code while being read.

@@ -32,6 +32,20 @@ def require_positive_int(key: str, value: Any, *, allow_none: bool = False) -> N
         raise ConfigError(f"{key}={value!r}: must be {valid}")
 
 
+def require_positive_number(key: str, value: Any, *, allow_none: bool = False) -> None:
+    """Raise ConfigError unless ``value`` is a positive finite number (or None when ``allow_none``)."""
+    if value is None and allow_none:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        valid = "a positive finite number" + (" or null" if allow_none else "")
+        raise ConfigError(f"{key}={value!r}: must be {valid}")
+
+
 def require_fraction(key: str, value: Any, *, low: float = 0.0, high: float = 1.0) -> None:
     """Raise ConfigError unless ``low <= value < high``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < high:
@@ -47,6 +61,11 @@ def _get(cfg: Mapping, dotted: str, default: Any = None) -> Any:
     return node
 
 
+# Precisions every Lightning 2.x accepts: checked without importing Lightning, which takes seconds and the
+# pre-flight check otherwise does without; any other value is looked up in Lightning's own type.
+COMMON_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
+
+
 def _precision_values() -> tuple:
     # Lightning's accepted `precision` values, from its own type (all three Literal groups).
     from lightning.fabric.connector import _PRECISION_INPUT
@@ -57,7 +76,7 @@ def _precision_values() -> tuple:
 def validate_trainer(trainer: Mapping) -> None:
     """``trainer.precision`` among Lightning's values and ``trainer.accelerator`` present on this machine."""
     precision = trainer.get("precision")
-    if precision is not None and precision not in _precision_values():
+    if precision is not None and precision not in COMMON_PRECISIONS and precision not in _precision_values():
         raise ConfigError(
             f"trainer.precision={precision!r}: must be one of "
             + ", ".join(dict.fromkeys(str(v) for v in _precision_values()))
@@ -99,11 +118,13 @@ def validate_run_config(cfg: Mapping) -> None:
         require_positive_int("model.lora.r", lora.get("r"))
         require_fraction("model.lora.lora_dropout", lora.get("lora_dropout", 0.0))
     optimizer = _get(cfg, "model.optimizer") or {}
-    lr = optimizer.get("lr")
-    if lr is not None and (
-        isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0
-    ):
-        raise ConfigError(f"model.optimizer.lr={lr!r}: must be a positive finite number")
+    require_positive_number("model.optimizer.lr", optimizer.get("lr"), allow_none=True)
+    require_positive_number("model.merged_lr", _get(cfg, "model.merged_lr"), allow_none=True)
+    missing = object()
+    for flag in ("model.merge_lora_before_compress", "model.freeze_embeddings"):
+        value = _get(cfg, flag, missing)
+        if value is not missing and not isinstance(value, bool):
+            raise ConfigError(f"{flag}={value!r}: must be true or false")
     require_fraction("model.warmup_ratio", _get(cfg, "model.warmup_ratio", 0.0))
     for key in ("init_ckpt", "ckpt_path"):
         path = cfg.get(key)
@@ -112,6 +133,9 @@ def validate_run_config(cfg: Mapping) -> None:
         if not Path(str(path)).is_file():
             valid = "a .ckpt path, 'last', or null" if key == "ckpt_path" else "a .ckpt path or null"
             raise ConfigError(f"{key}={path}: no such checkpoint file (give {valid})")
+        from adls_lightning.checkpoints import check_checkpoint_file
+
+        check_checkpoint_file(path, key)
 
 
 # What marks a folder as holding an earlier run (besides its checkpoints/ folder).
