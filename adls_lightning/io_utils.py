@@ -14,11 +14,13 @@ import io
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.loggers.logger import rank_zero_experiment
+from lightning.pytorch.core.saving import save_hparams_to_yaml
 from lightning.pytorch.loggers.csv_logs import CSVLogger, ExperimentWriter
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -38,8 +40,8 @@ def remove_stale_tmp(path: str | os.PathLike) -> None:
         stale.unlink(missing_ok=True)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``.
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
+    """Let ``write`` fill a temporary file in ``path``'s folder, then ``os.replace`` it over ``path``.
 
     The file gets the mode a plain ``open(path, "w")`` would give (0666 less the umask), not mkstemp's 0600.
     """
@@ -47,16 +49,21 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_tmp(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
+        write(Path(tmp))
+        with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (:func:`atomic_write`)."""
+    atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -112,8 +119,14 @@ class ResumableCSVWriter(ExperimentWriter):
     step ``s``) the file keeps the earlier rows of steps before ``s``: a run resumed with ``ckpt_path=last``
     keeps its log up to the checkpoint and drops the rows the killed run logged after it (those steps are trained
     and logged again), while a fresh run (step 0) starts an empty log. A line cut by a kill is dropped; the
-    file is rewritten beside itself and renamed, so a kill during a rewrite leaves the previous file whole.
+    files are rewritten beside themselves and renamed (``metrics.csv`` when its columns change, ``hparams.yaml``),
+    so a kill during a rewrite leaves the previous file whole.
     """
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        self.hparams.update(params)
+        target = os.path.join(self.log_dir, self.NAME_HPARAMS_FILE)
+        atomic_write(target, lambda tmp: save_hparams_to_yaml(tmp, self.hparams))
 
     def _check_log_dir_exists(self) -> None:  # Lightning's deletes metrics.csv here
         self._earlier_rows: list[dict[str, str]] | None = None
