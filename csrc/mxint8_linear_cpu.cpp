@@ -1,20 +1,18 @@
 // C++ CPU kernel of adls::mxint8_linear: y = x dequant(W)^T + bias straight from the int8 mantissas and
 // E8M0 scales, without materialising the float weight.
 //
-// Two routes, both exact up to the order of the float32 additions against dequantize-then-matmul:
-// * 1-3 rows (and the portable build): for every output feature n and row r, each group's dot product
-//   sum_k m[n,k] x[r,k] is accumulated in float32 from the int8 mantissas, then multiplied by the group's
-//   step 2^(E-133) once (a power of two, so exact) and added to the total. Blocks of kBlock features in
-//   parallel; tiles of R rows x C features share each converted weight vector across R rows.
-// * From 4 rows (AVX2): each vector of 8 mantissas is decoded once into the exact dequantized weight
-//   m 2^(E-133) (an integer add and a float subtract, see magic_bits) and FMA'd into 4 rows' accumulators,
-//   so the FMA units do little but the multiply-adds; the input features go in chunks whose x rows stay in
-//   L1 (rows copied with a padded stride), partial sums kept between chunks. Blocks of kChunkFeatures
-//   features in parallel.
-// At a few rows the layer is bound by reading the weight (1.03 bytes per weight here, 4 for an fp32
-// nn.Linear); at 8 rows by the multiply-adds; at many rows dequantize + a BLAS matmul (cache-blocked,
-// closer to the FMA peak) wins, and QLinearPacked.forward switches (docs/mxint8.md). Other dtypes
-// dequantize and call at::linear, like the reference.
+// For every output feature n and row r, each group's dot product sum_k m[n,k] x[r,k] is accumulated in
+// float32 from the int8 mantissas, then multiplied by the group's step 2^(E-133) once (a power of two, so
+// exact) and added to the total. Compared with dequantize-then-matmul only the order of the float32
+// additions differs. At a few rows the layer is bound by reading the weight: 1.03 bytes per weight here
+// against 4 for an fp32 nn.Linear, hence the speed-up; at many rows the matmul's compute dominates and
+// dequantize + a BLAS matmul wins (QLinearPacked.forward switches; see docs/mxint8.md).
+//
+// Work split: blocks of kBlock output features, in parallel over ATen's pool; inside a block, tiles of
+// R rows x C features share each converted weight vector across R rows and each loaded x vector across C
+// features (R * C independent FMA chains hide the FMA latency). float32 x with group sizes that are a
+// multiple of 8 run the AVX2+FMA tiles; other group sizes the portable tiles; other dtypes dequantize and
+// call at::linear, like the reference.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -22,7 +20,6 @@
 
 #include <algorithm>
 #include <optional>
-#include <vector>
 
 #include "mxint8_checks.h"
 #include "mxint8_cpu_isa.h"
@@ -53,12 +50,11 @@ struct LinearProblem {
   int64_t in_features;
   int64_t out_features;
   int64_t group_size;
-  int64_t groups;  // in_features / group_size (kept, not divided per use: 64-bit division is slow)
-  int64_t x_stride;  // floats from one row of x to the next
+  int64_t groups() const { return in_features / group_size; }
 };
 
 inline float step_of(const LinearProblem& p, int64_t feature, int64_t group) {
-  return element_scale(p.scale[feature * p.groups + group]);
+  return element_scale(p.scale[feature * p.groups() + group]);
 }
 
 inline void store_output(const LinearProblem& p, int64_t row, int64_t feature, float total) {
@@ -72,7 +68,7 @@ void tile_portable(const LinearProblem& p, int64_t row, int64_t feature) {
   constexpr int kLanes = 8;
   const int64_t in = p.in_features;
   float total[R][C] = {};
-  for (int64_t group = 0; group < p.groups; ++group) {
+  for (int64_t group = 0; group < p.groups(); ++group) {
     const int64_t first = group * p.group_size;
     const int64_t end = first + p.group_size;
     float lanes[R][C][kLanes] = {};
@@ -127,7 +123,7 @@ MXINT8_AVX2_FMA void tile_avx2(const LinearProblem& p, int64_t row, int64_t feat
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) total[r][c] = _mm256_setzero_ps();
   }
-  for (int64_t group = 0; group < p.groups; ++group) {
+  for (int64_t group = 0; group < p.groups(); ++group) {
     const int64_t first = group * p.group_size;
     const int64_t end = first + p.group_size;
     __m256 dot[R][C];
@@ -152,137 +148,6 @@ MXINT8_AVX2_FMA void tile_avx2(const LinearProblem& p, int64_t row, int64_t feat
   }
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) store_output(p, row + r, feature + c, horizontal_sum(total[r][c]));
-  }
-}
-#endif
-
-#ifdef MXINT8_HAVE_AVX2_LINEAR
-// Chunked path (AVX2, from kChunkMinRows rows): the decode of each weight vector is shared by 4 rows.
-constexpr int64_t kChunkMinRows = 4;
-constexpr int64_t kChunkFeatures = 16;   // output features per parallel block
-constexpr int64_t kChunkDepth = 1024;    // input features per chunk (whole groups): 4 rows of x = 16 KiB
-constexpr int64_t kChunkRowBlock = 32;   // rows whose partial sums share one scratch buffer
-
-// Scale codes whose weights decode without a multiply: for E <= 237 the float with exponent field E + 17
-// and mantissa field 128 + m is 2^(E-110) + (128 + m) 2^(E-133), so subtracting the same bits with m = 0
-// leaves m 2^(E-133) exactly (Sterbenz: both lie in one binade). One integer add and one float subtract,
-// which run beside the FMAs, instead of a convert and a multiply, which compete with them.
-constexpr uint32_t kMagicMaxScale = 237;
-
-inline uint32_t magic_bits(uint32_t scale) { return ((scale + 17) << 23) + 128; }
-
-// One group (group_size / 8 steps) of an R x C tile. Magic: `step` holds magic_bits per feature;
-// otherwise the float step 2^(E-133) (any code, NaN included).
-template <int R, int C, bool Magic>
-MXINT8_AVX2_FMA inline void tile_group(const float* x, int64_t x_stride, const int8_t* const* m, int64_t k,
-                                       int64_t end, const __m256* step, __m256 (&sum)[R][C]) {
-  for (; k < end; k += 8) {
-    __m256 w[C];
-    for (int c = 0; c < C; ++c) {
-      const __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m[c] + k)));
-      if constexpr (Magic) {
-        const __m256i bits = _mm256_add_epi32(wide, _mm256_castps_si256(step[c]));
-        w[c] = _mm256_sub_ps(_mm256_castsi256_ps(bits), step[c]);
-      } else {
-        w[c] = _mm256_mul_ps(_mm256_cvtepi32_ps(wide), step[c]);
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m256 xv = _mm256_loadu_ps(x + r * x_stride + k);
-      for (int c = 0; c < C; ++c) sum[r][c] = _mm256_fmadd_ps(w[c], xv, sum[r][c]);
-    }
-  }
-}
-
-// R rows x C features over input features [first, first + depth) (whole groups): each group of int8
-// mantissas is decoded to m 2^(E-133) once -- exactly the dequantized weight -- and FMA'd into R rows'
-// accumulators. acc holds 8 lanes per (row, feature), row stride kChunkFeatures * 8.
-template <int R, int C>
-MXINT8_AVX2_FMA void scaled_tile(const LinearProblem& p, const float* x, int64_t feature, int64_t first,
-                                 int64_t first_group, int64_t depth, float* acc) {
-  const int64_t in = p.in_features;
-  const int64_t x_stride = p.x_stride;
-  const int64_t group_size = p.group_size;
-  const int8_t* m[C];
-  const uint8_t* scale[C];
-  for (int c = 0; c < C; ++c) {
-    m[c] = p.mantissa + (feature + c) * in + first;
-    scale[c] = p.scale + (feature + c) * p.groups + first_group;
-  }
-  __m256 sum[R][C];
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) sum[r][c] = _mm256_loadu_ps(acc + (r * kChunkFeatures + c) * 8);
-  }
-  for (int64_t group = 0, k = 0; k < depth; ++group, k += group_size) {
-    bool magic = true;
-    for (int c = 0; c < C; ++c) magic = magic && scale[c][group] <= kMagicMaxScale;
-    __m256 step[C];
-    if (magic) {
-      for (int c = 0; c < C; ++c) step[c] = _mm256_castsi256_ps(_mm256_set1_epi32(magic_bits(scale[c][group])));
-      tile_group<R, C, true>(x, x_stride, m, k, k + group_size, step, sum);
-    } else {
-      for (int c = 0; c < C; ++c) step[c] = _mm256_set1_ps(element_scale(scale[c][group]));
-      tile_group<R, C, false>(x, x_stride, m, k, k + group_size, step, sum);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + (r * kChunkFeatures + c) * 8, sum[r][c]);
-  }
-}
-
-template <int R, int C>
-MXINT8_AVX2_FMA void scaled_rows(const LinearProblem& p, const float* x, int64_t feature, int64_t count,
-                                 int64_t first, int64_t depth, float* acc) {
-  const int64_t first_group = first / p.group_size;
-  int64_t c = 0;
-  for (; c + C <= count; c += C) scaled_tile<R, C>(p, x, feature + c, first, first_group, depth, acc + c * 8);
-  for (; c < count; ++c) scaled_tile<R, 1>(p, x, feature + c, first, first_group, depth, acc + c * 8);
-}
-
-
-
-// Rows [row0, row0 + rows) of one chunk: tiles of 4 rows x 2 features, the remaining rows as 3x2, 2x4
-// or 1x4. (Measured at 8 rows: 8x1 and 6x2 tiles were not faster; 4x3 spills registers.)
-MXINT8_AVX2_FMA void chunk_rows(const LinearProblem& p, int64_t row0, int64_t rows, int64_t feature,
-                                int64_t count, int64_t first, int64_t depth, float* acc) {
-  constexpr int64_t kAccRow = kChunkFeatures * 8;
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    scaled_rows<4, 2>(p, p.x + (row0 + r) * p.x_stride + first, feature, count, first, depth, acc + r * kAccRow);
-  }
-  const float* x = p.x + (row0 + r) * p.x_stride + first;
-  switch (rows - r) {
-    case 3:
-      scaled_rows<3, 2>(p, x, feature, count, first, depth, acc + r * kAccRow);
-      break;
-    case 2:
-      scaled_rows<2, 4>(p, x, feature, count, first, depth, acc + r * kAccRow);
-      break;
-    case 1:
-      scaled_rows<1, 4>(p, x, feature, count, first, depth, acc + r * kAccRow);
-      break;
-    default:
-      break;
-  }
-}
-
-// One block of output features [feature, feature + count) for all rows: per block of up to 32 rows, the
-// input features in chunks (x's chunk stays in L1), 8-lane partial sums kept in `acc` between chunks.
-MXINT8_AVX2_FMA void run_chunked(const LinearProblem& p, int64_t feature, int64_t count, std::vector<float>& acc) {
-  const int64_t depth_step = std::max<int64_t>(1, kChunkDepth / p.group_size) * p.group_size;
-  acc.resize(kChunkRowBlock * kChunkFeatures * 8);
-  for (int64_t row0 = 0; row0 < p.rows; row0 += kChunkRowBlock) {
-    const int64_t rows = std::min(kChunkRowBlock, p.rows - row0);
-    std::fill(acc.begin(), acc.begin() + rows * kChunkFeatures * 8, 0.0f);
-    for (int64_t first = 0; first < p.in_features; first += depth_step) {
-      chunk_rows(p, row0, rows, feature, count, first, std::min(depth_step, p.in_features - first), acc.data());
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < count; ++c) {
-        const float* lanes = acc.data() + (r * kChunkFeatures + c) * 8;
-        store_output(p, row0 + r, feature + c, horizontal_sum(_mm256_loadu_ps(lanes)));
-      }
-    }
   }
 }
 #endif
@@ -331,27 +196,6 @@ void run_block(const LinearProblem& p, int64_t first, int64_t end) {
 void fused_linear_float(const LinearProblem& p) {
 #ifdef MXINT8_HAVE_AVX2_LINEAR
   const bool avx2 = p.group_size % 8 == 0 && avx2_selected();
-  if (avx2 && p.rows >= kChunkMinRows) {
-    // x rows 4 KiB apart (3072 floats = 12 KiB) would share L1 sets: copy them with a padded stride.
-    const int64_t x_stride = (p.in_features + 15) / 16 * 16 + 16;
-    std::vector<float> padded(p.rows * x_stride);
-    for (int64_t r = 0; r < p.rows; ++r) {
-      std::copy_n(p.x + r * p.in_features, p.in_features, padded.data() + r * x_stride);
-    }
-    LinearProblem q = p;
-    q.x = padded.data();
-    q.x_stride = x_stride;
-    const int64_t blocks = (p.out_features + kChunkFeatures - 1) / kChunkFeatures;
-    const int64_t grain = std::max<int64_t>(1, kMacsPerTask / (kChunkFeatures * p.in_features * p.rows));
-    at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
-      std::vector<float> acc;
-      for (int64_t block = begin; block < end; ++block) {
-        const int64_t first = block * kChunkFeatures;
-        run_chunked(q, first, std::min(kChunkFeatures, p.out_features - first), acc);
-      }
-    });
-    return;
-  }
 #else
   const bool avx2 = false;
 #endif
@@ -405,9 +249,7 @@ at::Tensor mxint8_linear_cpu(const at::Tensor& x, const at::Tensor& mantissa, co
                               x2.size(0),
                               in_features,
                               out_features,
-                              group_size,
-                              in_features / group_size,
-                              in_features};
+                              group_size};
   if (problem.rows > 0 && out_features > 0) fused_linear_float(problem);
   std::vector<int64_t> out_shape = x.sizes().vec();
   out_shape.back() = out_features;
