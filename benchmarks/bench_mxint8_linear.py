@@ -11,7 +11,10 @@ activations, group size 32, under ``torch.inference_mode``:
 
 "weight GB/s" is the bytes of the weight each layer has to read (fp32: 4 per weight; packed: 1 + 1/32) over
 its time, beside the machine's copy bandwidth for a buffer of the fp32 weight's size: at a few rows both
-layers are limited by reading their weight. The last lines give the measured switch point and the issue's
+layers are limited by reading their weight. "fus %FMA" is the fused kernel's multiply-add rate as a share of
+a 1024^3 fp32 BLAS matmul's (timed on its own): from about 8 rows the layer is bound by its multiply-adds,
+and the summary prints, at 8 rows, deq+mm over the time those multiply-adds alone would take at the matmul's
+rate -- the largest fused/deq ratio any kernel could show. The last lines give the measured switch point and the issue's
 goals (rows <= 8: >= 1.5x nn.Linear and >= 3x dequantize + matmul; 512 rows: QLinearPacked no slower than
 dequantize + matmul).
 
