@@ -45,7 +45,12 @@ def test_freeze_embeddings_full_finetune_trains_everything_but_the_embeddings(co
     assert {n for n, p in named.items() if not p.requires_grad} == embedding_names
 
 
-@pytest.mark.parametrize(("overrides", "trainable_base"), [([], False), (["++quant.train_base=true"], True)])
+UNMERGED = "model.merge_lora_before_compress=false"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "trainable_base"), [([UNMERGED], False), ([UNMERGED, "++quant.train_base=true"], True)]
+)
 def test_parameter_counts_describe_the_model_after_the_callbacks_setup(
     compose_cfg, overrides, trainable_base
 ):
@@ -59,6 +64,16 @@ def test_parameter_counts_describe_the_model_after_the_callbacks_setup(
     head = sum(p.numel() for n, p in named.items() if "modules_to_save" in n)
     assert metrics["model/lora_params"] == lora > 0
     assert metrics["params/trainable"] == lora + head + (base_linear if trainable_base else 0)
+
+
+def test_merged_by_default_counts_the_plain_model_with_no_adapters_left(compose_cfg):
+    # The labs' chain: LoRA is merged before quantization, so the deployed model is the plain architecture.
+    cfg = compose_cfg(["quant=int8", "trainer.max_epochs=1", "test=false"])
+    metrics = run(cfg)
+    plain = build(compose_cfg(["model/lora=none"]).model, "model", _convert_="partial")
+    total = sum(p.numel() for p in plain.parameters())
+    assert metrics["model/lora_params"] == 0
+    assert metrics["params/total"] == metrics["params/trainable"] == total
 
 
 def test_lora_freezes_base_keeps_bias_and_trains_adapters_and_head(compose_cfg):
