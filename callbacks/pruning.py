@@ -12,9 +12,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from adls_lightning.config import ConfigError
+from adls_lightning.lab_config import load_lab_config
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import DEFAULT_EXCLUDE, Pruner, make_pruning_permanent
-from adls_lightning.quant.mase import load_lab_config
 
 
 def forget_best_checkpoints(trainer: L.Trainer) -> None:

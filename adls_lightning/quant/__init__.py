@@ -13,8 +13,9 @@
 See ``docs/quantization.md``.
 """
 
+from adls_lightning.lab_config import load_lab_config
 from adls_lightning.quant.linear import SLOTS, QuantLinear
-from adls_lightning.quant.mase import from_mase, load_lab_config, to_recipe
+from adls_lightning.quant.mase import from_mase, to_recipe
 from adls_lightning.quant.quantizers import QUANTIZERS, Quantizer, make_quantizer, register_format
 from adls_lightning.quant.recipe import LayerRecipe, OperandRecipe, QuantRecipe
 from adls_lightning.quant.transform import (

@@ -2,7 +2,8 @@
 
 This module is the one place the MASE vocabulary is read; everything after it works on the typed recipes of
 :mod:`adls_lightning.quant.recipe`. A lab config is accepted as a dict, or as a TOML / YAML / JSON file (a whole
-MASE config file gives its ``[passes.quantize]`` table): ``quant.config=path/to/lab.toml``.
+MASE config file gives its ``[passes.quantize]`` table, read by :mod:`adls_lightning.lab_config`):
+``quant.config=path/to/lab.toml``.
 
 .. code-block:: python
 
@@ -35,21 +36,16 @@ The caller's config is never modified (MASE's ``pass_args.pop("by")`` broke reus
 
 from __future__ import annotations
 
-import copy
 import inspect
-import json
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from adls_lightning.config import ConfigError
+from adls_lightning.lab_config import load_lab_config_at
 from adls_lightning.quant.quantizers import QUANTIZERS, QuantizerParamError, quantizer_parameters
-from adls_lightning.quant.recipe import OPERANDS, LayerRecipe, OperandRecipe, QuantRecipe, _plain
+from adls_lightning.quant.recipe import OPERANDS, LayerRecipe, OperandRecipe, QuantRecipe
 
 log = logging.getLogger(__name__)
 
@@ -82,64 +78,6 @@ _OTHER_MASE_OPS = (
 )  # fmt: skip
 
 
-def load_lab_config(source: Any, pass_name: str, key: str) -> dict[str, Any]:
-    """A lab config as a plain dict: a mapping, or the path of a ``.toml`` / ``.yaml`` / ``.json`` file.
-
-    A whole MASE config (``model``, ``dataset``, ``[passes.<pass_name>]``...) gives its ``passes.<pass_name>``
-    table; its other keys are ignored with a one-line note (the run's own ``model=``, ``data=`` apply).
-
-    Raises:
-        ConfigError: a missing or unreadable file, or no ``passes.<pass_name>`` table in a whole config.
-    """
-    return _load(source, pass_name, key)[0]
-
-
-def _load(source: Any, pass_name: str, key: str) -> tuple[dict[str, Any], str]:
-    """:func:`load_lab_config`, plus the key its entries are named under in messages (``lab.toml:passes.quantize``
-    for a file)."""
-    where = key
-    if isinstance(source, (str, os.PathLike)):
-        where = str(source)
-        source = _read_file(Path(source), key)
-    data = _plain(source)
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{key}={data!r}: expected a mapping or the path of a .toml/.yaml/.json lab config")
-    if "passes" in data:
-        passes = data["passes"]
-        if not isinstance(passes, Mapping) or pass_name not in passes:
-            raise ConfigError(
-                f"{where}.passes: has no '{pass_name}' table (a MASE config's [passes.{pass_name}])"
-            )
-        ignored = [k for k in data if k != "passes"] + [f"passes.{p}" for p in passes if p != pass_name]
-        if ignored:
-            log.info("%s: ignored %s (this run's own settings apply)", where, ", ".join(ignored))
-        data, where = passes[pass_name], f"{where}:passes.{pass_name}"
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}={data!r}: expected a table of the pass's arguments")
-    return copy.deepcopy(dict(data)), where
-
-
-def _read_file(path: Path, key: str) -> Any:
-    try:
-        import tomllib  # Python >= 3.11
-    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-    readers = {".toml": tomllib.loads, ".json": json.loads}
-    if not path.is_file():
-        raise ConfigError(
-            f"{key}={path}: no such file (give a .toml, .yaml or .json lab config, or a mapping)"
-        )
-    try:
-        text = path.read_text()
-        if path.suffix in (".yaml", ".yml"):
-            return OmegaConf.to_container(OmegaConf.create(text), resolve=True)
-        if path.suffix not in readers:
-            raise ConfigError(f"{key}={path}: unknown file type (use .toml, .yaml or .json)")
-        return readers[path.suffix](text)
-    except (OSError, ValueError) as err:  # TOMLDecodeError and JSONDecodeError are ValueErrors
-        raise ConfigError(f"{key}={path}: cannot be read ({str(err).splitlines()[0]})") from None
-
-
 def to_recipe(config: Any, key: str = "config") -> QuantRecipe:
     """The edge every quantization config passes: a :class:`QuantRecipe` as is, a :class:`LayerRecipe` for every
     linear layer, anything else (a MASE dict or a lab config file) through :func:`from_mase`."""
@@ -158,7 +96,7 @@ def from_mase(config: Any, key: str = "config") -> QuantRecipe:
     Raises:
         ConfigError: naming the offending key, prefixed with ``key``.
     """
-    config, key = _load(config or {}, "quantize", key)
+    config, key = load_lab_config_at(config or {}, "quantize", key)
     for name, why in _IGNORED_TOP.items():
         if config.pop(name, None) is not None:
             log.info("%s.%s: ignored (%s)", key, name, why)
