@@ -71,7 +71,7 @@ part() {
         --out "$OUT/lab3_precisions.png" ;;
     lab3-minilm)  # integer mixed precision from the fine-tuned pretrained MiniLM (search/preset=cpu_minilm)
       local ckpt=${FP_CKPT:-$(ls outputs/lab1/fp/checkpoints/best-*.ckpt 2>/dev/null | head -1)}
-      [ -n "$ckpt" ] || { echo "lab3-minilm: no fine-tuned checkpoint; run scripts/lab1_figures.sh or set FP_CKPT" >&2; exit 2; }
+      [ -n "$ckpt" ] || [ "$PLOT_ONLY" = 1 ] || { echo "lab3-minilm: no fine-tuned checkpoint; run scripts/lab1_figures.sh or set FP_CKPT" >&2; exit 2; }
       PRESET=cpu_minilm study search=mixed_precision init_ckpt="$ckpt"
       "$PY" scripts/plot_search.py best-so-far $SEARCH_DIR/mixed_precision-integer-minilm-acc-tpe/*.db \
         --out "$OUT/lab3_minilm.png" ;;

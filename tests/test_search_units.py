@@ -412,6 +412,9 @@ def test_one_command_redraws_the_lab_figures_from_stored_studies(tmp_path):
             acc, bits = round(rng.uniform(0.5, 0.9), 3), rng.choice([4.0, 8.0, 16.0, 32.0])
             metrics = {"val/acc": acc, "quant/avg_weight_bits": bits}
             study.add_trial(create_trial(value=acc, user_attrs={"metrics": metrics}))
+    name = "mixed_precision-integer-minilm-acc-tpe"  # lab3-minilm: Lab 3 from the fine-tuned MiniLM
+    (tmp_path / "search" / name).mkdir(parents=True)
+    _stored_study(f"sqlite:///{tmp_path / 'search' / name / name}.db", name, [0.86, 0.88, 0.87])
     for sampler, seed in itertools.product(("random", "tpe", "grid"), range(3)):
         name = f"nas-acc-{sampler}-seed{seed}"
         (tmp_path / "search" / name).mkdir(parents=True)
@@ -421,14 +424,15 @@ def test_one_command_redraws_the_lab_figures_from_stored_studies(tmp_path):
     env = {**os.environ, "PLOT_ONLY": "1", "SEARCH_DIR": str(tmp_path / "search"), "OUT": str(tmp_path / "figs"),
            "PY": sys.executable}  # fmt: skip
     proc = subprocess.run(
-        ["bash", str(root / "scripts" / "search_figures.sh"), "lab3 pareto lab2-samplers"],
+        ["bash", str(root / "scripts" / "search_figures.sh"), "lab3 pareto lab2-samplers lab3-minilm"],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == [
-        "lab2_samplers.png", "lab3_precisions.png", "pareto_acc_bits.png"
+        "lab2_samplers.png", "lab3_minilm.png", "lab3_precisions.png", "pareto_acc_bits.png"
     ]  # fmt: skip
     lines = proc.stdout.splitlines()
-    assert sum(line.startswith("mixed_precision-") and ": best " in line for line in lines) == 12
+    assert sum(line.startswith("mixed_precision-") and ": best " in line for line in lines) == 13
+    assert any(line.startswith("mixed_precision-integer-minilm") and "0.8800" in line for line in lines)
     assert sum("mean of 3 seeds" in line for line in lines) == 3
     assert any(line.startswith("Pareto front (") and "of 48 trials" in line for line in lines)
