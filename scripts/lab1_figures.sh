@@ -22,6 +22,20 @@ read -r -a WIDTHS <<< "${WIDTHS:-4 8 12 16 20 24 28 32}"
 read -r -a SPARSITIES <<< "${SPARSITIES:-0.1 0.2 0.3 0.4 0.5 0.6 0.7 0.8 0.9}"
 COMMON=(logger=csv)
 
+# Every point must be a shipped preset (quant=int<W>, prune=l1_<S> and random_<S>): checked before anything runs,
+# so a typo does not surface after an hour of sweeps.
+presets_of() { (cd "conf/$1" && ls $2*.yaml | sed "s/^$2//; s/\.yaml$//" | sort -g | paste -sd' '); }
+for w in "${WIDTHS[@]}"; do
+  [ -f "conf/quant/int$w.yaml" ] || { echo "error: WIDTHS: no preset quant=int$w (valid: $(presets_of quant int))" >&2; exit 2; }
+done
+for s in "${SPARSITIES[@]}"; do
+  [ -f "conf/prune/l1_$s.yaml" ] && [ -f "conf/prune/random_$s.yaml" ] ||
+    { echo "error: SPARSITIES: no presets prune=l1_$s / random_$s (valid: $(presets_of prune l1_))" >&2; exit 2; }
+done
+[ ${#WIDTHS[@]} -gt 0 ] && [ ${#SPARSITIES[@]} -gt 0 ] || { echo "error: WIDTHS and SPARSITIES must not be empty" >&2; exit 2; }
+n_widths=${#WIDTHS[@]}
+n_sparsities=${#SPARSITIES[@]}
+
 # done_runs DIR N: DIR holds N finished runs. Otherwise a partial DIR (an interrupted sweep) is moved aside, not
 # deleted, because a fresh run refuses job folders that already hold results.
 done_runs() {
@@ -42,9 +56,9 @@ done_runs "$OUT/fp" 1 || "$PY" train.py experiment=cpu hydra.run.dir="$OUT/fp" "
 FP_CKPT=$(ls "$OUT"/fp/checkpoints/best-*.ckpt | head -1)
 
 # 2. widths: PTQ (plus quant=none: the full-precision line on the same test subset), then QAT
-done_runs "$OUT/width/ptq" $(( ${#WIDTHS[@]} + 1 )) || "$PY" train.py -m experiment=lab1 train=false ckpt_path="$FP_CKPT" \
+done_runs "$OUT/width/ptq" $((n_widths + 1)) || "$PY" train.py -m experiment=lab1 train=false ckpt_path="$FP_CKPT" \
   quant=none,"$presets" ++quant.mode=ptq hydra.sweep.dir="$OUT/width/ptq" "${COMMON[@]}"
-done_runs "$OUT/width/qat" ${#WIDTHS[@]} || "$PY" train.py -m experiment=lab1 init_ckpt="$FP_CKPT" \
+done_runs "$OUT/width/qat" "$n_widths" || "$PY" train.py -m experiment=lab1 init_ckpt="$FP_CKPT" \
   quant="$presets" ++quant.mode=qat hydra.sweep.dir="$OUT/width/qat" "${COMMON[@]}"
 "$PY" scripts/plot_lab1_width.py "$OUT/width" --out docs/figures/lab1_width.png
 
@@ -60,12 +74,12 @@ l1=$(join none "${SPARSITIES[@]/#/l1_}")
 random=$(join "${SPARSITIES[@]/#/random_}")
 if [ "$STREAMS" -ge 2 ]; then
   pids=()
-  done_runs "$OUT/sparsity/l1" $(( ${#SPARSITIES[@]} + 1 )) || { sweep_sparsity "$OUT/sparsity/l1" "$l1" & pids+=($!); }
-  done_runs "$OUT/sparsity/random" ${#SPARSITIES[@]} || { sweep_sparsity "$OUT/sparsity/random" "$random" & pids+=($!); }
+  done_runs "$OUT/sparsity/l1" $((n_sparsities + 1)) || { sweep_sparsity "$OUT/sparsity/l1" "$l1" & pids+=($!); }
+  done_runs "$OUT/sparsity/random" "$n_sparsities" || { sweep_sparsity "$OUT/sparsity/random" "$random" & pids+=($!); }
   for pid in "${pids[@]}"; do wait "$pid"; done
 else
-  done_runs "$OUT/sparsity/l1" $(( ${#SPARSITIES[@]} + 1 )) || sweep_sparsity "$OUT/sparsity/l1" "$l1"
-  done_runs "$OUT/sparsity/random" ${#SPARSITIES[@]} || sweep_sparsity "$OUT/sparsity/random" "$random"
+  done_runs "$OUT/sparsity/l1" $((n_sparsities + 1)) || sweep_sparsity "$OUT/sparsity/l1" "$l1"
+  done_runs "$OUT/sparsity/random" "$n_sparsities" || sweep_sparsity "$OUT/sparsity/random" "$random"
 fi
 "$PY" scripts/plot_lab1_sparsity.py "$OUT/sparsity" --out docs/figures/lab1_sparsity.png \
   --title "Lab 1: accuracy vs sparsity (int$QAT_WIDTH QAT model, pruned, fine-tuned)"

@@ -23,6 +23,10 @@ binary_residual ternary mxint8"           # the 12 formats of quant= (adls_light
 PLOT_ONLY=${PLOT_ONLY:-0}                 # 1: run no study, draw the figures from what is stored
 SEARCH_DIR=${SEARCH_DIR:-outputs/search}  # where the figures read the studies (search.py's default sweep dirs)
 OUT=${OUT:-docs/figures}
+for var in WORKERS SAMPLER_TRIALS LAB3_TRIALS; do  # checked before any study starts
+  [[ ${!var} =~ ^[1-9][0-9]*$ ]] || { echo "error: $var=${!var}: must be a positive integer" >&2; exit 2; }
+done
+[ -z "$FP_CKPT" ] || [ -f "$FP_CKPT" ] || { echo "error: FP_CKPT=$FP_CKPT: no such checkpoint file" >&2; exit 2; }
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one thread per worker: oversubscribed OpenMP threads spin
 mkdir -p "$OUT"
 

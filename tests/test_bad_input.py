@@ -171,31 +171,32 @@ CASES = [
         for name in ("garbage", "empty", "trunc-10", "trunc-50", "trunc-99", "plain-tensor", "other-arch")
     ],
     # a lab config file given where a quantization / pruning config goes (the labs' TOML, pasted as a file)
-    Case(
-        "quant-config-missing-file",
-        ("overwrite=true", "quant=int8", "quant.config=no/such/lab.toml"),
-        "quant.config=no/such/lab.toml: no such file",
-    ),
-    Case(
-        "quant-config-bad-toml",
-        ("overwrite=true", "quant=int8", "quant.config={labs}/bad.toml"),
-        "bad.toml: cannot be read",
-    ),
-    Case(
-        "quant-config-unknown-format",
-        ("overwrite=true", "quant=int8", "quant.config={labs}/posit.toml"),
-        "posit",
-    ),
-    Case(
-        "prune-config-quant-file",
-        ("overwrite=true", "prune=l1_0.5", "prune.config={labs}/posit.toml"),
-        "prune.config.default: unknown key",
-    ),
-    Case(
-        "compress-quant-missing-file",
-        ("overwrite=true", "compress=int8_l1_0.5", "compress.quant=no/such.toml"),
-        "no/such.toml",
-    ),
+    *[
+        Case(case_id, ("overwrite=true", preset, override), names)
+        for case_id, (preset, override, names) in {
+            "quant-config-missing-file": (
+                "quant=int8",
+                "quant.config=no/such/lab.toml",
+                "quant.config=no/such/lab.toml: no such file",
+            ),
+            "quant-config-bad-toml": (
+                "quant=int8",
+                "quant.config={labs}/bad.toml",
+                "bad.toml: cannot be read",
+            ),
+            "quant-config-unknown-format": ("quant=int8", "quant.config={labs}/posit.toml", "posit"),
+            "prune-config-quant-file": (
+                "prune=l1_0.5",
+                "prune.config={labs}/posit.toml",
+                "prune.config.default: unknown key",
+            ),
+            "compress-quant-missing-file": (
+                "compress=int8_l1_0.5",
+                "compress.quant=no/such.toml",
+                "no/such.toml",
+            ),
+        }.items()
+    ],
     Case(
         "ckpt-pickle-exploit",
         ("overwrite=true", "ckpt_path={ckpts}/exploit.ckpt"),
@@ -404,3 +405,30 @@ def test_common_precisions_are_lightnings():
 
     accepted = {value for group in typing.get_args(_PRECISION_INPUT) for value in typing.get_args(group)}
     assert set(COMMON_PRECISIONS) <= accepted
+
+
+@pytest.mark.parametrize(
+    ("script", "env", "names"),
+    [
+        ("lab1_figures.sh", {"WIDTHS": "4 7"}, "WIDTHS: no preset quant=int7 (valid: 4 8 12 16 20 24 28 32)"),
+        ("lab1_figures.sh", {"SPARSITIES": "0.35"}, "SPARSITIES: no presets prune=l1_0.35"),
+        ("lab1_figures.sh", {"WIDTHS": " "}, "WIDTHS and SPARSITIES must not be empty"),
+        ("search_figures.sh", {"LAB3_TRIALS": "many"}, "LAB3_TRIALS=many: must be a positive integer"),
+        ("search_figures.sh", {"SAMPLER_TRIALS": "0"}, "SAMPLER_TRIALS=0: must be a positive integer"),
+        ("search_figures.sh", {"FP_CKPT": "/no/such.ckpt"}, "FP_CKPT=/no/such.ckpt: no such checkpoint file"),
+    ],
+)
+def test_figure_scripts_refuse_bad_settings_before_running_anything(tmp_path, script, env, names):
+    """The figure scripts' environment settings are checked before the first run: nothing is run or written."""
+    ran = tmp_path / "ran"
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    fake_python.chmod(0o755)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / script)],
+        env={**os.environ, **env, "PY": str(fake_python), "OUT": str(out), "SEARCH_DIR": str(out)},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert_one_line_error(proc, contains=names)
+    assert not ran.exists() and not out.exists()

