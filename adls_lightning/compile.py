@@ -12,6 +12,7 @@ several runs in one process (Optuna trials) each report their own numbers.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -41,16 +42,21 @@ class CompileOptions:
         dynamic: ``None`` (torch's default: static first, a dimension becomes dynamic when it changes),
             ``True`` (dynamic from the start) or ``False`` (one graph per shape).
         fullgraph: fail instead of splitting the model at a graph break.
+        options: inductor settings for this compilation (``torch.compile``'s ``options``: names from
+            ``torch._inductor.config``, e.g. ``{"fallback_random": True}``); merged with the mode's own. Other
+            backends generate no code and ignore them (so ``compile=inductor compile.backend=eager`` works).
         key: config prefix named in error messages.
 
     Raises:
-        ConfigError: unknown backend or mode, a mode on a non-inductor backend, or a non-boolean flag.
+        ConfigError: unknown backend, mode or inductor setting, a mode on a non-inductor backend, or a
+            non-boolean flag.
     """
 
     backend: str = "inductor"
     mode: str = "default"
     dynamic: bool | None = None
     fullgraph: bool = False
+    options: Mapping[str, Any] | None = None
     key: str = "compile"
 
     def __post_init__(self) -> None:
@@ -68,17 +74,32 @@ class CompileOptions:
             raise ConfigError(f"{self.key}.dynamic={self.dynamic!r}: must be true, false or null")
         if not isinstance(self.fullgraph, bool):
             raise ConfigError(f"{self.key}.fullgraph={self.fullgraph!r}: must be true or false")
+        if self.options:
+            import torch._inductor.config as inductor_config
+
+            for name in self.options:
+                if not hasattr(inductor_config, str(name)):
+                    raise ConfigError(
+                        f"{self.key}.options.{name}: not a setting of torch._inductor.config "
+                        "(e.g. fallback_random, freezing, max_autotune)"
+                    )
         if self.backend in CUDA_ONLY_BACKENDS and not torch.cuda.is_available():
             raise ConfigError(f"{self.key}.backend={self.backend!r}: needs CUDA, which is not available here")
 
     def torch_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``torch.compile`` / ``nn.Module.compile``."""
-        return {
-            "backend": self.backend,
-            "mode": None if self.mode == "default" else self.mode,
-            "dynamic": self.dynamic,
-            "fullgraph": self.fullgraph,
-        }
+        """Keyword arguments for ``torch.compile`` / ``nn.Module.compile``.
+
+        torch.compile takes a mode or options, not both, so with options the mode's own settings are merged
+        under them (what torch does with a mode alone).
+        """
+        kwargs = {"backend": self.backend, "dynamic": self.dynamic, "fullgraph": self.fullgraph}
+        mode = None if self.mode == "default" else self.mode
+        if self.options and self.backend == "inductor":
+            mode_options = torch._inductor.list_mode_options(mode, self.dynamic) if mode else {}
+            kwargs["options"] = {**mode_options, **self.options}
+        else:
+            kwargs["mode"] = mode
+        return kwargs
 
 
 def compile_in_place(module: torch.nn.Module, options: CompileOptions) -> None:

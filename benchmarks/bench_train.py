@@ -6,6 +6,11 @@ are evaluated on the same test subset. Prints samples/s of each, their ratio, an
 
     python benchmarks/bench_train.py                      # the `make train` preset: 2,000 train / 2,000 test
     python benchmarks/bench_train.py --seeds 1 2 3        # mean accuracy difference over seeds, with its error
+    python benchmarks/bench_train.py --compile inductor --seeds 1 2   # ours compiled vs ours eager (Lab 4)
+
+With ``--compile PRESET`` the baseline is this project's own eager run instead of the plain script, and the
+measured run adds ``compile=PRESET``: the ratio of compiled to eager training throughput (``train/samples_per_sec``
+excludes ``compile/seconds``) at the accuracy each reaches, per seed.
 
 The plain script uses the Trainer's defaults for batching (random order, dynamic padding via
 ``DataCollatorWithPadding``); our path groups training batches by length (``data.group_by_length``), which is
@@ -100,13 +105,14 @@ def run_plain_hf(cfg, datamodule) -> dict[str, float]:
 
 
 class SeedResult(NamedTuple):
-    """Training samples/s and test accuracy of both paths for one seed."""
+    """Training samples/s and test accuracy of the baseline (plain HF, or our eager run) and ours, one seed."""
 
     seed: int
     hf_speed: float
     hf_acc: float
     our_speed: float
     our_acc: float
+    compile_s: float = 0.0
 
 
 def main() -> None:
@@ -140,7 +146,15 @@ def main() -> None:
         help="one pair of runs per seed (model init, data split, order); several seeds give the mean accuracy "
         "difference and its standard error, which one seed cannot resolve to +-0.5 pt",
     )
+    parser.add_argument(
+        "--compile",
+        default=None,
+        metavar="PRESET",
+        help="compare our run with compile=PRESET (e.g. inductor) against our own eager run, not the plain script",
+    )
     args = parser.parse_args()
+    base_name = "eager" if args.compile else "HF"
+    our_name = f"compile={args.compile}" if args.compile else "ours"
 
     rows = []
     for seed in args.seeds:
@@ -152,17 +166,24 @@ def main() -> None:
                 plain["test_acc"],
                 ours["train/samples_per_sec"],
                 ours["test/acc"],
+                float(ours.get("compile/seconds", 0.0)),
             )
         )
 
     print()
+    labels = [f"{base_name} samples/s", f"{base_name} acc", f"{our_name} samples/s", f"{our_name} acc"]
+    widths = [len(label) + 2 for label in labels]
     print(
-        f"{'seed':>6}{'HF samples/s':>14}{'HF acc':>9}{'ours samples/s':>16}{'ours acc':>10}{'speed':>8}{'acc diff':>10}"
+        f"{'seed':>6}"
+        + "".join(f"{label:>{w}}" for label, w in zip(labels, widths))
+        + f"{'speed':>8}{'acc diff':>10}"
+        + (f"{'compile s':>11}" if args.compile else "")
     )
     for r in rows:
         print(
-            f"{r.seed:>6}{r.hf_speed:>14.2f}{r.hf_acc:>9.4f}{r.our_speed:>16.2f}{r.our_acc:>10.4f}"
-            f"{r.our_speed / r.hf_speed:>7.2f}x{100 * (r.our_acc - r.hf_acc):>+9.2f}pt"
+            f"{r.seed:>6}{r.hf_speed:>{widths[0]}.2f}{r.hf_acc:>{widths[1]}.4f}{r.our_speed:>{widths[2]}.2f}"
+            f"{r.our_acc:>{widths[3]}.4f}{r.our_speed / r.hf_speed:>7.2f}x{100 * (r.our_acc - r.hf_acc):>+9.2f}pt"
+            + (f"{r.compile_s:>11.1f}" if args.compile else "")
         )
     speed = statistics.mean(r.our_speed for r in rows) / statistics.mean(r.hf_speed for r in rows)
     diffs = [100 * (r.our_acc - r.hf_acc) for r in rows]
@@ -170,9 +191,9 @@ def main() -> None:
         f" +- {statistics.stdev(diffs) / len(diffs) ** 0.5:.2f} (standard error)" if len(diffs) > 1 else ""
     )
     print(
-        f"speed ratio (ours / HF) = {speed:.2f}x; accuracy difference = {statistics.mean(diffs):+.2f} pt{spread} "
-        f"over {len(rows)} seed(s) (experiment={args.experiment}, model={args.model}, max_length={args.max_length}, "
-        f"batch={args.batch_size}, lr={lr}, train={args.train_size}, test={args.test_size})"
+        f"speed ratio ({our_name} / {base_name}) = {speed:.2f}x; accuracy difference = {statistics.mean(diffs):+.2f} pt"
+        f"{spread} over {len(rows)} seed(s) (experiment={args.experiment}, model={args.model}, "
+        f"max_length={args.max_length}, batch={args.batch_size}, lr={lr}, train={args.train_size}, test={args.test_size})"
     )
 
 
@@ -182,40 +203,52 @@ def bench_one(args: argparse.Namespace, seed: int) -> tuple[dict[str, float], di
     from adls_lightning.training import run
 
     with tempfile.TemporaryDirectory() as out:
-        cfg = compose(
-            [
-                *([f"experiment={args.experiment}"] if args.experiment != "none" else []),
-                f"seed={seed}",
-                f"model={args.model}",
-                "logger=none",
-                "trainer=cpu",
-                f"data.data_dir={args.data_dir}",
-                f"data.train_size={args.train_size}",
-                f"data.test_size={args.test_size}",
-                "data.val_size=200",
-                f"data.max_length={args.max_length}",
-                f"data.batch_size={args.batch_size}",
-                f"data.group_by_length={not args.no_group_by_length}",
-                f"trainer.max_epochs={args.epochs}",
-                f"keep_freed_memory={not args.no_keep_freed_memory}",
-                "callbacks.rich_progress_bar=null",
-                "callbacks.last_checkpoint=null",
-                f"hydra.run.dir={out}",
-            ]
-        )
-        datamodule = build(cfg.data, "data")
-        datamodule.setup("fit")
+        overrides = [
+            *([f"experiment={args.experiment}"] if args.experiment != "none" else []),
+            f"seed={seed}",
+            f"model={args.model}",
+            "logger=none",
+            "trainer=cpu",
+            f"data.data_dir={args.data_dir}",
+            f"data.train_size={args.train_size}",
+            f"data.test_size={args.test_size}",
+            "data.val_size=200",
+            f"data.max_length={args.max_length}",
+            f"data.batch_size={args.batch_size}",
+            f"data.group_by_length={not args.no_group_by_length}",
+            f"trainer.max_epochs={args.epochs}",
+            f"keep_freed_memory={not args.no_keep_freed_memory}",
+            "callbacks.rich_progress_bar=null",
+            "callbacks.last_checkpoint=null",
+        ]
+        if args.compile:
+            # The eager baseline pads batches as the compile preset does, so both runs see the same shapes.
+            compiled_cfg = compose([*overrides, f"compile={args.compile}", f"hydra.run.dir={out}/compiled"])
+            overrides.append(f"data.pad_to_multiple_of={compiled_cfg.data.pad_to_multiple_of}")
+        cfg = compose([*overrides, f"hydra.run.dir={out}"])
+        if args.compile:
+            print(
+                f"[bench] seed {seed}, adls-lightning eager: {args.train_size} rows x {args.epochs} epoch(s)",
+                flush=True,
+            )
+            eager = run(cfg)
+            baseline = {"samples_per_sec": eager["train/samples_per_sec"], "test_acc": eager["test/acc"]}
+            cfg = compose([*overrides, f"compile={args.compile}", f"hydra.run.dir={out}/compiled"])
+        else:
+            datamodule = build(cfg.data, "data")
+            datamodule.setup("fit")
+            print(
+                f"[bench] seed {seed}, plain HF Trainer + PEFT: {args.train_size} rows x {args.epochs} epoch(s)",
+                flush=True,
+            )
+            baseline = run_plain_hf(cfg, datamodule)
         print(
-            f"[bench] seed {seed}, plain HF Trainer + PEFT: {args.train_size} rows x {args.epochs} epoch(s)",
-            flush=True,
-        )
-        plain = run_plain_hf(cfg, datamodule)
-        print(
-            f"[bench] seed {seed}, adls-lightning: {args.train_size} rows x {args.epochs} epoch(s)",
+            f"[bench] seed {seed}, adls-lightning{' compile=' + args.compile if args.compile else ''}: "
+            f"{args.train_size} rows x {args.epochs} epoch(s)",
             flush=True,
         )
         ours = run(cfg)
-    return plain, ours, float(cfg.model.optimizer.lr)
+    return baseline, ours, float(cfg.model.optimizer.lr)
 
 
 if __name__ == "__main__":

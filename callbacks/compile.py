@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 import lightning as L
 from typing_extensions import override
@@ -34,7 +36,7 @@ class CompileCallback(L.Callback):
     ``compile/recompiles`` of this run (:class:`adls_lightning.compile.CompileCounters`).
 
     Args:
-        backend, mode, dynamic, fullgraph: see :class:`adls_lightning.compile.CompileOptions`.
+        backend, mode, dynamic, fullgraph, options: see :class:`adls_lightning.compile.CompileOptions`.
         module: dotted path of the submodule to compile, from the LightningModule (``model`` = the backbone,
             with its LoRA adapters and classifier head; ``""`` = the whole LightningModule).
 
@@ -49,9 +51,16 @@ class CompileCallback(L.Callback):
         mode: str = "default",
         dynamic: bool | None = None,
         fullgraph: bool = False,
+        options: Mapping[str, Any] | None = None,
         module: str = "model",
     ) -> None:
-        self.options = CompileOptions(backend=backend, mode=mode, dynamic=dynamic, fullgraph=fullgraph)
+        self.options = CompileOptions(
+            backend=backend,
+            mode=mode,
+            dynamic=dynamic,
+            fullgraph=fullgraph,
+            options=dict(options) if options else None,
+        )
         self.module = module
         self.counters: CompileCounters | None = None
 

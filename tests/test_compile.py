@@ -160,6 +160,10 @@ def test_killed_compiled_run_resumes_to_the_uninterrupted_result(tiny_imdb_dir, 
         ({"mode": "fast"}, "compile.mode='fast': unknown; valid: default, reduce-overhead, max-autotune"),
         ({"backend": "aot_eager", "mode": "max-autotune"}, "compile.mode='max-autotune': only"),
         ({"fullgraph": "yes"}, "compile.fullgraph='yes': must be true or false"),
+        (
+            {"options": {"fallback_rand": True}},
+            "compile.options.fallback_rand: not a setting of torch._inductor",
+        ),
     ],
 )
 def test_bad_options_name_the_key_and_the_choices(kwargs, key):
@@ -170,11 +174,58 @@ def test_bad_options_name_the_key_and_the_choices(kwargs, key):
         assert "aot_eager" in str(err.value) and "inductor" in str(err.value)
 
 
+def test_inductor_options_reach_torch_compile_merged_under_the_mode():
+    """torch.compile refuses a mode and options together, so the mode's own settings (as torch lists them)
+    go into the options, under the user's; other backends generate no code and get no options."""
+    options = {"fallback_random": True, "max_autotune": False}
+    kwargs = CompileOptions(mode="max-autotune-no-cudagraphs", options=options).torch_kwargs()
+    assert "mode" not in kwargs
+    expected = torch._inductor.list_mode_options("max-autotune-no-cudagraphs", None) | options
+    assert kwargs["options"] == expected and expected["coordinate_descent_tuning"] is True
+    assert CompileOptions(options=options).torch_kwargs()["options"] == options
+    assert CompileOptions(mode="max-autotune").torch_kwargs()["mode"] == "max-autotune"
+    assert "options" not in CompileOptions(backend="aot_eager", options=options).torch_kwargs()
+    model = torch.nn.Linear(4, 2)
+    model.compile(**CompileOptions(options={"fallback_random": True}).torch_kwargs())  # accepted by torch
+
+
+def test_lab4_floor_replays_exactly_the_recorded_ops():
+    """The Lab 4 floors replay the GEMMs (and dropout's random numbers) one step makes: for Linear-Dropout-
+    ReLU-Linear with a leaf input, the forward makes 2 addmm and the backward 3 mm (the first layer needs no
+    input gradient), and dropout one bernoulli_."""
+    from benchmarks.lab4_compile import GEMM_OPS, RNG_OPS, replay_fn
+
+    net = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.Dropout(0.5), torch.nn.ReLU(), torch.nn.Linear(16, 4)
+    )
+    x = torch.randn(5, 8)
+
+    def step():
+        net(x).sum().backward()
+
+    gemms = replay_fn(step, GEMM_OPS)
+    assert gemms.calls == 5
+    assert replay_fn(step, RNG_OPS).calls == 6
+    counts = {}
+
+    class Count(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            counts[func.overloadpacket.__name__] = counts.get(func.overloadpacket.__name__, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        gemms()
+    assert counts == {"addmm": 2, "mm": 3}
+    with pytest.raises(ValueError, match="no call"):
+        replay_fn(lambda: net(x), ("baddbmm",))
+
+
 @pytest.mark.parametrize(
     ("override", "start"),
     [
         ("compile.backend=inductr", "error: compile.backend='inductr': unknown; valid: "),
         ("compile.mode=fast", "error: compile.mode='fast': unknown; valid: "),
+        ("+compile.options.fallback_rand=true", "error: compile.options.fallback_rand: not a setting of"),
         # activation pruning's data-dependent k-th value is a graph break: fullgraph cannot hold.
         ("compile.fullgraph=true", "error: compile.fullgraph=true: model does not compile to one graph"),
     ],
