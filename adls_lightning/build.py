@@ -134,6 +134,8 @@ def build(node: Any, key: str, **kwargs: Any) -> Any:
     check_targets(node, key)
     try:
         return instantiate(node, _execution_whitelist_=list(allowed_targets()), **kwargs)
+    except ConfigError as err:
+        raise _named_at(err, key) from None
     except InstantiationException as err:
         # Hydra wraps what the target raised; a ConfigError is the user's one line, so hand it on unwrapped.
         cause = err.__cause__
@@ -141,7 +143,19 @@ def build(node: Any, key: str, **kwargs: Any) -> Any:
             cause = cause.__cause__
         if cause is None:
             raise
-        raise cause from None
+        raise _named_at(cause, key) from None
+
+
+def _named_at(err: ConfigError, key: str) -> ConfigError:
+    """``err`` with the full config key of the nested node that raised it in front (``quant.config.default.
+    weight: width=0: ...``). Hydra notes that node's key on the exception (``full_key: ...``): from the config's
+    root when the node has one, else relative to the instantiated node. A message that already starts with
+    ``key`` is left as it is."""
+    notes = [n.removeprefix("full_key: ") for n in getattr(err, "__notes__", ()) if n.startswith("full_key: ")]
+    if not notes or not key or str(err).startswith(key):
+        return err
+    where = notes[-1] if notes[-1] == key or notes[-1].startswith(f"{key}.") else f"{key}.{notes[-1]}"
+    return ConfigError(f"{where}: {err}")
 
 
 def hydra_execution_whitelist() -> list[str]:

@@ -248,6 +248,9 @@ def bench_one(args: argparse.Namespace, seed: int) -> tuple[dict[str, float], di
             flush=True,
         )
         ours = run(cfg)
+        if args.compile:
+            counts = ", ".join(f"{key} {ours[key]:g}" for key in sorted(ours) if key.startswith("compile/"))
+            print(f"[bench] seed {seed}, compile={args.compile}: {counts}", flush=True)
     return baseline, ours, float(cfg.model.optimizer.lr)
 
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from test_quant_model import LAYER_NAMES, tiny_bert
 
+from adls_lightning.build import build
 from adls_lightning.config import ConfigError
 from adls_lightning.prune import num_to_prune
 from adls_lightning.quant import (
@@ -334,6 +335,10 @@ def test_typed_preset_is_the_lab_config(compose_cfg, tmp_path):
     )
     with pytest.raises(ConfigError, match=r"width=0: must be an integer in \[1, 32\]"):
         instantiate(bad.quant, _convert_="partial")
+    # built as train.py builds it, the one line also names where the value sits in the config
+    with pytest.raises(ConfigError) as err:
+        build(bad.quant, "quant", _convert_="partial")
+    assert str(err.value) == "quant.config.default.weight: width=0: must be an integer in [1, 32]"
     assert LayerRecipe.uniform("binary") == LayerRecipe(weight={"format": "binary"})  # weights only, as MASE
 
 
