@@ -151,7 +151,9 @@ def _named_at(err: ConfigError, key: str) -> ConfigError:
     weight: width=0: ...``). Hydra notes that node's key on the exception (``full_key: ...``): from the config's
     root when the node has one, else relative to the instantiated node. A message that already starts with
     ``key`` is left as it is."""
-    notes = [n.removeprefix("full_key: ") for n in getattr(err, "__notes__", ()) if n.startswith("full_key: ")]
+    notes = [
+        n.removeprefix("full_key: ") for n in getattr(err, "__notes__", ()) if n.startswith("full_key: ")
+    ]
     if not notes or not key or str(err).startswith(key):
         return err
     where = notes[-1] if notes[-1] == key or notes[-1].startswith(f"{key}.") else f"{key}.{notes[-1]}"
