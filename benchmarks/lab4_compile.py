@@ -48,10 +48,11 @@ RNG_OPS = (*GEMM_OPS, "bernoulli_", "native_dropout")
 
 
 def lora_config():
-    from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    return instantiate(OmegaConf.load(ROOT / "conf" / "model" / "lora" / "default.yaml"))
+    from adls_lightning.build import build
+
+    return build(OmegaConf.load(ROOT / "conf" / "model" / "lora" / "default.yaml"), "model.lora")
 
 
 def compiled(
@@ -209,48 +210,28 @@ def minilm_cases(args, device) -> list[tuple[str, str, str, Callable[[], Callabl
         set_attn_implementation(lora.get_base_model(), "sdpa")
         batch = token_inputs(args.train_batch, args.train_seq, labels=True)
         task = f"LoRA train step {args.train_batch}x{args.train_seq}"
-        eager_step = lambda: training_fn(compiled(lora, None, "default"), batch)  # noqa: E731
-        cases.append((task, "sdpa attention", "sdpa attention", eager_step))
-        for backend in args.backends:
-            cases.append(
+
+        def train_cases(label: str, model: torch.nn.Module, fallback_random: bool) -> list[tuple]:
+            """``model``'s training step uncompiled (the baseline, named ``label``) and with each backend; with
+            ``fallback_random``, inductor also with dropout's random numbers left to ATen."""
+            variants = [(f" + {b}", b, None) for b in args.backends]
+            if fallback_random and "inductor" in args.backends:
+                variants.append((" + inductor, fallback_random", "inductor", {"fallback_random": True}))
+            return [(task, label, label, lambda: training_fn(compiled(model, None, "default"), batch))] + [
                 (
                     task,
-                    f"sdpa attention + {backend}",
-                    "sdpa attention",
-                    lambda b=backend: training_fn(compiled(lora, b, "default"), batch),
+                    label + suffix,
+                    label,
+                    lambda b=backend, o=options: training_fn(compiled(model, b, "default", o), batch),
                 )
-            )
-            if backend == "inductor":
-                cases.append(
-                    (
-                        task,
-                        "sdpa attention + inductor, fallback_random",
-                        "sdpa attention",
-                        lambda: training_fn(
-                            compiled(lora, "inductor", "default", {"fallback_random": True}), batch
-                        ),
-                    )
-                )
+                for suffix, backend, options in variants
+            ]
+
+        eager_step = lambda: training_fn(compiled(lora, None, "default"), batch)  # noqa: E731
+        cases += train_cases("sdpa attention", lora, fallback_random=True)
         cases.append((task, GEMM_FLOOR, "sdpa attention", lambda: replay_fn(eager_step(), GEMM_OPS)))
         cases.append((task, RNG_FLOOR, "sdpa attention", lambda: replay_fn(eager_step(), RNG_OPS)))
-        quiet = without_dropout(lora)
-        cases.append(
-            (
-                task,
-                "sdpa attention, no dropout",
-                "sdpa attention, no dropout",
-                lambda: training_fn(compiled(quiet, None, "default"), batch),
-            )
-        )
-        for backend in args.backends:
-            cases.append(
-                (
-                    task,
-                    f"sdpa attention, no dropout + {backend}",
-                    "sdpa attention, no dropout",
-                    lambda b=backend: training_fn(compiled(quiet, b, "default"), batch),
-                )
-            )
+        cases += train_cases("sdpa attention, no dropout", without_dropout(lora), fallback_random=False)
     return [("MiniLM", *case) for case in cases]
 
 
