@@ -74,17 +74,29 @@ class CompileOptions:
             raise ConfigError(f"{self.key}.dynamic={self.dynamic!r}: must be true, false or null")
         if not isinstance(self.fullgraph, bool):
             raise ConfigError(f"{self.key}.fullgraph={self.fullgraph!r}: must be true or false")
-        if self.options:
-            import torch._inductor.config as inductor_config
-
-            for name in self.options:
-                if not hasattr(inductor_config, str(name)):
-                    raise ConfigError(
-                        f"{self.key}.options.{name}: not a setting of torch._inductor.config "
-                        "(e.g. fallback_random, freezing, max_autotune)"
-                    )
+        if self.options is not None and not isinstance(self.options, Mapping):
+            raise ConfigError(
+                f"{self.key}.options={self.options!r}: must be a mapping of inductor settings, e.g. "
+                "{fallback_random: true}, or null"
+            )
+        for name, value in (self.options or {}).items():
+            self._check_inductor_setting(str(name), value)
         if self.backend in CUDA_ONLY_BACKENDS and not torch.cuda.is_available():
             raise ConfigError(f"{self.key}.backend={self.backend!r}: needs CUDA, which is not available here")
+
+    def _check_inductor_setting(self, name: str, value: Any) -> None:
+        """A known ``torch._inductor.config`` name with a value of its default's type (torch.compile checks the
+        same, but with a traceback at the first compile)."""
+        import torch._inductor.config as inductor_config
+
+        if not hasattr(inductor_config, name):
+            raise ConfigError(
+                f"{self.key}.options.{name}: not a setting of torch._inductor.config "
+                "(e.g. fallback_random, freezing, max_autotune)"
+            )
+        default = getattr(inductor_config, name)
+        if default is not None and not isinstance(value, type(default)):
+            raise ConfigError(f"{self.key}.options.{name}={value!r}: must be a {type(default).__name__}")
 
     def torch_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.compile`` / ``nn.Module.compile``.

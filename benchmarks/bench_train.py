@@ -108,8 +108,8 @@ class SeedResult(NamedTuple):
     """Training samples/s and test accuracy of the baseline (plain HF, or our eager run) and ours, one seed."""
 
     seed: int
-    hf_speed: float
-    hf_acc: float
+    base_speed: float
+    base_acc: float
     our_speed: float
     our_acc: float
     compile_s: float = 0.0
@@ -153,6 +153,11 @@ def main() -> None:
         help="compare our run with compile=PRESET (e.g. inductor) against our own eager run, not the plain script",
     )
     args = parser.parse_args()
+    presets = sorted(f.stem for f in (ROOT / "conf" / "compile").glob("*.yaml") if f.stem != "none")
+    if args.compile is not None and args.compile not in presets:
+        parser.error(
+            f"--compile {args.compile}: no preset compile={args.compile}; valid: {', '.join(presets)}"
+        )
     base_name = "eager" if args.compile else "HF"
     our_name = f"compile={args.compile}" if args.compile else "ours"
 
@@ -181,12 +186,12 @@ def main() -> None:
     )
     for r in rows:
         print(
-            f"{r.seed:>6}{r.hf_speed:>{widths[0]}.2f}{r.hf_acc:>{widths[1]}.4f}{r.our_speed:>{widths[2]}.2f}"
-            f"{r.our_acc:>{widths[3]}.4f}{r.our_speed / r.hf_speed:>7.2f}x{100 * (r.our_acc - r.hf_acc):>+9.2f}pt"
+            f"{r.seed:>6}{r.base_speed:>{widths[0]}.2f}{r.base_acc:>{widths[1]}.4f}{r.our_speed:>{widths[2]}.2f}"
+            f"{r.our_acc:>{widths[3]}.4f}{r.our_speed / r.base_speed:>7.2f}x{100 * (r.our_acc - r.base_acc):>+9.2f}pt"
             + (f"{r.compile_s:>11.1f}" if args.compile else "")
         )
-    speed = statistics.mean(r.our_speed for r in rows) / statistics.mean(r.hf_speed for r in rows)
-    diffs = [100 * (r.our_acc - r.hf_acc) for r in rows]
+    speed = statistics.mean(r.our_speed for r in rows) / statistics.mean(r.base_speed for r in rows)
+    diffs = [100 * (r.our_acc - r.base_acc) for r in rows]
     spread = (
         f" +- {statistics.stdev(diffs) / len(diffs) ** 0.5:.2f} (standard error)" if len(diffs) > 1 else ""
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 import torch._dynamo
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map, tree_map_only
+from torch.utils._pytree import tree_map_only
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -107,9 +108,29 @@ def training_fn(model: torch.nn.Module, inputs: dict | torch.Tensor) -> Callable
     return step
 
 
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What a recorded call needs of a tensor argument (a pytree leaf: the replay makes a tensor from it)."""
+
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> Layout:
+        return cls(tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.device)
+
+    def random(self) -> torch.Tensor:
+        """A random buffer viewed with these strides (which may repeat elements: broadcast biases)."""
+        extent = 1 + sum((n - 1) * st for n, st in zip(self.size, self.stride)) if all(self.size) else 0
+        buffer = torch.randn(extent, device=self.device).to(self.dtype)
+        return buffer.as_strided(self.size, self.stride)
+
+
 class OpRecorder(TorchDispatchMode):
     """Records the calls one piece of work makes to chosen ATen ops (by name, e.g. ``mm``), each as the op
-    and its arguments with every tensor kept only as its layout (size, stride, dtype)."""
+    and its arguments with every tensor kept only as its :class:`Layout`."""
 
     def __init__(self, names: tuple[str, ...]):
         super().__init__()
@@ -119,8 +140,7 @@ class OpRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.overloadpacket.__name__ in self.names:
-            layout = lambda t: (tuple(t.shape), t.stride(), t.dtype, t.device)  # noqa: E731
-            self.calls.append((func, *tree_map_only(torch.Tensor, layout, (args, kwargs))))
+            self.calls.append((func, *tree_map_only(torch.Tensor, Layout.of, (args, kwargs))))
         return func(*args, **kwargs)
 
 
@@ -134,20 +154,15 @@ def replay_fn(step: Callable[[], object], names: tuple[str, ...]) -> Callable[[]
         step()
     if not recorder.calls:
         raise ValueError(f"the step makes no call to any of {names}")
-    tensors: dict[tuple, torch.Tensor] = {}
+    tensors: dict[Layout, torch.Tensor] = {}
 
-    def materialise(layout):
+    def materialise(layout: Layout) -> torch.Tensor:
         if layout not in tensors:
-            size, stride, dtype, device = layout
-            # A random buffer viewed with the recorded strides (which may repeat elements: broadcast biases).
-            extent = 1 + sum((n - 1) * st for n, st in zip(size, stride)) if all(size) else 0
-            tensors[layout] = torch.randn(extent, device=device).to(dtype).as_strided(size, stride)
+            tensors[layout] = layout.random()
         return tensors[layout]
 
-    is_layout = lambda x: isinstance(x, tuple) and len(x) == 4 and isinstance(x[2], torch.dtype)  # noqa: E731
     calls = [
-        (func, *tree_map(lambda x: materialise(x) if is_layout(x) else x, (args, kwargs), is_leaf=is_layout))
-        for func, args, kwargs in recorder.calls
+        (func, *tree_map_only(Layout, materialise, (args, kwargs))) for func, args, kwargs in recorder.calls
     ]
 
     def replay():
@@ -294,6 +309,10 @@ def main() -> None:
     parser.add_argument("--replot", action="store_true", help="only redraw the figure from --json")
     args = parser.parse_args()
     if args.replot:
+        if not args.json.is_file():
+            parser.error(
+                f"--replot: no results file {args.json} (run without --replot first, or pass --json)"
+            )
         plot(json.loads(args.json.read_text())["rows"], args.figure)
         print(f"wrote {args.figure}")
         return

@@ -59,7 +59,7 @@ class CompileCallback(L.Callback):
             mode=mode,
             dynamic=dynamic,
             fullgraph=fullgraph,
-            options=dict(options) if options else None,
+            options=dict(options) if isinstance(options, Mapping) else options,
         )
         self.module = module
         self.counters: CompileCounters | None = None

@@ -4,6 +4,8 @@ bounded recompiles with the padding policy, resume, bad input."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -164,6 +166,8 @@ def test_killed_compiled_run_resumes_to_the_uninterrupted_result(tiny_imdb_dir, 
             {"options": {"fallback_rand": True}},
             "compile.options.fallback_rand: not a setting of torch._inductor",
         ),
+        ({"options": {"fallback_random": "yes"}}, "compile.options.fallback_random='yes': must be a bool"),
+        ({"options": 5}, "compile.options=5: must be a mapping of inductor settings"),
     ],
 )
 def test_bad_options_name_the_key_and_the_choices(kwargs, key):
@@ -226,6 +230,10 @@ def test_lab4_floor_replays_exactly_the_recorded_ops():
         ("compile.backend=inductr", "error: compile.backend='inductr': unknown; valid: "),
         ("compile.mode=fast", "error: compile.mode='fast': unknown; valid: "),
         ("+compile.options.fallback_rand=true", "error: compile.options.fallback_rand: not a setting of"),
+        (
+            "compile.options.fallback_random=yes",
+            "error: compile.options.fallback_random='yes': must be a bool",
+        ),
         # activation pruning's data-dependent k-th value is a graph break: fullgraph cannot hold.
         ("compile.fullgraph=true", "error: compile.fullgraph=true: model does not compile to one graph"),
     ],
@@ -284,3 +292,24 @@ def test_inductor_lora_run_has_no_graph_breaks(compose_cfg):
     metrics = run(compose_cfg(["compile=inductor", "trainer.max_epochs=1"]))
     assert metrics["compile/graph_breaks"] == 0
     assert 1 <= metrics["compile/graphs"] <= 6
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "message"),
+    [
+        ("bench_train.py", ["--compile", "inductr"], "--compile inductr: no preset compile=inductr; valid: "),
+        ("lab4_compile.py", ["--replot", "--json", "/nonexistent/lab4.json"], "--replot: no results file"),
+    ],
+)
+def test_benchmark_options_refuse_bad_values_in_one_line(script, args, message):
+    """The options added to the Lab 4 benchmarks stop before any work, with argparse's usage and one error line."""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"{script}: error: {message}")
