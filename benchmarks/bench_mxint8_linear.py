@@ -18,7 +18,7 @@ rate -- the largest fused/deq ratio any kernel could show. The last lines give t
 goals (rows <= 8: >= 1.5x nn.Linear and >= 3x dequantize + matmul; 512 rows: QLinearPacked no slower than
 dequantize + matmul).
 
-    python benchmarks/bench_mxint8_linear.py                 # 1 and 2 threads, rows 1 2 4 8 16 32 64 512
+    python benchmarks/bench_mxint8_linear.py                 # 1 and 2 threads, rows 1 2 4 8 16 32 64 128 512
     python benchmarks/bench_mxint8_linear.py --threads 1 --rows 1 8
 """
 
@@ -45,7 +45,7 @@ from adls_lightning.mxint8 import (  # noqa: E402
 )
 
 SHAPES = [(768, 3072), (3072, 768)]
-ROWS = [1, 2, 4, 8, 16, 32, 64, 512]
+ROWS = [1, 2, 4, 8, 16, 32, 64, 128, 512]
 GROUP_SIZE = 32
 PEAK_SIZE = 1024  # the FMA limit is estimated by a square fp32 matmul of this size (BLAS, compute-bound)
 

@@ -1,18 +1,22 @@
 // C++ CPU kernel of adls::mxint8_linear: y = x dequant(W)^T + bias straight from the int8 mantissas and
 // E8M0 scales, without materialising the float weight.
 //
-// For every output feature n and row r, each group's dot product sum_k m[n,k] x[r,k] is accumulated in
-// float32 from the int8 mantissas, then multiplied by the group's step 2^(E-133) once (a power of two, so
-// exact) and added to the total. Compared with dequantize-then-matmul only the order of the float32
-// additions differs. At a few rows the layer is bound by reading the weight: 1.03 bytes per weight here
-// against 4 for an fp32 nn.Linear, hence the speed-up; at many rows the matmul's compute dominates and
-// dequantize + a BLAS matmul wins (QLinearPacked.forward switches; see docs/mxint8.md).
+// Arithmetic, two ways: the 4x2.. tiles accumulate each group's dot product sum_k m[n,k] x[r,k] in float32
+// from the int8 mantissas, then multiply it by the group's step 2^(E-133) once (a power of two, so exact);
+// the exact-decode tiles turn the mantissas into the exact weights m * 2^(E-133) first. Either way, compared
+// with dequantize-then-matmul only the order of the float32 additions differs. At a few rows the layer is
+// bound by reading the weight: 1.03 bytes per weight here against 4 for an fp32 nn.Linear, hence the
+// speed-up; at many rows the matmul's compute dominates and dequantize + a BLAS matmul wins
+// (QLinearPacked.forward switches; see docs/mxint8.md).
 //
-// Work split: blocks of kBlock output features, in parallel over ATen's pool; inside a block, tiles of
-// R rows x C features share each converted weight vector across R rows and each loaded x vector across C
-// features (R * C independent FMA chains hide the FMA latency). float32 x with group sizes that are a
-// multiple of 8 run the AVX2+FMA tiles; other group sizes the portable tiles; other dtypes dequantize and
-// call at::linear, like the reference.
+// Work split: blocks of kBlock output features, in parallel over ATen's pool. With AVX2+FMA, float32 x and
+// a group size that is a multiple of 8 (up to kChunkInputs):
+//  * every 8 rows take the exact-decode tiles: one feature at a time, each vector of 8 mantissas decoded
+//    into the exact float weights (no per-group rescale) and multiplied into 8 rows of x, whose 8 input
+//    features are plain loads from an L1-resident copy (8 independent FMA chains, one shuffle per 8 FMAs);
+//  * the remaining rows (all rows below 8) take tiles of R rows x C features that share each converted
+//    weight vector across R rows and each loaded x vector across C features, rescaling once per group.
+// Other group sizes take portable tiles; other dtypes dequantize and call at::linear, like the reference.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -20,6 +24,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <vector>
 
 #include "mxint8_checks.h"
 #include "mxint8_cpu_isa.h"
@@ -150,6 +155,117 @@ MXINT8_AVX2_FMA void tile_avx2(const LinearProblem& p, int64_t row, int64_t feat
     for (int c = 0; c < C; ++c) store_output(p, row + r, feature + c, horizontal_sum(total[r][c]));
   }
 }
+
+
+// Exact decode of 8 mantissas of one group into the dequantized weights m * 2^(E-133), for E <= 237: the
+// float whose exponent field is E + 17 and whose mantissa field is m + 128, minus the same float with
+// m = 0 (both have the same exponent, so the subtraction is exact, subnormal results included). An integer
+// add and a float subtract, neither of which runs on the FMA pipes.
+constexpr uint32_t kMaxDecodableScale = 237;
+// Inputs per chunk of the exact-decode tiles (at most; whole groups): 8 rows of x take 24 KiB of the 32 KiB
+// L1. Each chunk ends in a horizontal sum per output, so longer chunks cost less (at 8 rows, 256 inputs
+// took 1.10-1.18x the time of 768, 512 took 1.02-1.09x, and 1024, all of L1, 1.04-1.11x). The copy's row
+// stride is 16 floats longer than a chunk and a compile-time constant, so that the 8 rows are one pointer
+// plus displacements.
+constexpr int64_t kChunkInputs = 768;
+constexpr int64_t kChunkStride = kChunkInputs + 16;
+
+MXINT8_AVX2_FMA inline __m256i decode_offset(uint32_t scale) {
+  return _mm256_set1_epi32(static_cast<int32_t>(((scale + 17) << 23) + 128));
+}
+
+MXINT8_AVX2_FMA inline __m256 decode_weights(const int8_t* mantissa, __m256i offset) {
+  const __m256i m = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mantissa)));
+  return _mm256_sub_ps(_mm256_castsi256_ps(_mm256_add_epi32(m, offset)), _mm256_castsi256_ps(offset));
+}
+
+// Lane r of the result is the sum of the 8 lanes of v[r].
+MXINT8_AVX2_FMA inline __m256 sum_each(const __m256 (&v)[8]) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// Rows [row, row + 8) x features [first, end) over inputs [k0, k1) (whole groups): each feature's weights
+// are decoded once per 8 inputs and shared by 8 rows, whose x vectors are plain loads (8 independent FMA
+// chains, no shuffles besides the decode's widen). Adds each dot product to out, or starts it at k0 = 0;
+// adds the bias with the last inputs. GroupSize > 0 fixes the group size at compile time, which unrolls the
+// group loop (for 32, the default: 1.17x faster at 8 rows than the run-time loop).
+template <int64_t GroupSize>
+MXINT8_AVX2_FMA void decode_rows8(const LinearProblem& p, const float* xchunk, int64_t row,
+                                  int64_t first, int64_t end, int64_t k0, int64_t k1) {
+  const int64_t group_size = GroupSize > 0 ? GroupSize : p.group_size;
+  const int64_t in = p.in_features;
+  const float* x = xchunk - k0;  // x + r * kChunkStride + k reads x[row + r, k]
+  const bool last = k1 == in;
+  for (int64_t feature = first; feature < end; ++feature) {
+    const int8_t* w = p.mantissa + feature * in;
+    const uint8_t* scale = p.scale + feature * p.groups();
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t group = k0 / group_size; group < k1 / group_size; ++group) {
+      const int64_t begin = group * group_size;
+      const int64_t stop = begin + group_size;
+      const uint32_t e = scale[group];
+      if (e <= kMaxDecodableScale) {
+        const __m256i offset = decode_offset(e);
+#pragma GCC unroll 4
+        for (int64_t k = begin; k < stop; k += 8) {
+          const __m256 weight = decode_weights(w + k, offset);
+#pragma GCC unroll 8
+          for (int r = 0; r < 8; ++r) {
+            acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * kChunkStride + k), weight, acc[r]);
+          }
+        }
+      } else {  // large or NaN scale: convert and multiply by the (exact) step
+        const __m256 step = _mm256_set1_ps(element_scale(e));
+        for (int64_t k = begin; k < stop; k += 8) {
+          const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k));
+          const __m256 weight = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), step);
+#pragma GCC unroll 8
+          for (int r = 0; r < 8; ++r) {
+            acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * kChunkStride + k), weight, acc[r]);
+          }
+        }
+      }
+    }
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, sum_each(acc));
+    for (int r = 0; r < 8; ++r) {
+      float& out = p.out[(row + r) * p.out_features + feature];
+      float total = k0 == 0 ? sums[r] : out + sums[r];
+      if (last && p.bias != nullptr) total += p.bias[feature];
+      out = total;
+    }
+  }
+}
+
+// Rows [0, rows - rows % 8) of features [first, end), 8 rows at a time, in chunks of whole groups of inputs
+// whose x for 8 rows stays in L1 while the weights stream past.
+void decode_rows(const LinearProblem& p, int64_t first, int64_t end) {
+  const int64_t rows = p.rows - p.rows % 8;
+  const int64_t chunk_groups = kChunkInputs / p.group_size;  // group_size <= kChunkInputs
+  const int64_t chunk = chunk_groups * p.group_size;
+  // x's chunk for 8 rows, copied once and read for every feature of the task.
+  std::vector<float> xbuffer(8 * kChunkStride + 16);
+  // 64-byte aligned, so that no 32-byte load straddles two cache lines.
+  float* xchunk = xbuffer.data() + (16 - reinterpret_cast<uintptr_t>(xbuffer.data()) / 4 % 16) % 16;
+  for (int64_t k0 = 0; k0 < p.in_features; k0 += chunk) {
+    const int64_t k1 = std::min(p.in_features, k0 + chunk);
+    for (int64_t row = 0; row < rows; row += 8) {
+      for (int r = 0; r < 8; ++r) {
+        const float* source = p.x + (row + r) * p.in_features;
+        std::copy(source + k0, source + k1, xchunk + r * kChunkStride);
+      }
+      if (p.group_size == 32) {
+        decode_rows8<32>(p, xchunk, row, first, end, k0, k1);
+      } else {
+        decode_rows8<0>(p, xchunk, row, first, end, k0, k1);
+      }
+    }
+  }
+}
 #endif
 
 // Rows of a tile and features of a tile, as tiles of kRows rows and kRows-dependent widths.
@@ -175,8 +291,7 @@ void run_rows(const LinearProblem& p, int64_t row, int64_t first, int64_t end) {
 // All rows of one block: tiles of 4 rows x 2 features, the remainder as 3x2, 2x4 or 1x4 (the weight block
 // stays in L1 across the row tiles).
 template <bool Avx2>
-void run_block(const LinearProblem& p, int64_t first, int64_t end) {
-  int64_t row = 0;
+void run_block(const LinearProblem& p, int64_t first, int64_t end, int64_t row = 0) {
   for (; row + 4 <= p.rows; row += 4) run_rows<Avx2, 4, 2>(p, row, first, end);
   switch (p.rows - row) {
     case 3:
@@ -202,14 +317,24 @@ void fused_linear_float(const LinearProblem& p) {
   const int64_t blocks = (p.out_features + kBlock - 1) / kBlock;
   const int64_t macs_per_block = kBlock * p.in_features * std::max<int64_t>(p.rows, 1);
   const int64_t grain = std::max<int64_t>(1, kMacsPerTask / macs_per_block);
+#ifdef MXINT8_HAVE_AVX2_LINEAR
+  // From 8 rows, multiples of 8 rows take the exact-decode tiles; the remaining rows the 4x2.. tiles.
+  const int64_t decoded_rows = avx2 && p.group_size <= kChunkInputs ? p.rows - p.rows % 8 : 0;
+#else
+  const int64_t decoded_rows = 0;
+#endif
   at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
+#ifdef MXINT8_HAVE_AVX2_LINEAR
+    if (decoded_rows > 0) decode_rows(p, begin * kBlock, std::min(end * kBlock, p.out_features));
+#endif
+    if (decoded_rows == p.rows) return;
     for (int64_t block = begin; block < end; ++block) {
-      const int64_t first = block * kBlock;
-      const int64_t last = std::min(first + kBlock, p.out_features);
+      const int64_t block_first = block * kBlock;
+      const int64_t block_last = std::min(block_first + kBlock, p.out_features);
       if (avx2) {
-        run_block<true>(p, first, last);
+        run_block<true>(p, block_first, block_last, decoded_rows);
       } else {
-        run_block<false>(p, first, last);
+        run_block<false>(p, block_first, block_last, decoded_rows);
       }
     }
   });

@@ -80,10 +80,12 @@ def test_fused_kernel_over_parallel_tasks_and_leading_dimensions():
     assert ((fused.reshape(6, -1).double() - expected).abs() <= bound).all()
 
 
-@pytest.mark.parametrize("group_size", [8, 24, 32, 512])
+@pytest.mark.parametrize("group_size", [8, 24, 32, 512, 1024])
 def test_long_rows_many_rows_and_odd_feature_counts(group_size):
-    """Long rows (more than 4 096 input features), row counts around the 4-row tiles and past 32 rows, and
-    output features around the 8-wide blocks: the exact result within the bound."""
+    """Long rows (more than 4 096 input features: several input chunks of the 8-row exact-decode tiles),
+    row counts around the 4-row and 8-row tiles and past 64 rows, output features around the 8-wide blocks,
+    and a group longer than a chunk (1 024: the 4x2 tiles serve every row): the exact result within the
+    bound."""
     in_features = group_size * (4608 // group_size + 1)
     for i, (rows, out_features) in enumerate(
         [(4, 16), (7, 17), (8, 33), (9, 15), (31, 1), (33, 20), (70, 3)]

@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 #: Largest number of input rows (batch x tokens) for which ``QLinearPacked.forward`` calls the fused kernel
 #: ``torch.ops.adls.mxint8_linear`` on CPU; above it, dequantize + a BLAS matmul is faster. Measured with
 #: ``benchmarks/bench_mxint8_linear.py`` (768->3072 and 3072->768, 1 and 2 threads): the fused kernel wins
-#: up to 32 rows (1.1-1.2x at 32) and loses from 64 rows on (0.8-0.9x at 64); see docs/mxint8.md.
-FUSED_MAX_ROWS = 32
+#: up to 64 rows (1.06-1.35x at 64, with the exact-decode tiles that serve every 8 rows) and loses at 512
+#: (0.8-0.9x); see docs/mxint8.md.
+FUSED_MAX_ROWS = 64
 
 
 class QLinearPacked(nn.Module):
