@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from adls_lightning.config import ConfigError
 from adls_lightning.mxint8 import (
+    FUSED_MAX_ROWS,
     QLinearPacked,
     dequantize_reference,
     module_bytes,
@@ -83,9 +84,11 @@ def test_packed_weight_is_the_only_non_bias_buffers_at_8_25_bits():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_forward_is_linear_with_the_dequantized_weight(dtype):
+    """The dequantize + matmul route (more rows than the fused kernel takes) is F.linear bit for bit."""
     linear = linear_layer()
     packed = QLinearPacked.from_linear(linear)
-    x = torch.randn(5, 7, 64).to(dtype)
+    x = torch.randn(5, FUSED_MAX_ROWS // 4 + 1, 64).to(dtype)
+    assert not packed.uses_fused_kernel(x)
     weight = dequantize_reference(*quantize_reference(linear.weight.detach(), 32), 32, dtype)
     expected = F.linear(x, weight, linear.bias.detach().to(dtype))
     out = packed(x)
