@@ -226,26 +226,23 @@ def minilm_cases(args, device) -> list[tuple[str, str, str, Callable[[], Callabl
         batch = token_inputs(args.train_batch, args.train_seq, labels=True)
         task = f"LoRA train step {args.train_batch}x{args.train_seq}"
 
+        def train_step(model: torch.nn.Module, backend: str | None = None, options: dict | None = None):
+            return training_fn(compiled(model, backend, "default", options), batch)
+
         def train_cases(label: str, model: torch.nn.Module, fallback_random: bool) -> list[tuple]:
             """``model``'s training step uncompiled (the baseline, named ``label``) and with each backend; with
             ``fallback_random``, inductor also with dropout's random numbers left to ATen."""
-            variants = [(f" + {b}", b, None) for b in args.backends]
+            variants = [("", None, None)] + [(f" + {b}", b, None) for b in args.backends]
             if fallback_random and "inductor" in args.backends:
                 variants.append((" + inductor, fallback_random", "inductor", {"fallback_random": True}))
-            return [(task, label, label, lambda: training_fn(compiled(model, None, "default"), batch))] + [
-                (
-                    task,
-                    label + suffix,
-                    label,
-                    lambda b=backend, o=options: training_fn(compiled(model, b, "default", o), batch),
-                )
+            return [
+                (task, label + suffix, label, lambda b=backend, o=options: train_step(model, b, o))
                 for suffix, backend, options in variants
             ]
 
-        eager_step = lambda: training_fn(compiled(lora, None, "default"), batch)  # noqa: E731
         cases += train_cases("sdpa attention", lora, fallback_random=True)
-        cases.append((task, GEMM_FLOOR, "sdpa attention", lambda: replay_fn(eager_step(), GEMM_OPS)))
-        cases.append((task, RNG_FLOOR, "sdpa attention", lambda: replay_fn(eager_step(), RNG_OPS)))
+        cases.append((task, GEMM_FLOOR, "sdpa attention", lambda: replay_fn(train_step(lora), GEMM_OPS)))
+        cases.append((task, RNG_FLOOR, "sdpa attention", lambda: replay_fn(train_step(lora), RNG_OPS)))
         cases += train_cases("sdpa attention, no dropout", without_dropout(lora), fallback_random=False)
     return [("MiniLM", *case) for case in cases]
 

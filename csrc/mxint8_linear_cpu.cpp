@@ -116,6 +116,11 @@ MXINT8_AVX2_FMA inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// 8 mantissas as floats (vpmovsxbd + vcvtdq2ps).
+MXINT8_AVX2_FMA inline __m256 convert_mantissas(const int8_t* mantissa) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mantissa))));
+}
+
 // AVX2 tile: 8 input features per step; the group size is a multiple of 8.
 template <int R, int C>
 MXINT8_AVX2_FMA void tile_avx2(const LinearProblem& p, int64_t row, int64_t feature) {
@@ -137,10 +142,7 @@ MXINT8_AVX2_FMA void tile_avx2(const LinearProblem& p, int64_t row, int64_t feat
     }
     for (int64_t k = first; k < end; k += 8) {
       __m256 weight[C];
-      for (int c = 0; c < C; ++c) {
-        const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[c] + k));
-        weight[c] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-      }
+      for (int c = 0; c < C; ++c) weight[c] = convert_mantissas(w[c] + k);
       for (int r = 0; r < R; ++r) {
         const __m256 xv = _mm256_loadu_ps(x[r] + k);
         for (int c = 0; c < C; ++c) dot[r][c] = _mm256_fmadd_ps(weight[c], xv, dot[r][c]);
@@ -170,13 +172,38 @@ constexpr uint32_t kMaxDecodableScale = 237;
 constexpr int64_t kChunkInputs = 768;
 constexpr int64_t kChunkStride = kChunkInputs + 16;
 
-MXINT8_AVX2_FMA inline __m256i decode_offset(uint32_t scale) {
-  return _mm256_set1_epi32(static_cast<int32_t>(((scale + 17) << 23) + 128));
-}
+struct ExactDecode {
+  __m256i offset;  // bits of the float with exponent field E + 17 and mantissa field 128
+  MXINT8_AVX2_FMA explicit ExactDecode(uint32_t scale)
+      : offset(_mm256_set1_epi32(static_cast<int32_t>(((scale + 17) << 23) + 128))) {}
+  MXINT8_AVX2_FMA __m256 operator()(const int8_t* mantissa) const {
+    const __m256i m = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mantissa)));
+    return _mm256_sub_ps(_mm256_castsi256_ps(_mm256_add_epi32(m, offset)), _mm256_castsi256_ps(offset));
+  }
+};
 
-MXINT8_AVX2_FMA inline __m256 decode_weights(const int8_t* mantissa, __m256i offset) {
-  const __m256i m = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mantissa)));
-  return _mm256_sub_ps(_mm256_castsi256_ps(_mm256_add_epi32(m, offset)), _mm256_castsi256_ps(offset));
+// The same weights for any scale (larger E, or NaN): convert and multiply by the exact step.
+struct ConvertAndScale {
+  __m256 step;
+  MXINT8_AVX2_FMA explicit ConvertAndScale(uint32_t scale) : step(_mm256_set1_ps(element_scale(scale))) {}
+  MXINT8_AVX2_FMA __m256 operator()(const int8_t* mantissa) const {
+    return _mm256_mul_ps(convert_mantissas(mantissa), step);
+  }
+};
+
+// acc[r] += x[r, k] * weight[k] over inputs [begin, begin + group_size) of one group, 8 at a time, where
+// x + r * kChunkStride + k reads x[r, k] and weights(w + k) gives the 8 weights from k on.
+template <class Weights>
+MXINT8_AVX2_FMA inline void fma_group8(__m256 (&acc)[8], const float* x, const int8_t* w, int64_t begin,
+                                       int64_t group_size, Weights weights) {
+#pragma GCC unroll 4
+  for (int64_t k = begin; k < begin + group_size; k += 8) {
+    const __m256 weight = weights(w + k);
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * kChunkStride + k), weight, acc[r]);
+    }
+  }
 }
 
 // Lane r of the result is the sum of the 8 lanes of v[r].
@@ -189,8 +216,8 @@ MXINT8_AVX2_FMA inline __m256 sum_each(const __m256 (&v)[8]) {
 // Rows [row, row + 8) x features [first, end) over inputs [k0, k1) (whole groups): each feature's weights
 // are decoded once per 8 inputs and shared by 8 rows, whose x vectors are plain loads (8 independent FMA
 // chains, no shuffles besides the decode's widen). Adds each dot product to out, or starts it at k0 = 0;
-// adds the bias with the last inputs. GroupSize > 0 fixes the group size at compile time, which unrolls the
-// group loop (for 32, the default: 1.17x faster at 8 rows than the run-time loop).
+// adds the bias with the last inputs. GroupSize > 0 fixes the group size at compile time, which unrolls
+// fma_group8's loop (for 32, the default: 1.17x faster at 8 rows than the run-time loop).
 template <int64_t GroupSize>
 MXINT8_AVX2_FMA void decode_rows8(const LinearProblem& p, const float* xchunk, int64_t row,
                                   int64_t first, int64_t end, int64_t k0, int64_t k1) {
@@ -205,29 +232,11 @@ MXINT8_AVX2_FMA void decode_rows8(const LinearProblem& p, const float* xchunk, i
 #pragma GCC unroll 8
     for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t group = k0 / group_size; group < k1 / group_size; ++group) {
-      const int64_t begin = group * group_size;
-      const int64_t stop = begin + group_size;
       const uint32_t e = scale[group];
       if (e <= kMaxDecodableScale) {
-        const __m256i offset = decode_offset(e);
-#pragma GCC unroll 4
-        for (int64_t k = begin; k < stop; k += 8) {
-          const __m256 weight = decode_weights(w + k, offset);
-#pragma GCC unroll 8
-          for (int r = 0; r < 8; ++r) {
-            acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * kChunkStride + k), weight, acc[r]);
-          }
-        }
-      } else {  // large or NaN scale: convert and multiply by the (exact) step
-        const __m256 step = _mm256_set1_ps(element_scale(e));
-        for (int64_t k = begin; k < stop; k += 8) {
-          const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k));
-          const __m256 weight = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), step);
-#pragma GCC unroll 8
-          for (int r = 0; r < 8; ++r) {
-            acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * kChunkStride + k), weight, acc[r]);
-          }
-        }
+        fma_group8(acc, x, w, group * group_size, group_size, ExactDecode(e));
+      } else {
+        fma_group8(acc, x, w, group * group_size, group_size, ConvertAndScale(e));
       }
     }
     alignas(32) float sums[8];
@@ -247,10 +256,9 @@ void decode_rows(const LinearProblem& p, int64_t first, int64_t end) {
   const int64_t rows = p.rows - p.rows % 8;
   const int64_t chunk_groups = kChunkInputs / p.group_size;  // group_size <= kChunkInputs
   const int64_t chunk = chunk_groups * p.group_size;
-  // x's chunk for 8 rows, copied once and read for every feature of the task.
-  std::vector<float> xbuffer(8 * kChunkStride + 16);
-  // 64-byte aligned, so that no 32-byte load straddles two cache lines.
-  float* xchunk = xbuffer.data() + (16 - reinterpret_cast<uintptr_t>(xbuffer.data()) / 4 % 16) % 16;
+  // x's chunk for 8 rows, copied once and read for every feature of the task; 64-byte aligned, so that no
+  // 32-byte load straddles two cache lines.
+  alignas(64) float xchunk[8 * kChunkStride];
   for (int64_t k0 = 0; k0 < p.in_features; k0 += chunk) {
     const int64_t k1 = std::min(p.in_features, k0 + chunk);
     for (int64_t row = 0; row < rows; row += 8) {
