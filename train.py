@@ -1,6 +1,6 @@
 """Train (fit + validate + test) one configuration: ``python train.py [overrides]``; see conf/train.yaml.
 
-The same command as the installed ``adls-train`` (adls_lightning/cli.py), with this checkout's configs.
+The same command as the installed ``adls-train`` (adls_lightning/app/cli.py), with this checkout's configs.
 """
 
 import os
@@ -10,6 +10,6 @@ ROOT = Path(__file__).resolve().parent
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 
 if __name__ == "__main__":
-    from adls_lightning.cli import train
+    from adls_lightning.app.cli import train
 
     train(ROOT / "conf")

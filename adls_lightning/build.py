@@ -17,7 +17,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 
 # Python packages whose callables a config may name in `_target_`: the project's and its libraries'.
 ALLOWED_TARGETS = (

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 
 # torch.save's archive is a zip; every zip starts with a local file header.
 ZIP_MAGIC = b"PK\x03\x04"

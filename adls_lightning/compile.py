@@ -19,7 +19,7 @@ import torch
 import torch._dynamo
 import torch._dynamo.utils as dynamo_utils
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 
 # Modes torch.compile accepts (``torch._inductor.list_mode_options()``); "default" = no mode.
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
-from adls_lightning.config import ConfigError, require_positive_int
+from adls_lightning.errors import ConfigError, require_positive_int
 from adls_lightning.models import load_tokenizer
 
 log = logging.getLogger(__name__)

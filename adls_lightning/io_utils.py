@@ -87,31 +87,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_write_bytes(path, buffer.getvalue())
 
 
-RUN_RECORD_DIR = ".hydra"
-
-
-def write_run_record(output_dir: str | os.PathLike, cfg: Any) -> None:
-    """Write Hydra's run record (``.hydra/config.yaml``, ``hydra.yaml``, ``overrides.yaml``) of ``cfg``.
-
-    Hydra would write it before the task starts (replacing an earlier run's record even when the run is then
-    refused), so ``conf/hydra/default.yaml`` turns that off and the task calls this once its checks passed.
-    """
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
-    if not HydraConfig.initialized():
-        return
-    hydra_cfg = HydraConfig.instance().cfg  # the `hydra` node alone, as Hydra records it
-    record = Path(output_dir) / RUN_RECORD_DIR
-    files = {
-        "config.yaml": OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]),
-        "hydra.yaml": hydra_cfg,
-        "overrides.yaml": hydra_cfg.hydra.overrides.task,
-    }
-    for name, node in files.items():
-        atomic_write_bytes(record / name, OmegaConf.to_yaml(node).encode())
-
-
 class ResumableCSVWriter(ExperimentWriter):
     """Lightning's CSV experiment writer that continues an existing ``metrics.csv`` instead of deleting it.
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import BinaryAccuracy, BinaryF1Score
 from transformers import PreTrainedModel
 
-from adls_lightning.config import ConfigError
+from adls_lightning.checkpoints import read_checkpoint
+from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_lora as merge_lora_into_base
 from adls_lightning.models import set_attn_implementation
 
@@ -110,7 +111,7 @@ class SequenceClassifier(LightningModule):
 
     def setup(self, stage: str) -> None:
         if self.init_ckpt and not self._init_loaded:
-            checkpoint = torch.load(self.init_ckpt, map_location="cpu", weights_only=False)
+            checkpoint = read_checkpoint(self.init_ckpt, "init_ckpt")
             self.load_state_dict(checkpoint["state_dict"], strict=True)
             self._init_loaded = True
             log.info("Model weights initialised from %s", self.init_ckpt)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertForSequenceClassification
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.models import build_from_config
 
 # Knobs of the searched architecture, in the order the search space samples them.

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from adls_lightning.config import ConfigError, require_fraction
+from adls_lightning.errors import ConfigError, require_fraction
 from adls_lightning.layers import name_filter, target_layers
 from adls_lightning.registry import Registry, named_decorator
 

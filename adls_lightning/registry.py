@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Generic, TypeVar
 
 from adls_lightning.build import EXTRA_TARGETS_ENV, target_allowed
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 
 T = TypeVar("T")
 

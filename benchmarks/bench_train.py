@@ -204,8 +204,8 @@ def main() -> None:
 
 def bench_one(args: argparse.Namespace, seed: int) -> tuple[dict[str, float], dict[str, float], float]:
     """Both paths with one seed: (plain HF metrics, our metrics, learning rate used)."""
+    from adls_lightning.app.training import run
     from adls_lightning.build import build
-    from adls_lightning.training import run
 
     with tempfile.TemporaryDirectory() as out:
         overrides = [

@@ -18,7 +18,7 @@ from adls_lightning.compile import (
     is_graph_break_error,
     start_compile_run,
 )
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

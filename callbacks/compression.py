@@ -12,11 +12,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import Pruner
 from adls_lightning.quant import QuantRecipe, quantization_report, quantize_model, to_recipe
-from callbacks.pruning import PruningCallback, forget_best_checkpoints, log_sparsity
+from callbacks.pruning import PruningCallback, log_sparsity
+from callbacks.trainer_control import forget_best_checkpoints, set_max_epochs, validate_mid_fit
 
 PRUNE_KEYS = ("weight", "activation", "include", "exclude", "seed")
 
@@ -27,19 +28,6 @@ def _plain(config: Any) -> Any:
     if isinstance(config, Mapping):
         return copy.deepcopy(dict(config)) if config else None
     return config  # a lab config file's path or a typed recipe (quant)
-
-
-def validate_mid_fit(trainer: L.Trainer) -> None:
-    """Runs the fit's validation loop now (as Lightning does at a validation check), updating ``callback_metrics``.
-
-    Used from ``on_train_epoch_end`` to measure the model right after it changed, inside the same fit.
-    """
-    # No public way: trainer.validate() starts a run of its own (it resets the trainer's state and calls setup
-    # again), so it cannot be nested inside trainer.fit, and no hook or flag asks for an extra validation now.
-    # This is the call Lightning's own training epoch loop makes at a validation check (Lightning 2.x).
-    trainer.validating = True
-    trainer.fit_loop.epoch_loop.val_loop.run()
-    trainer.training = True
 
 
 class CompressionCallback(L.Callback):
@@ -129,16 +117,13 @@ class CompressionCallback(L.Callback):
                 pl_module.register_load_state_dict_post_hook(self._after_model_load),
             ]
         if stage == "fit":
-            # No public way: Trainer.max_epochs is read-only, and asking users to keep trainer.max_epochs equal to
-            # at_epoch + post_epochs by hand would make one number two settings. fit_loop.max_epochs is what the
-            # attribute the Trainer's constructor fills; setup runs before the fit loop reads it or the LR schedule is built.
             epochs = self.at_epoch + self.post_epochs
-            if trainer.fit_loop.max_epochs != epochs:
+            previous = set_max_epochs(trainer, epochs)
+            if previous != epochs:
                 rank_zero_info(
-                    f"compress: trainer.max_epochs {trainer.fit_loop.max_epochs} -> {epochs} "
+                    f"compress: trainer.max_epochs {previous} -> {epochs} "
                     f"(at_epoch {self.at_epoch} + post_epochs {self.post_epochs})"
                 )
-                trainer.fit_loop.max_epochs = epochs
 
     @staticmethod
     def _inner_model(pl_module: torch.nn.Module) -> torch.nn.Module:

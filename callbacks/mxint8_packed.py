@@ -9,7 +9,7 @@ import lightning as L
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from adls_lightning.config import ConfigError, require_positive_int
+from adls_lightning.errors import ConfigError, require_positive_int
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.mxint8 import (
     PackedLayer,

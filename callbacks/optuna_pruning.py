@@ -13,7 +13,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from optuna.pruners import NopPruner
 from typing_extensions import override
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.search.storage import open_trial
 
 

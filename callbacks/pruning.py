@@ -7,36 +7,14 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.lab_config import load_lab_config
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import DEFAULT_EXCLUDE, Pruner, make_pruning_permanent
-
-
-def forget_best_checkpoints(trainer: L.Trainer) -> None:
-    """Makes every metric-monitoring ``ModelCheckpoint`` forget its best-so-far.
-
-    Called when the model changes mid-fit (pruning or compression after some epochs): checkpoints from before hold a
-    different model, with a different ``state_dict`` layout, and must not be selected as "best" afterwards. The
-    files stay on disk.
-    """
-    for checkpoint in trainer.checkpoint_callbacks:
-        if not isinstance(checkpoint, ModelCheckpoint) or checkpoint.monitor is None:
-            continue
-        # Through the callback's public state API (what a resumed fit restores), set to a fresh checkpoint's values.
-        state = checkpoint.state_dict()
-        state.update(
-            best_model_score=None,
-            best_model_path="",
-            kth_best_model_path="",
-            best_k_models={},
-            kth_value=torch.tensor(torch.inf if checkpoint.mode == "min" else -torch.inf),
-        )
-        checkpoint.load_state_dict(state)
+from callbacks.trainer_control import forget_best_checkpoints
 
 
 def log_sparsity(trainer: L.Trainer, pruner: Pruner, model: torch.nn.Module, prefix: str = "prune") -> float:

@@ -11,7 +11,7 @@ import lightning as L
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.quant import QuantRecipe, quantization_report, quantize_model, quantized_layers, to_recipe
 from adls_lightning.registry import import_plugins

@@ -1,6 +1,6 @@
 """Lab 1 figure: accuracy vs sparsity, one curve per pruning method, from a multirun's ``metrics.json`` files.
 
-Each job folder of the sweep holds ``metrics.json`` (written by ``adls_lightning.training.run``) and Hydra's
+Each job folder of the sweep holds ``metrics.json`` (written by ``adls_lightning.app.training.run``) and Hydra's
 ``.hydra/config.yaml``; the method comes from ``prune.weight.method`` of that config and the x value is the
 *measured* ``prune/weight_sparsity``. Jobs without pruning (``prune=none``) are drawn as a dashed "dense" line.
 

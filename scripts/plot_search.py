@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 
 def main(argv: list[str] | None = None) -> int:
-    from adls_lightning.config import ConfigError
+    from adls_lightning.errors import ConfigError
     from adls_lightning.search import plots
 
     parser = argparse.ArgumentParser(

@@ -1,4 +1,6 @@
-"""Shared fixtures: real configs composed in-process, a tiny synthetic IMDb-like data set, a tiny BERT."""
+"""Shared fixtures: real configs composed in-process (``compose_cfg``), a tiny synthetic IMDb-like data set
+(``tiny_imdb_dir``), a tiny randomly initialised BERT (``tiny_bert``) (the one compose helper and the one skip
+helper for what a machine may lack are ``helpers.compose_config`` and ``helpers.requires``)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
+import torch
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
+from transformers import BertForSequenceClassification
+
+from adls_lightning.models import build_from_config
+from tests.helpers import compose_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
@@ -67,7 +73,7 @@ def compose_cfg(tmp_path, tiny_imdb_dir, cache_dir):
     """``compose_cfg(overrides) -> DictConfig``: the real train.yaml with a tiny model and data, output in tmp_path.
 
     The Hydra config is registered as if train.py ran, so ``${hydra:...}`` interpolations and
-    ``adls_lightning.training.run`` work in-process.
+    ``adls_lightning.app.training.run`` work in-process.
     """
 
     def _compose(overrides: list[str] | None = None, output_dir: Path | None = None) -> DictConfig:
@@ -80,8 +86,7 @@ def compose_cfg(tmp_path, tiny_imdb_dir, cache_dir):
             f"hydra.run.dir={out}",
             *(overrides or []),
         ]
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="train", overrides=all_overrides, return_hydra_config=True)
+        cfg = compose_config("train", all_overrides, return_hydra_config=True)
         with open_dict(cfg):
             cfg.hydra.runtime.output_dir = str(out)
             cfg.hydra.job.num = 0
@@ -90,3 +95,16 @@ def compose_cfg(tmp_path, tiny_imdb_dir, cache_dir):
 
     yield _compose
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture(scope="session")
+def tiny_bert():
+    """``tiny_bert(seed=0, **BertConfig fields) -> model``: a tiny randomly initialised BERT classifier in eval mode,
+    built as ``model=tiny_random`` builds its backbone (``models.build_from_config``: hidden 32, 2 layers, 2 heads,
+    intermediate 64), with a 100-token vocabulary; ``seed`` seeds its weights."""
+
+    def build(seed: int = 0, **config) -> BertForSequenceClassification:
+        torch.manual_seed(seed)
+        return build_from_config(**{"vocab_size": 100, **config}).eval()
+
+    return build

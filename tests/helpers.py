@@ -1,5 +1,6 @@
-"""Helpers for the tests that run the entry points as subprocesses: kill-and-resume runs of ``train.py`` and the
-one-line error check of bad input.
+"""Helpers for the tests: :func:`compose_config` (the project's configs composed in-process, as the entry points
+compose them), :func:`requires` (skip unless the machine has a GPU / a PostgreSQL server); for the tests that run the entry points as subprocesses, kill-and-resume runs of ``train.py`` and
+the one-line error check of bad input.
 
 Two callbacks ride along in a ``train.py`` subprocess through ``ADLS_EXTRA_TARGETS``: :class:`RecordBatches`
 writes a fingerprint of every training batch per global step, :class:`KillAtStep` ends the process at a given
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zlib
@@ -19,10 +21,46 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import lightning as L
+import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig
 
 ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = ROOT / "conf"
 KILLED_EXIT = 17
+
+
+def compose_config(config_name: str, overrides=(), *, return_hydra_config: bool = False) -> DictConfig:
+    """``conf/<config_name>.yaml`` with ``overrides``, composed as the entry points compose it (no version_base:
+    Hydra's current defaults, as ``adls_lightning.app.cli``)."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR)):
+        return compose(config_name, list(overrides), return_hydra_config=return_hydra_config)
+
+
+#: What a test may need that a machine may lack: (is it here?, the skip reason). ``gpu`` and ``postgres`` are also
+#: pytest markers (``-m "not gpu"``), which :func:`requires` adds.
+REQUIREMENTS: dict[str, tuple[Callable[[], bool], str]] = {
+    "gpu": (lambda: torch.cuda.is_available(), "needs a CUDA device"),
+    "postgres": (
+        lambda: shutil.which("initdb") is not None,
+        "no PostgreSQL server binary (initdb) on this machine: apt-get install postgresql",
+    ),
+}
+
+
+def requires(*needs: str) -> Callable:
+    """Decorator: mark a test with each of ``needs`` and skip it unless the machine has them all."""
+    missing = [REQUIREMENTS[need][1] for need in needs if not REQUIREMENTS[need][0]()]
+
+    def decorate(test: Callable) -> Callable:
+        for need in needs:
+            test = getattr(pytest.mark, need)(test)
+        return pytest.mark.skipif(bool(missing), reason="; ".join(missing))(test)
+
+    return decorate
 
 
 class RecordBatches(L.Callback):

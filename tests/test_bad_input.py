@@ -23,7 +23,11 @@ import pytest
 import torch
 from conftest import make_reviews
 
-from tests.helpers import assert_one_line_error
+from adls_lightning.build import iter_targets
+from tests.helpers import assert_one_line_error, compose_config
+
+# every test here starts training runs or processes (minutes in all): `make test-fast` skips them
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 4
@@ -381,8 +385,14 @@ def outcomes(tmp_path_factory, tiny_imdb_dir, cache_dir) -> dict[str, dict]:
     return results
 
 
-def test_enough_cases():
-    assert len(CASES) >= 60
+def test_every_node_a_run_builds_from_is_probed_with_a_hostile_target():
+    """Each top-level node of a run's config that holds a ``_target_`` (with every compression group set) has a
+    case that puts ``builtins.open`` there, so a new group cannot slip past the guarded builder untested."""
+    groups = ["quant=int8", "prune=l1_0.5", "compress=l1_0.5", "compile=inductor", "logger=csv"]
+    cfg = compose_config("train", groups, return_hydra_config=True)
+    built = {where.split(".")[0].split("[")[0] for where, _ in iter_targets(cfg, "")}
+    probed = {case.names.split(".")[0] for case in CASES if case.hostile}
+    assert built <= probed, f"no hostile-target case for {sorted(built - probed)}"
     assert len({case.id for case in CASES}) == len(CASES)
 
 
@@ -401,7 +411,7 @@ def test_common_precisions_are_lightnings():
 
     from lightning.fabric.connector import _PRECISION_INPUT
 
-    from adls_lightning.config import COMMON_PRECISIONS
+    from adls_lightning.app.preflight import COMMON_PRECISIONS
 
     accepted = {value for group in typing.get_args(_PRECISION_INPUT) for value in typing.get_args(group)}
     assert set(COMMON_PRECISIONS) <= accepted

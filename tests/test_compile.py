@@ -13,10 +13,10 @@ import torch
 import torch._dynamo
 from omegaconf import open_dict
 
+from adls_lightning.app.training import run
 from adls_lightning.build import build
 from adls_lightning.compile import CompileOptions
-from adls_lightning.config import ConfigError
-from adls_lightning.training import run
+from adls_lightning.errors import ConfigError
 from tests.helpers import assert_one_line_error, kill_and_resume, recorded_batches, run_train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +60,7 @@ def _record_shapes(cfg, shapes: set):
 
                 pl_module._shape_hook = pl_module.register_forward_pre_hook(hook, with_kwargs=True)
 
-    import adls_lightning.training as training
+    import adls_lightning.app.training as training
 
     original = training.instantiate_callbacks
     training.instantiate_callbacks = lambda c: [RecordShapes(), *original(c)]
@@ -70,6 +70,7 @@ def _record_shapes(cfg, shapes: set):
         training.instantiate_callbacks = original
 
 
+@pytest.mark.slow
 def test_compiled_lora_run_reports_torch_counts_and_plain_checkpoint_keys(compose_cfg, tmp_path):
     cfg = compose_cfg(["compile=aot_eager", "compile.backend=counting_eager", "trainer.max_epochs=1"])
     shapes: set = set()
@@ -89,6 +90,7 @@ def test_compiled_lora_run_reports_torch_counts_and_plain_checkpoint_keys(compos
         assert not [k for k in keys if "_orig_mod" in k], ckpt
 
 
+@pytest.mark.slow
 def test_padding_policy_bounds_static_graphs(compose_cfg):
     # Static shapes (dynamic=false): one graph per (mode, shape) variant, which padding to 16 tokens limits to
     # max_length / 16 = 4 sequence lengths per batch size.
@@ -118,6 +120,7 @@ def test_padding_policy_bounds_static_graphs(compose_cfg):
     assert len(padded_lengths) <= 4 < len(unpadded_lengths)
 
 
+@pytest.mark.slow
 def test_compiled_checkpoint_loads_into_eager_run_and_back(compose_cfg, tmp_path):
     # Same padding in every run, so compilation is the only difference; aot_eager's decompositions round
     # differently from eager kernels, hence tolerances on the losses rather than equality.
@@ -224,6 +227,7 @@ def test_lab4_floor_replays_exactly_the_recorded_ops():
         replay_fn(lambda: net(x), ("baddbmm",))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("override", "start"),
     [
@@ -294,6 +298,7 @@ def test_inductor_lora_run_has_no_graph_breaks(compose_cfg):
     assert 1 <= metrics["compile/graphs"] <= 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "args", "message"),
     [

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from safetensors.torch import load_file
 from torch import nn
 
 from adls_lightning.build import build
 from adls_lightning.export import CONFIG_FILE, WEIGHTS_FILE, load_packed, pack_for_export
-from adls_lightning.export.__main__ import CONF_DIR, PROJECT_ROOT, main
+from adls_lightning.export.__main__ import PROJECT_ROOT, main
 from adls_lightning.lora import merge_lora
+from tests.helpers import compose_config
 
 TINY = ["model=tiny_random"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -37,9 +37,7 @@ with torch.inference_mode():
 def build_module(overrides: list[str]):
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose("train", overrides=overrides)
-        return build(cfg.model, "model", _convert_="partial")
+        return build(compose_config("train", overrides).model, "model", _convert_="partial")
     finally:
         GlobalHydra.instance().clear()
 
@@ -89,6 +87,7 @@ def tiny_ckpt(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pack_embeddings", [False, True])
 def test_packed_export_reloads_in_a_fresh_process_with_identical_logits(tiny_ckpt, tmp_path, pack_embeddings):
     out = tmp_path / "packed"
@@ -121,6 +120,7 @@ def test_packed_export_reloads_in_a_fresh_process_with_identical_logits(tiny_ckp
     assert tensors["classifier.weight"].dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_hf_export_is_the_merged_model(tiny_ckpt, tmp_path):
     out = tmp_path / "hf"
     result = run_export(f"ckpt={tiny_ckpt}", f"out={out}", "format=hf", *TINY)
@@ -133,6 +133,7 @@ def test_hf_export_is_the_merged_model(tiny_ckpt, tmp_path):
     assert not any(".lora_" in key for key in load_file(str(out / WEIGHTS_FILE)))
 
 
+@pytest.mark.slow
 def test_packed_folder_is_smaller_than_save_pretrained(tiny_ckpt, tmp_path):
     model = merged_model(tiny_ckpt, TINY)
     model.save_pretrained(tmp_path / "fp32")
@@ -192,6 +193,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tiny_ckpt, tmp_path, capsy
     assert (tmp_path / "FILE").read_text() == "keep me" and os.listdir(tmp_path / "FULL") == ["earlier.txt"]
 
 
+@pytest.mark.slow
 def test_bad_input_from_the_command_line_has_no_traceback(tmp_path):
     result = run_export(f"ckpt={tmp_path / 'missing.ckpt'}", f"out={tmp_path / 'out'}")
     assert result.returncode == 2

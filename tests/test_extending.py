@@ -15,9 +15,9 @@ import torch
 from optuna.trial import TrialState
 from test_search import linear_layers, load, ok, search  # noqa: F401  (search is a fixture)
 
+from adls_lightning.app.training import run
 from adls_lightning.prune import PRUNE_METHODS, Pruner
 from adls_lightning.quant import QUANTIZERS, make_quantizer
-from adls_lightning.training import run
 
 TOY_MODULE = "adls_toy_format"
 TOY_SOURCE = '''
@@ -75,6 +75,7 @@ def toy_plugin(tmp_path, monkeypatch):
     sys.modules.pop(TOY_MODULE, None)
 
 
+@pytest.mark.slow
 def test_toy_format_trains_through_a_quant_preset_of_its_own(toy_plugin, compose_cfg):
     cfg = compose_cfg(["quant=toy", f"hydra.searchpath=[file://{toy_plugin}]"])
     metrics = run(cfg)

@@ -10,13 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from peft import LoraConfig, get_peft_model
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.graph import (
     capture,
     diff,
@@ -29,7 +27,7 @@ from adls_lightning.graph import (
     run_passes,
 )
 from adls_lightning.models import build_from_config, load_pretrained
-from tests.helpers import assert_one_line_error
+from tests.helpers import assert_one_line_error, compose_config
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 120
@@ -336,11 +334,10 @@ def test_command_writes_pictures_report_and_diff(command_out):
 
 
 def compose_graph(*overrides: str):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="graph", overrides=["model=tiny_random", *overrides])
+    return compose_config("graph", ["model=tiny_random", *overrides])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

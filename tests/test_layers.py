@@ -7,7 +7,6 @@ import re
 import pytest
 from peft import LoraConfig, TaskType, get_peft_model
 from torch import nn
-from transformers import BertConfig, BertForSequenceClassification
 
 from adls_lightning.layers import name_filter
 from adls_lightning.mxint8 import packable_linear_layers
@@ -17,21 +16,14 @@ from adls_lightning.quant import find_linear_layers, quantize_model
 EXCLUDE = r"attention\.self\.(query|key)$|classifier"
 
 
-def _bert() -> BertForSequenceClassification:
-    config = BertConfig(
-        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
-    )
-    return BertForSequenceClassification(config)
-
-
 @pytest.fixture
-def plain_and_lora():
-    plain = _bert()
+def plain_and_lora(tiny_bert):
+    plain = tiny_bert()
     expected = [
         name for name, m in plain.named_modules() if isinstance(m, nn.Linear)
     ]  # the plain model's paths
     lora = get_peft_model(
-        _bert(), LoraConfig(task_type=TaskType.SEQ_CLS, r=2, target_modules=["query", "value"])
+        tiny_bert(), LoraConfig(task_type=TaskType.SEQ_CLS, r=2, target_modules=["query", "value"])
     )
     return expected, lora
 

@@ -11,6 +11,9 @@ from adls_lightning.build import build
 from adls_lightning.lora import merged_state
 from adls_lightning.module import parameter_metrics
 
+# every test here starts training runs or processes (minutes in all): `make test-fast` skips them
+pytestmark = pytest.mark.slow
+
 
 def _lora_module(compose_cfg, *overrides: str):
     torch.manual_seed(0)
@@ -105,7 +108,7 @@ def test_merged_weights_train_at_their_own_lr(compose_cfg, merged_lr):
     ids=["qat", "ptq", "prune", "qat+prune"],
 )
 def test_compressed_runs_deploy_no_adapters_when_merging(compose_cfg, tmp_path, overrides):
-    from adls_lightning.training import run
+    from adls_lightning.app.training import run
 
     cfg = compose_cfg(
         ["trainer.max_epochs=1", "model.merge_lora_before_compress=true", "model.merged_lr=1e-3", *overrides]
@@ -123,7 +126,7 @@ def test_compressed_runs_deploy_no_adapters_when_merging(compose_cfg, tmp_path, 
 
 
 def test_unmerged_adapters_stay_when_asked(compose_cfg):
-    from adls_lightning.training import run
+    from adls_lightning.app.training import run
 
     metrics = run(
         compose_cfg(["trainer.max_epochs=1", "quant=int8", "model.merge_lora_before_compress=false"])

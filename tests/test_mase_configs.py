@@ -16,10 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
-from test_quant_model import LAYER_NAMES, tiny_bert
+from test_quant_model import LAYER_NAMES
 
+from adls_lightning.app.training import run
 from adls_lightning.build import build
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.prune import num_to_prune
 from adls_lightning.quant import (
     LayerRecipe,
@@ -29,7 +30,6 @@ from adls_lightning.quant import (
     quantized_layers,
     to_recipe,
 )
-from adls_lightning.training import run
 from callbacks.compression import CompressionCallback
 from callbacks.pruning import PruningCallback
 from callbacks.quantization import QuantizationCallback
@@ -225,11 +225,13 @@ CHECKS = {
 
 
 @pytest.mark.parametrize("example", list(EXAMPLES))
-def test_lab_quantize_config_loads_unchanged_and_quantizes_as_its_format_says(example, tmp_path, caplog):
+def test_lab_quantize_config_loads_unchanged_and_quantizes_as_its_format_says(
+    example, tmp_path, caplog, tiny_bert
+):
     path = tmp_path / f"{example}.toml"
     text = lab_toml(EXAMPLES[example])
     path.write_text(text)
-    model = tiny_bert(init_std=0.2).eval()
+    model = tiny_bert(initializer_range=0.2).eval()
     with caplog.at_level(logging.INFO, logger="adls_lightning"):
         names = quantize_model(model, path, key="quant.config")
     assert path.read_text() == text
@@ -258,7 +260,7 @@ REFUSED = [
 
 
 @pytest.mark.parametrize(("body", "message"), REFUSED)
-def test_lab_keys_without_a_meaning_here_fail_with_one_line_naming_them(body, message, tmp_path):
+def test_lab_keys_without_a_meaning_here_fail_with_one_line_naming_them(body, message, tmp_path, tiny_bert):
     path = tmp_path / "lab.toml"
     path.write_text(lab_toml(body))
     model = tiny_bert()
@@ -269,6 +271,7 @@ def test_lab_keys_without_a_meaning_here_fail_with_one_line_naming_them(body, me
     assert not quantized_layers(model)
 
 
+@pytest.mark.slow
 def test_lab_file_through_quant_config_trains(compose_cfg, tmp_path):
     path = tmp_path / "integer.toml"
     path.write_text(lab_toml(EXAMPLES["integer"]))
@@ -313,7 +316,7 @@ config:
 """
 
 
-def test_typed_preset_is_the_lab_config(compose_cfg, tmp_path):
+def test_typed_preset_is_the_lab_config(compose_cfg, tmp_path, tiny_bert):
     (tmp_path / "conf" / "quant").mkdir(parents=True)
     (tmp_path / "conf" / "quant" / "typed_int8.yaml").write_text(TYPED_PRESET)
     cfg = compose_cfg(["quant=typed_int8", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"])
@@ -363,12 +366,12 @@ def pruned_linears(model):
     }
 
 
-def test_l1_norm_local_prunes_the_smallest_half_of_every_layer(tmp_path):
+def test_l1_norm_local_prunes_the_smallest_half_of_every_layer(tmp_path, tiny_bert):
     path = tmp_path / "prune.toml"
     elementwise = 'sparsity = 0.5\nmethod = "l1-norm"\nscope = "local"\ngranularity = "elementwise"'
     path.write_text(prune_toml(elementwise, elementwise))
     callback = PruningCallback(config=str(path))
-    model = tiny_bert(init_std=0.2)
+    model = tiny_bert(initializer_range=0.2)
     before = {name: m.weight.detach().clone() for name, m in pruned_linears(model).items()}
     callback.pruner.prune(model)
     assert callback.pruner.activation is not None and callback.pruner.activation.method == "l1"
@@ -378,7 +381,7 @@ def test_l1_norm_local_prunes_the_smallest_half_of_every_layer(tmp_path):
         assert before[name][zero].abs().max() <= before[name][~zero].abs().min()
 
 
-def test_random_global_prunes_an_exact_share_over_all_layers(tmp_path):
+def test_random_global_prunes_an_exact_share_over_all_layers(tmp_path, tiny_bert):
     path = tmp_path / "prune.toml"
     path.write_text(prune_toml('sparsity = 0.3\nmethod = "random"\nscope = "global"'))
     callback = PruningCallback(config=str(path))
@@ -410,7 +413,7 @@ def test_prune_keys_without_a_meaning_here_fail_with_one_line(weight, message, t
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-def test_lab_prune_file_through_prune_config(compose_cfg, tmp_path):
+def test_lab_prune_file_through_prune_config(compose_cfg, tmp_path, tiny_bert):
     path = tmp_path / "prune.toml"
     path.write_text(prune_toml('sparsity = 0.2\nmethod = "l1-norm"\nscope = "global"'))
     callback = instantiate(compose_cfg(["prune=l1_0.5", f"prune.config={path}"]).prune, _convert_="partial")

@@ -21,6 +21,7 @@ from adls_lightning.mxint8 import (
     quantize_reference,
 )
 from adls_lightning.mxint8.ops import PORTABLE_CPU_ENV, env_flag
+from tests.helpers import requires
 from tests.mxint8_helpers import assert_passes_with_portable_kernels
 
 NAN = float("nan")
@@ -374,8 +375,7 @@ def test_bad_inputs_raise_one_clear_error(op, args, message, impl):
 
 @pytest.mark.parametrize("group_size", GROUP_SIZES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@requires("gpu")
 def test_cuda_is_bit_exact(group_size, dtype):
     for i, shape in enumerate(SHAPES):
         x = random_mx_input(shape, group_size, dtype, seed=i)
@@ -398,8 +398,7 @@ def test_cuda_is_bit_exact(group_size, dtype):
     )
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@requires("gpu")
 def test_cuda_kernels_are_native_when_built_with_cuda():
     if torch.version.cuda is None:
         pytest.skip("torch without CUDA")

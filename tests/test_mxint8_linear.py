@@ -18,6 +18,7 @@ from adls_lightning.mxint8 import (
     quantize,
 )
 from adls_lightning.mxint8.format import element_scale_reference
+from tests.helpers import requires
 from tests.mxint8_helpers import assert_passes_with_portable_kernels
 
 GROUP_SIZES = [8, 16, 24, 32, 40, 64, 128, 256, 512]
@@ -224,8 +225,7 @@ def test_portable_fused_kernel_is_correct_too():
     )
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@requires("gpu")
 def test_cuda_linear_matches_the_exact_result():
     mantissa, scale = packed_weight(300, 512, 32, seed=8)
     x, bias = torch.randn(17, 512), torch.randn(300)

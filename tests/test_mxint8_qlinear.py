@@ -9,12 +9,11 @@ import peft
 import pytest
 import torch
 import torch.nn.functional as F
-import transformers
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.mxint8 import (
     FUSED_MAX_ROWS,
     QLinearPacked,
@@ -29,22 +28,9 @@ from callbacks.mxint8_packed import MXInt8PackedEvaluation
 LORA_TARGETS = ["query", "key", "value", "output.dense", "intermediate.dense"]
 
 
-def tiny_bert() -> transformers.BertForSequenceClassification:
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=2,
-    )
-    return transformers.BertForSequenceClassification(config).eval()
-
-
-def tiny_lora_bert() -> peft.PeftModel:
+def tiny_lora_bert(bert: torch.nn.Module) -> peft.PeftModel:
     model = peft.get_peft_model(
-        tiny_bert(),
+        bert,
         peft.LoraConfig(
             task_type="SEQ_CLS", r=4, target_modules=LORA_TARGETS, modules_to_save=["classifier", "pooler"]
         ),
@@ -154,7 +140,7 @@ def test_compiled_fullgraph_model_matches_eager():
 # pack_linear_layers
 
 
-def test_pack_linear_layers_swaps_every_linear_but_the_classifier_and_restores():
+def test_pack_linear_layers_swaps_every_linear_but_the_classifier_and_restores(tiny_bert):
     model = tiny_bert()
     inputs = batch()
     with torch.no_grad():
@@ -177,15 +163,15 @@ def test_pack_linear_layers_swaps_every_linear_but_the_classifier_and_restores()
         assert torch.equal(model(**inputs).logits, before)
 
 
-def test_pack_rejects_an_indivisible_layer_before_swapping_anything():
+def test_pack_rejects_an_indivisible_layer_before_swapping_anything(tiny_bert):
     model = tiny_bert()
     with pytest.raises(ValueError, match="group_size=48 does not divide in_features=32 of layer"):
         pack_linear_layers(model, group_size=48)
     assert not any(isinstance(m, QLinearPacked) for m in model.modules())
 
 
-def test_pack_merges_lora_and_leaves_the_peft_model_intact():
-    model = tiny_lora_bert()
+def test_pack_merges_lora_and_leaves_the_peft_model_intact(tiny_bert):
+    model = tiny_lora_bert(tiny_bert())
     inputs = batch()
     with torch.no_grad():
         before = model(**inputs).logits
@@ -220,9 +206,9 @@ def test_pack_merges_lora_and_leaves_the_peft_model_intact():
 class TinyClassifier(L.LightningModule):
     """A LightningModule over the tiny BERT, shaped like adls_lightning.module.SequenceClassifier."""
 
-    def __init__(self, lora: bool) -> None:
+    def __init__(self, bert: torch.nn.Module, lora: bool) -> None:
         super().__init__()
-        self.model = (tiny_lora_bert() if lora else tiny_bert()).train()
+        self.model = (tiny_lora_bert(bert) if lora else bert).train()
         self.packed_during: dict[str, set[bool]] = {}
 
     def _note_layer(self, stage: str) -> None:
@@ -257,9 +243,10 @@ def loader() -> DataLoader:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_callback_packs_only_for_final_validate_and_test(tmp_path, lora):
-    module = TinyClassifier(lora)
+def test_callback_packs_only_for_final_validate_and_test(tmp_path, lora, tiny_bert):
+    module = TinyClassifier(tiny_bert(), lora)
     callback = MXInt8PackedEvaluation(group_size=32)
     checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="val/acc", mode="max")
     trainer = L.Trainer(
@@ -291,7 +278,7 @@ def test_callback_packs_only_for_final_validate_and_test(tmp_path, lora):
     assert 0 <= report["mxint8/val_acc_packed"] <= 1
 
 
-def test_callback_rejects_bad_config_before_training():
+def test_callback_rejects_bad_config_before_training(tiny_bert):
     with pytest.raises(ConfigError, match="quant.group_size=0"):
         MXInt8PackedEvaluation(group_size=0)
     with pytest.raises(ConfigError, match="quant.exclude='classifier'"):
@@ -300,4 +287,4 @@ def test_callback_rejects_bad_config_before_training():
     with pytest.raises(
         ConfigError, match="quant.group_size=48: group_size=48 does not divide in_features=32"
     ):
-        MXInt8PackedEvaluation(group_size=48).setup(trainer, TinyClassifier(lora=False), "fit")
+        MXInt8PackedEvaluation(group_size=48).setup(trainer, TinyClassifier(tiny_bert(), lora=False), "fit")

@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from adls_lightning.config import ConfigError
+from adls_lightning.app.training import run
+from adls_lightning.errors import ConfigError
 from adls_lightning.models import build_from_config, packaged_model_dir
-from adls_lightning.training import run
+
+# every test here starts training runs or processes (minutes in all): `make test-fast` skips them
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.nas import build_nas_bert, square_linear_names, square_linears
 
 VOCAB, POSITIONS, LABELS = 100, 64, 2

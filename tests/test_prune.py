@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.prune import (
     BRACKETED_SELECT_MIN,
     ActivationSparsifier,
@@ -395,30 +395,25 @@ def test_wrapped_linear_hook_goes_on_wrapper_and_weights_on_inner():
     assert int((model[0].linear.weight == 0).sum()) == 16
 
 
-def tiny_bert(lora: bool):
-    transformers = pytest.importorskip("transformers")
+def with_lora(model, lora: bool):
+    """``model`` itself, or (``lora``) PEFT's LoRA model over it, with adapters on every linear but the head."""
+    if not lora:
+        return model
     peft = pytest.importorskip("peft")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    return peft.get_peft_model(
+        model,
+        peft.LoraConfig(
+            task_type="SEQ_CLS",
+            r=4,
+            target_modules=["query", "key", "value", "output.dense", "intermediate.dense"],
+            modules_to_save=["classifier", "pooler"],
+        ),
     )
-    model = transformers.BertForSequenceClassification(config)
-    if lora:
-        model = peft.get_peft_model(
-            model,
-            peft.LoraConfig(
-                task_type="SEQ_CLS",
-                r=4,
-                target_modules=["query", "key", "value", "output.dense", "intermediate.dense"],
-                modules_to_save=["classifier", "pooler"],
-            ),
-        )
-    return model
 
 
 @pytest.mark.parametrize("lora", [False, True])
-def test_bert_targets_and_counted_sparsity(lora):
-    model = tiny_bert(lora)
+def test_bert_targets_and_counted_sparsity(lora, tiny_bert):
+    model = with_lora(tiny_bert(), lora)
     targets = find_prune_targets(model)
     names = [t.name for t in targets]
     # 6 linears per layer x 2 layers + pooler; never the classifier, LoRA adapters or PEFT's unused copies
@@ -488,9 +483,9 @@ def test_no_layer_left_is_an_error():
         Pruner(weight={"sparsity": 0.5}, include=["nothing_matches"]).prune(mlp())
 
 
-def test_int8_quantization_keeps_pruned_weights_exactly_zero():
+def test_int8_quantization_keeps_pruned_weights_exactly_zero(tiny_bert):
     quant = pytest.importorskip("adls_lightning.quant")
-    model = tiny_bert(lora=True)
+    model = with_lora(tiny_bert(), lora=True)
     int8 = {
         "name": "integer",
         "data_in_width": 8,

@@ -8,9 +8,9 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from adls_lightning.config import ConfigError
+from adls_lightning.app.training import run
+from adls_lightning.errors import ConfigError
 from adls_lightning.prune import MaskSpec, compute_weight_masks
-from adls_lightning.training import run
 
 # 64 training rows = 8 steps of 8 per epoch; short sequences keep every run to a few seconds of compute.
 SMALL = ["data.train_size=64", "data.val_size=32", "data.test_size=32", "data.max_length=32"]
@@ -25,6 +25,7 @@ def checkpoint_masks(path: Path) -> dict[str, torch.Tensor]:
     return {key: value for key, value in state.items() if key.endswith(MASK_SUFFIX)}
 
 
+@pytest.mark.slow
 def test_prune_preset_reports_counted_sparsity(compose_cfg):
     metrics = run(compose_cfg([*SMALL, "prune=l1_0.5"]))
     assert metrics["prune/weight_sparsity"] == 0.5  # every tiny layer has an even weight count
@@ -32,6 +33,7 @@ def test_prune_preset_reports_counted_sparsity(compose_cfg):
     assert 0.5 <= metrics["prune/act_sparsity"] < 0.51
 
 
+@pytest.mark.slow
 def test_global_scope_weight_only_and_permanent_from_command_line(compose_cfg):
     overrides = [
         "prune=random_0.3",
@@ -83,6 +85,7 @@ def test_resumed_run_keeps_the_checkpoint_masks(compose_cfg, tmp_path, at):
     assert resumed["prune/weight_sparsity"] == first["prune/weight_sparsity"] == 0.5
 
 
+@pytest.mark.slow
 def test_quant_and_prune_together(compose_cfg):
     metrics = run(compose_cfg([*SMALL, "quant=int8", "prune=l1_0.5"]))
     assert metrics["prune/weight_sparsity"] == 0.5
@@ -90,6 +93,7 @@ def test_quant_and_prune_together(compose_cfg):
     assert 0.5 <= metrics["prune/act_sparsity"] < 0.51
 
 
+@pytest.mark.slow
 def test_compression_run_reports_before_after_and_final(compose_cfg):
     metrics = run(compose_cfg([*SMALL, "compress=int8_l1_0.5", "model.lora=null"]))
     for key in ("compress/val_acc_before", "compress/val_acc_after_compression", "compress/val_acc_final"):
@@ -100,6 +104,7 @@ def test_compression_run_reports_before_after_and_final(compose_cfg):
     assert metrics["train/samples_seen"] == 2 * STEPS_PER_EPOCH * 8
 
 
+@pytest.mark.slow
 def test_compression_accuracies_match_independent_evaluations(compose_cfg, tmp_path):
     compressed = run(
         compose_cfg([*SMALL, "compress=int8_l1_0.5", "compress.post_epochs=0"], output_dir=tmp_path / "c")
@@ -145,7 +150,9 @@ def test_bad_preset_overrides_fail_on_construction(compose_cfg, overrides, messa
     cfg = compose_cfg(overrides)
     group = overrides[0].split("=")[0]
     with pytest.raises(ConfigError) as err:
-        instantiate(cfg[group], _convert_="partial")  # as adls_lightning.training.instantiate_callbacks does
+        instantiate(
+            cfg[group], _convert_="partial"
+        )  # as adls_lightning.app.training.instantiate_callbacks does
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
@@ -154,6 +161,7 @@ def test_prune_and_compress_pruning_together_is_refused(compose_cfg):
         run(compose_cfg([*SMALL, "compress=int8_l1_0.5", "prune=l1_0.5"]))
 
 
+@pytest.mark.slow
 def test_fit_start_masks_come_from_the_init_ckpt_weights(compose_cfg, tmp_path):
     """init_ckpt loads after the callbacks' setup: fit_start pruning must rank the loaded weights, not the initial."""
     run(compose_cfg([*SMALL, "model/lora=none", "trainer.max_epochs=2", "model.optimizer.lr=5e-3"]))

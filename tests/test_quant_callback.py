@@ -12,9 +12,9 @@ import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from adls_lightning.config import ConfigError
-from adls_lightning.quant import QuantLinear, quantized_layers
-from adls_lightning.training import run
+from adls_lightning.app.training import run
+from adls_lightning.errors import ConfigError
+from adls_lightning.quant import QUANTIZERS, QuantLinear, quantize_model, quantized_layers
 from callbacks.quantization import QuantizationCallback
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +39,7 @@ def build(compose_cfg, overrides, **trainer_kwargs):
 UNMERGED = "model.merge_lora_before_compress=false"
 
 
+@pytest.mark.slow
 def test_qat_trains_lora_adapters_over_frozen_quantized_base(compose_cfg):
     model, callback, datamodule, trainer = build(
         compose_cfg,
@@ -62,6 +63,7 @@ def test_qat_trains_lora_adapters_over_frozen_quantized_base(compose_cfg):
     assert report["quant/avg_weight_bits"] == 8.0 and report["quant/avg_act_bits"] == 8.0
 
 
+@pytest.mark.slow
 def test_train_base_unfreezes_the_quantized_weights(compose_cfg):
     model, _, datamodule, trainer = build(
         compose_cfg, ["quant=int8", "quant.train_base=true", UNMERGED], enable_checkpointing=False, limit_train_batches=4,
@@ -78,6 +80,7 @@ def test_train_base_unfreezes_the_quantized_weights(compose_cfg):
     assert len(changed) == len(base) == 12  # every LoRA-wrapped base layer trains (6 per layer)
 
 
+@pytest.mark.slow
 def test_ptq_quantizes_only_for_final_evaluation_and_reports_before_after(compose_cfg, tmp_path):
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="val/acc", mode="max")
     # full fine-tuning learns the keywords in 4 epochs
@@ -112,6 +115,7 @@ def test_ptq_quantizes_only_for_final_evaluation_and_reports_before_after(compos
     assert callback.report()["quant/avg_weight_bits"] == 32.0
 
 
+@pytest.mark.slow
 def test_ptq_run_writes_before_and_after_to_metrics(compose_cfg, tmp_path):
     metrics = run(compose_cfg(["quant=int8", "quant.mode=ptq"]))
     best = next((tmp_path / "run" / "checkpoints").glob("best-*.ckpt"))
@@ -124,6 +128,7 @@ def test_ptq_run_writes_before_and_after_to_metrics(compose_cfg, tmp_path):
     assert metrics["quant/avg_weight_bits"] == 8.0 and metrics["quant/layers"] == TINY_LINEARS
 
 
+@pytest.mark.slow
 def test_resumed_qat_run_comes_back_quantized(compose_cfg, tmp_path):
     common = ["quant=int8", UNMERGED, "callbacks.last_checkpoint.every_n_train_steps=10"]
     run(compose_cfg([*common, "trainer.max_epochs=1"], output_dir=tmp_path / "a"))
@@ -141,12 +146,19 @@ def test_resumed_qat_run_comes_back_quantized(compose_cfg, tmp_path):
     assert torch.equal(final["state_dict"][key], saved["state_dict"][key])
 
 
-def test_every_preset_builds_a_callback(compose_cfg):
+def test_every_format_has_a_preset_that_quantizes_every_linear_layer_with_it(compose_cfg, tiny_bert):
     presets = sorted(p.stem for p in PRESET_DIR.glob("[!_]*.yaml") if p.stem not in ("none", "mxint8_packed"))
-    assert len(presets) == 19
+    format_of = {cls: name for name, cls in QUANTIZERS.items()}
+    formats_used = set()
     for preset in presets:
         callback = instantiate(compose_cfg([f"quant={preset}"]).quant, _convert_="partial")
         assert isinstance(callback, QuantizationCallback) and callback.mode == "qat", preset
+        model = tiny_bert()
+        assert len(quantize_model(model, callback.recipe)) == TINY_LINEARS, preset
+        weight_formats = {format_of[type(layer.weight_quantizer)] for layer in quantized_layers(model)}
+        assert len(weight_formats) == 1, preset  # one format per preset, on every layer
+        formats_used |= weight_formats
+    assert formats_used == set(QUANTIZERS)  # each registered format is reachable as quant=<preset>
     assert not compose_cfg(["quant=none"]).quant  # empty: the runner builds no callback
 
 

@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.quant import QUANTIZERS, make_quantizer
 
 NAN, INF = float("nan"), float("inf")

@@ -10,9 +10,8 @@ import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
 from torch import nn
 from torch.nn.utils import parametrize
-from transformers import BertConfig, BertForSequenceClassification
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.quant import (
     QuantLinear,
     find_linear_layers,
@@ -45,20 +44,6 @@ LAYER_NAMES = [
         "output.dense",
     )
 ] + ["bert.pooler.dense", "classifier"]
-
-
-def tiny_bert(seed: int = 0, init_std: float = 0.02) -> BertForSequenceClassification:
-    torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=2,
-        initializer_range=init_std,
-    )
-    return BertForSequenceClassification(config).eval()
 
 
 def lora(model: nn.Module) -> nn.Module:
@@ -155,7 +140,7 @@ def test_state_dict_of_the_plain_layer_loads_into_the_quantized_one():
 # --------------------------------------------------------------------------------------------------
 # quantize_model on plain and PEFT models
 # --------------------------------------------------------------------------------------------------
-def test_tutorial_3_config_quantizes_every_linear_and_is_not_mutated():
+def test_tutorial_3_config_quantizes_every_linear_and_is_not_mutated(tiny_bert):
     model = tiny_bert()
     config = copy.deepcopy(TUTORIAL_3)
     names = quantize_model(model, config)
@@ -173,7 +158,7 @@ def test_tutorial_3_config_quantizes_every_linear_and_is_not_mutated():
     assert not torch.equal(out, ref) and torch.allclose(out, ref, atol=0.3)  # quantized, but close
 
 
-def test_peft_model_quantizes_base_layers_and_head_not_adapters():
+def test_peft_model_quantizes_base_layers_and_head_not_adapters(tiny_bert):
     plain = tiny_bert()
     quantize_model(plain, TUTORIAL_3)
     peft_model = lora(tiny_bert())
@@ -192,7 +177,7 @@ def test_peft_model_quantizes_base_layers_and_head_not_adapters():
         assert torch.equal(peft_model(**inputs).logits, plain(**inputs).logits)
 
 
-def test_by_name_regex_and_per_layer_overrides():
+def test_by_name_regex_and_per_layer_overrides(tiny_bert):
     only_classifier = {"by": "name", "classifier": {"config": INT8}}
     assert quantize_model(tiny_bert(), only_classifier) == ["classifier"]
     mase_spelling = {"by": "name", "bert_pooler_dense": {"config": INT8}}  # MASE's FX node names
@@ -212,7 +197,7 @@ def test_by_name_regex_and_per_layer_overrides():
     assert model.bert.encoder.layer[1].attention.self.query.weight_quantizer.width == 8
 
 
-def test_per_operand_format_and_default_operands():
+def test_per_operand_format_and_default_operands(tiny_bert):
     weight_only = {"linear": {"config": {**INT8, "data_in_name": None, "bias_name": None}}}
     model = tiny_bert()
     quantize_model(model, weight_only)
@@ -232,7 +217,7 @@ def test_per_operand_format_and_default_operands():
     assert layer.bias_quantizer.format_name == "integer" and layer.weight_quantizer.format_name == "mxint8"
 
 
-def test_requantizing_replaces_quantizers_and_keeps_the_layer():
+def test_requantizing_replaces_quantizers_and_keeps_the_layer(tiny_bert):
     model = tiny_bert()
     quantize_model(model, TUTORIAL_3)
     linear = quantized_layers(model)[0].linear
@@ -262,7 +247,7 @@ def test_requantizing_replaces_quantizers_and_keeps_the_layer():
          "config.linear.config.weight_block_size=24 does not divide the dimension of size 32"),
     ],
 )  # fmt: skip
-def test_bad_configs_fail_with_one_line_naming_the_key(config, message):
+def test_bad_configs_fail_with_one_line_naming_the_key(config, message, tiny_bert):
     model = tiny_bert()
     before = copy.deepcopy(config)
     with pytest.raises(ConfigError) as info:
@@ -272,7 +257,7 @@ def test_bad_configs_fail_with_one_line_naming_the_key(config, message):
     assert not quantized_layers(model)  # nothing is swapped when the config is bad
 
 
-def test_mxint8_block_error_names_the_key_and_the_layer():
+def test_mxint8_block_error_names_the_key_and_the_layer(tiny_bert):
     config = {"linear": {"config": {"name": "mxint8", "data_in_block_size": 64}}}
     with pytest.raises(ConfigError) as info:
         quantize_model(tiny_bert(), config, key="quant.config")
@@ -297,7 +282,7 @@ TINY_WEIGHTS = 2 * (4 * 1024 + 2 * 2048) + 1024 + 64
 TINY_IN_FEATURES = 2 * (5 * 32 + 64) + 32 + 32
 
 
-def test_report_int8_and_mxint8():
+def test_report_int8_and_mxint8(tiny_bert):
     model = tiny_bert()
     quantize_model(model, TUTORIAL_3)
     report = quantization_report(model)
@@ -309,7 +294,7 @@ def test_report_int8_and_mxint8():
     assert quantization_report(mx)["quant/avg_weight_bits"] == 8.25
 
 
-def test_report_counts_unquantized_layers_at_32_bits_element_weighted():
+def test_report_counts_unquantized_layers_at_32_bits_element_weighted(tiny_bert):
     model = tiny_bert()
     quantize_model(
         model,
@@ -326,7 +311,7 @@ def test_report_counts_unquantized_layers_at_32_bits_element_weighted():
     assert report["quant/weight_bytes"] == pytest.approx(total_bytes - saved)
 
 
-def test_report_ignores_lora_adapters_and_peft_copies():
+def test_report_ignores_lora_adapters_and_peft_copies(tiny_bert):
     peft_model = lora(tiny_bert())
     quantize_model(peft_model, TUTORIAL_3)
     report = quantization_report(peft_model)
@@ -347,11 +332,13 @@ FORMAT_PRESETS = [
 
 
 @pytest.mark.parametrize("preset", FORMAT_PRESETS)
-def test_one_qat_step_per_preset(preset, compose_cfg):
+def test_one_qat_step_per_preset(preset, compose_cfg, tiny_bert):
     from omegaconf import OmegaConf
 
     config = OmegaConf.to_container(compose_cfg([f"quant={preset}"]).quant.config, resolve=True)
-    model = tiny_bert(init_std=0.2).train()  # weights large enough that int4 does not round them all to 0
+    model = tiny_bert(
+        initializer_range=0.2
+    ).train()  # weights large enough that int4 does not round them all to 0
     # classifier outputs 2 features; MXINT8 blocks must tile them, so its bias stays float there
     config["classifier"] = {"bias_name": None}
     quantize_model(model, config, key="quant.config")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from adls_lightning.config import ConfigError
+from adls_lightning.app.training import run
 from adls_lightning.data import default_data_dir
+from adls_lightning.errors import ConfigError
 from adls_lightning.models import PACKAGED_MODELS, _sha256, load_pretrained, packaged_model_dir
-from adls_lightning.training import run
 
 IMDB = default_data_dir()
 

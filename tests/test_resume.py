@@ -21,6 +21,9 @@ import torch
 from adls_lightning.io_utils import AtomicCheckpointIO, ResumableCSVWriter, atomic_write_json
 from tests.helpers import kill_and_resume, recorded_batches
 
+# every test here starts training runs or processes (minutes in all): `make test-fast` skips them
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 STEPS_PER_EPOCH = 8  # 64 rows / batch 8
 KILL_AT_STEP = 11  # second epoch, two steps after the last.ckpt of step 9

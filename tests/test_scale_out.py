@@ -26,8 +26,11 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 from test_search_sweeper import ok, toy  # noqa: F401  (toy is a fixture)
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.search.storage import mask_password, storage_spec, unmask_for_job
+
+# every test here starts training runs or processes (minutes in all): `make test-fast` skips them
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_PASSWORD = "s3cret-pw"
@@ -363,9 +366,7 @@ def test_ddp_cpu_one_record_and_the_accuracy_of_one_process_with_twice_the_batch
 
 @pytest.mark.parametrize(("command", "config_key"), [("train", "trainer"), ("search", "search")])
 def test_console_commands_compose_the_packaged_configs_from_another_folder(tmp_path, command, config_key):
-    code = (
-        f"import sys; sys.argv[0] = 'adls-{command}'; from adls_lightning.cli import {command}; {command}()"
-    )
+    code = f"import sys; sys.argv[0] = 'adls-{command}'; from adls_lightning.app.cli import {command}; {command}()"
     args = ["--cfg", "job", "--resolve"] if command == "train" else ["--cfg", "job", "search/storage=journal"]
     env = {k: v for k, v in os.environ.items() if k != "PROJECT_ROOT"}
     proc = subprocess.run(

@@ -17,6 +17,9 @@ import pytest
 from optuna.trial import TrialState
 from test_nas import expected_param_count
 
+# every test here starts training runs or processes (minutes in all): `make test-fast` skips them
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 MINILM_VOCAB, POSITIONS = 30522, 512
 TINY_NAS = [
@@ -160,7 +163,7 @@ STUDIES_APP = """
 import json, sys
 from pathlib import Path
 from hydra.core.global_hydra import GlobalHydra
-from adls_lightning.cli import search
+from adls_lightning.app.cli import search
 conf, runs = Path(sys.argv[1]), json.loads(sys.argv[2])
 for argv in runs:
     sys.argv = ["search.py", *argv]

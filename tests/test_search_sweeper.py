@@ -20,6 +20,9 @@ import pytest
 import sqlalchemy.exc
 from optuna.trial import TrialState
 
+# every test here starts training runs or processes (minutes in all): `make test-fast` skips them
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 APP = """

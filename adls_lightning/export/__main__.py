@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -88,12 +88,12 @@ def check_options(options: dict[str, str | None]) -> dict:
 
 def load_checkpoint_model(ckpt: Path, overrides: Sequence[str]):
     """The merged Hugging Face model of a ``train.py`` checkpoint, and the name of its tokenizer."""
-    import torch
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from adls_lightning.build import build
+    from adls_lightning.checkpoints import read_checkpoint
     from adls_lightning.lora import merge_lora
 
     os.environ.setdefault("PROJECT_ROOT", str(PROJECT_ROOT))
@@ -105,12 +105,7 @@ def load_checkpoint_model(ckpt: Path, overrides: Sequence[str]):
     except (HydraException, OmegaConfBaseException) as error:
         raise ConfigError(f"overrides {list(overrides)}: {str(error).splitlines()[0]}") from error
     module = build(cfg.model, "model", _convert_="partial")
-    try:
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
-    except Exception as error:  # a corrupt or foreign file: any unpickling/zip/key error
-        raise ConfigError(
-            f"ckpt={ckpt}: not a Lightning checkpoint ({type(error).__name__}: {error})"
-        ) from error
+    state = read_checkpoint(ckpt, "ckpt")["state_dict"]  # a damaged or foreign file: one line naming it
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as error:

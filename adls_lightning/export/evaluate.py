@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.export import CONFIG_FILE, load_packed
 from adls_lightning.export.__main__ import CONF_DIR, PROJECT_ROOT
 

@@ -17,7 +17,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 os.environ.setdefault("PROJECT_ROOT", str(Path(CONF_DIR).parent))

@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.lab_config import load_lab_config_at
 from adls_lightning.quant.quantizers import QUANTIZERS, QuantizerParamError, quantizer_parameters
 from adls_lightning.quant.recipe import OPERANDS, LayerRecipe, OperandRecipe, QuantRecipe

@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.registry import Registry
 
 #: float32's smallest subnormal is 2^-149; a quantization step below it is float32's own.

@@ -30,7 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.quant.linear import SLOTS
 from adls_lightning.quant.quantizers import QUANTIZERS, Quantizer, make_quantizer
 
@@ -59,14 +59,17 @@ class OperandRecipe:
 
     format: str
     params: Mapping[str, Any] = field(default_factory=dict)
+    # The quantizer built to check the recipe, handed out by the first build(): a recipe of one layer (a search
+    # trial's) builds its quantizer once, not once to check and once to use.
+    _checked: list[Quantizer] = field(default_factory=list, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", dict(_plain(self.params) or {}))
-        self.build()
+        self._checked.append(make_quantizer(self.format, **self.params))
 
     def build(self) -> Quantizer:
-        """A new quantizer module of this format."""
-        return make_quantizer(self.format, **self.params)
+        """A quantizer module of this format, a new one for each call (the first is the one the check built)."""
+        return self._checked.pop() if self._checked else make_quantizer(self.format, **self.params)
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,8 @@ class QuantRecipe:
         object.__setattr__(self, "default", _layer_recipe(self.default, f"{self.key}.default"))
         for attr in ("layers", "patterns"):
             entries = dict(_plain(getattr(self, attr)) or {})
+            if attr == "layers":
+                entries = _dotted_names(entries)
             object.__setattr__(
                 self, attr, {k: _layer_recipe(v, f"{self.key}.{k}") for k, v in entries.items()}
             )
@@ -171,6 +176,20 @@ class QuantRecipe:
 def _names(key: str, name: str) -> bool:
     """Whether a per-layer key names the layer: its dotted name, or MASE's FX spelling with underscores."""
     return key in (name, name.replace(".", "_"))
+
+
+def _dotted_names(entries: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Per-layer entries by dotted name. Hydra turns ``layers.bert.encoder.layer.0.output.dense=...`` (a command
+    line override, or a search trial's) into nested mappings; a mapping whose keys are not operands is a name
+    prefix."""
+    out: dict[str, Any] = {}
+    for name, value in entries.items():
+        dotted = f"{prefix}{name}"
+        if isinstance(value, Mapping) and value and not set(value) <= {*OPERANDS, "origins"}:
+            out.update(_dotted_names(value, f"{dotted}."))
+        else:
+            out[dotted] = value
+    return out
 
 
 def _layer_recipe(value: Any, key: str) -> LayerRecipe | None:

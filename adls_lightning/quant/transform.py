@@ -13,12 +13,13 @@ copies are skipped.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.layers import FilterFn, swap_module, target_layers
 from adls_lightning.quant.linear import QuantLinear, dtype_bits
 from adls_lightning.quant.mase import to_recipe
@@ -95,22 +96,37 @@ def quantize_model(model: nn.Module, config: Any, *, key: str = "config") -> lis
 
 
 def _check_dims(layer: LinearLayer, quantizers: dict[str, Quantizer | None], recipe: LayerRecipe) -> None:
-    module = layer.module
-    dims = {
-        "data_in": module.in_features,
-        "weight": module.in_features,
-        "bias": module.out_features,
-        "data_out": module.out_features,
+    found = dimension_problem(layer.module, quantizers)
+    if found:
+        operand, problem = found
+        quantizer = quantizers[operand]
+        raise ConfigError(
+            f"{recipe.key_of(operand, 'block_size')}={getattr(quantizer, 'block_size', '?')} {problem} "
+            f"in layer {layer.name}"
+        )
+
+
+def dimension_problem(
+    linear: nn.Module, quantizers: Mapping[str, Quantizer | None]
+) -> tuple[str, str] | None:
+    """The first operand whose quantizer cannot tile the last dimension it is blocked along, and why.
+
+    ``linear`` is an ``nn.Linear`` or a ``QuantLinear`` (its sizes read through); a bias quantizer of a layer
+    without a bias is never used, so it is not checked.
+    """
+    sizes = {
+        "data_in": linear.in_features,
+        "weight": linear.in_features,
+        "bias": linear.out_features if linear.bias is not None else None,
+        "data_out": linear.out_features,
     }
     for operand, quantizer in quantizers.items():
-        if quantizer is None or (operand == "bias" and module.bias is None):
+        if quantizer is None or sizes[operand] is None:
             continue
-        problem = quantizer.check_last_dim(dims[operand])
+        problem = quantizer.check_last_dim(sizes[operand])
         if problem:
-            raise ConfigError(
-                f"{recipe.key_of(operand, 'block_size')}={getattr(quantizer, 'block_size', '?')} {problem} "
-                f"in layer {layer.name}"
-            )
+            return operand, problem
+    return None
 
 
 def quantized_layers(model: nn.Module) -> list[QuantLinear]:

@@ -21,7 +21,7 @@ import optuna
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.search.storage import open_storage
 
 KEY = "init_from_study"
@@ -161,7 +161,7 @@ def start_from_study(source: str, search_dir: Path) -> StudyStart:
     return StudyStart(name, trial.number, trial.value, overrides, checkpoint)
 
 
-def _key(override: str) -> str:
+def command_line_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
@@ -179,37 +179,19 @@ def expand_command_line(
         ConfigError: bad study (see :func:`start_from_study`), or the command line also sets ``model=`` or
             ``init_ckpt=`` (the study sets both).
     """
-    sources = [a.split("=", 1)[1] for a in args if _key(a) == KEY]
+    sources = [a.split("=", 1)[1] for a in args if command_line_key(a) == KEY]
     if not sources or sources[-1] in ("", "null"):
         return list(args)
     search_dir = search_dir or Path(os.environ.get("PROJECT_ROOT", os.getcwd())) / "outputs" / "search"
     start = start_from_study(sources[-1], search_dir)
-    clash = next((a for a in args if _key(a) in ("model", "init_ckpt")), None)
+    clash = next((a for a in args if command_line_key(a) in ("model", "init_ckpt")), None)
     if clash is not None:
         raise ConfigError(
             f"{clash}: {KEY}={sources[-1]} sets the model and its weights ({start.overrides[0]}); remove one of them"
         )
-    own = {_key(a) for a in args}
-    taken = [o for o in start.overrides if _key(o) not in own]
+    own = {command_line_key(a) for a in args}
+    taken = [o for o in start.overrides if command_line_key(o) not in own]
     if name_study and "search.name_suffix" not in own:
         taken.append(f"search.name_suffix=-from-{start.study_name}")
     print(start.describe(), flush=True)
     return taken + list(args)
-
-
-def check_from_command_line(cfg: object) -> None:
-    """Refuse an ``init_from_study`` that a config file set: only the command line is expanded, so it would be
-    ignored and the run would start from other weights than the user meant.
-
-    Raises:
-        ConfigError: ``init_from_study`` is set but not among the run's command-line overrides.
-    """
-    from hydra.core.hydra_config import HydraConfig
-
-    value = cfg.get(KEY)
-    if value is None or any(_key(o) == KEY for o in HydraConfig.get().overrides.task):
-        return
-    raise ConfigError(
-        f"{KEY}={value}: set in a config file, where it is not read; give it on the command line "
-        f"(train.py/search.py {KEY}={value}), which turns it into the study's model and init_ckpt"
-    )

@@ -15,10 +15,12 @@ from typing import Any
 import optuna
 from torch import nn
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.nas import ARCH_KNOBS, square_linear_names
-from adls_lightning.quant.quantizers import QUANTIZERS, make_quantizer
-from adls_lightning.quant.transform import find_linear_layers
+from adls_lightning.quant.linear import SLOTS
+from adls_lightning.quant.quantizers import QUANTIZERS
+from adls_lightning.quant.recipe import OperandRecipe
+from adls_lightning.quant.transform import dimension_problem, find_linear_layers
 from adls_lightning.registry import import_plugins
 
 LAYER_CHOICES = ("linear", "identity")
@@ -88,7 +90,6 @@ class NasSpace:
 
 
 FULL_PRECISION = "fp32"
-SLOTS = ("data_in", "weight", "bias")
 ALL_FORMATS = "all"
 
 
@@ -115,11 +116,13 @@ class MixedPrecisionSpace:
     quantized layer ``<layer>/<format>.<parameter>`` for each parameter of the format (e.g. ``width``,
     ``frac_width``); the names carry the format because each format has its own choices. A layer's format and
     widths apply to the operands in ``slots`` (input, weight and bias by default). Combinations the format
-    rejects (checked by ``adls_lightning.quant.make_quantizer``), and block sizes that do not tile a layer's
+    rejects (checked by building its quantizer), and block sizes that do not tile a layer's
     dimension, are rejected with the reason before anything is trained.
 
-    The overrides add one ``by: name`` entry per quantized layer under ``target`` (the quantization callback's
-    config); full-precision layers get none (they fall to the config's ``default``, no quantization).
+    The overrides add one :class:`~adls_lightning.quant.LayerRecipe` entry per quantized layer under
+    ``target.layers`` (the quantization callback's :class:`~adls_lightning.quant.QuantRecipe`), e.g.
+    ``++quant.config.layers.classifier={data_in: {format: integer, params: {width: 8}}, weight: ..., bias: ...}``;
+    full-precision layers get none (they fall to the recipe's ``default``, no quantization).
 
     Args:
         backbone: the model being quantized (``${model.backbone}``: built once in the sweeper, cached in-process);
@@ -179,16 +182,7 @@ class MixedPrecisionSpace:
             raise ConfigError(
                 f"hydra.sweeper.search_space.layers={layers}: matches no linear layer (e.g. {next(iter(linears))})"
             )
-        # the last dimension each operand is blocked along (as the quantization transform checks it)
-        self.last_dims = {
-            n: {
-                "data_in": m.in_features,
-                "weight": m.in_features,
-                "bias": m.out_features if m.bias is not None else None,
-            }
-            for n, m in linears.items()
-            if n in self.layers
-        }
+        self.linears = {n: m for n, m in linears.items() if n in self.layers}
         self.target = target
 
     def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
@@ -201,16 +195,16 @@ class MixedPrecisionSpace:
             values = {
                 p: trial.suggest_categorical(f"{layer}/{fmt}.{p}", choices) for p, choices in params.items()
             }
-            try:
-                quantizer = make_quantizer(fmt, **values)
+            try:  # builds (and so checks) the quantizer that the layer's slots share
+                operand = OperandRecipe(fmt, values)
             except ConfigError as err:
                 raise optuna.TrialPruned(f"rejected {layer}: {fmt} {err}") from None
-            # a format without searched parameters is written as its name alone: its own slots apply
-            for slot in slots if params else QUANTIZERS[fmt].slots:
-                size = self.last_dims[layer][slot]
-                problem = None if size is None else quantizer.check_last_dim(size)
-                if problem:
-                    raise optuna.TrialPruned(f"rejected {layer}: {fmt} {slot}: {problem}")
-            config = {"name": fmt} | {f"{slot}_{p}": v for slot in slots for p, v in values.items()}
-            overrides[f"++{self.target}.{layer}"] = {"config": config}
+            # a format without searched parameters quantizes its own default operands
+            slots = slots if params else QUANTIZERS[fmt].slots
+            found = dimension_problem(self.linears[layer], dict.fromkeys(slots, operand.build()))
+            if found:
+                raise optuna.TrialPruned(f"rejected {layer}: {fmt} {found[0]}: {found[1]}")
+            overrides[f"++{self.target}.layers.{layer}"] = {
+                slot: {"format": fmt, "params": values} for slot in slots
+            }
         return overrides

@@ -21,7 +21,7 @@ import sqlalchemy.exc
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 
 CREATE_ATTEMPTS = 5
 STORAGE_KINDS = ("sqlite", "journal", "postgresql")

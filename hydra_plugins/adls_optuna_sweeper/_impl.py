@@ -58,10 +58,10 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
+from adls_lightning.app.objective import TrialResult, objective_names
 from adls_lightning.build import build
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 from adls_lightning.io_utils import atomic_write_json
-from adls_lightning.search.objective import TrialResult, objective_names
 from adls_lightning.search.storage import is_journal, job_spec, mask_password, open_storage, storage_spec
 
 log = logging.getLogger(__name__)

@@ -21,10 +21,12 @@ from hydra.types import RunMode
 from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
+from adls_lightning.app.preflight import METRICS_FILE, check_output_dir, validate_run_config
+from adls_lightning.app.run_folder import write_run_record
 from adls_lightning.build import build
 from adls_lightning.checkpoints import check_shapes, find_last_checkpoint, read_checkpoint
-from adls_lightning.config import METRICS_FILE, ConfigError, check_output_dir, validate_run_config
-from adls_lightning.io_utils import AtomicCheckpointIO, atomic_write_json, write_run_record
+from adls_lightning.errors import ConfigError
+from adls_lightning.io_utils import AtomicCheckpointIO, atomic_write_json
 from adls_lightning.module import parameter_metrics
 from adls_lightning.runtime import keep_freed_memory
 
@@ -40,15 +42,22 @@ class Reporter(Protocol):
     def report(self) -> Mapping[str, float]: ...
 
 
-# Config groups whose preset builds one callback each, appended after ``cfg.callbacks`` in this order:
-# quantize first, then prune the (possibly quantized) layers, then compress, then compile the result.
-COMPRESSION_GROUPS = ("quant", "prune", "compress", "compile")
-
-
 def instantiate_callbacks(cfg: DictConfig) -> list[L.Callback]:
-    """Callbacks from ``cfg.callbacks`` (dict order) followed by the compression groups that are set."""
-    leaves: list[tuple[str, Any]] = [(f"callbacks.{k}", v) for k, v in (cfg.get("callbacks") or {}).items()]
-    leaves += [(group, cfg.get(group)) for group in COMPRESSION_GROUPS]
+    """Callbacks in the order ``cfg.callback_order`` names their nodes: a dict of leaves (``callbacks``, in its
+    dict order) or a config group whose preset is one leaf (``quant``, ``prune``...); an empty node builds none."""
+    order = cfg.get("callback_order") or []
+    unknown = next((name for name in order if name not in cfg), None)
+    if unknown is not None:
+        raise ConfigError(
+            f"callback_order: {unknown!r} is not a config node (give top-level keys, e.g. [callbacks, quant])"
+        )
+    leaves: list[tuple[str, Any]] = []
+    for node_name in order:
+        node = cfg.get(node_name)
+        if isinstance(node, Mapping) and "_target_" not in node:
+            leaves += [(f"{node_name}.{k}", v) for k, v in node.items()]
+        else:
+            leaves.append((node_name, node))
     callbacks = []
     for name, leaf in leaves:
         if isinstance(leaf, Mapping) and "_target_" in leaf:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
 
-from adls_lightning.config import ConfigError
+from adls_lightning.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,8 @@ def objective_values(
 
 
 def run_trial(cfg: DictConfig) -> TrialResult:
-    """Train and evaluate one configuration (``adls_lightning.training.run``) and score it by ``cfg.search.objective``."""
-    from adls_lightning.training import run
+    """Train and evaluate one configuration (``adls_lightning.app.training.run``) and score it by ``cfg.search.objective``."""
+    from adls_lightning.app.training import run
 
     objective = cfg.search.objective
     metrics, weights = list(objective.metrics), objective.get("weights")

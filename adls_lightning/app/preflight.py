@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import math
 import os
 import sys
 import typing
@@ -18,38 +17,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A user-facing configuration error; its message names the offending key and what would be valid."""
-
-
-def require_positive_int(key: str, value: Any, *, allow_none: bool = False) -> None:
-    """Raise ConfigError unless ``value`` is a positive int (or None when ``allow_none``)."""
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        valid = "a positive integer" + (" or null" if allow_none else "")
-        raise ConfigError(f"{key}={value!r}: must be {valid}")
-
-
-def require_positive_number(key: str, value: Any, *, allow_none: bool = False) -> None:
-    """Raise ConfigError unless ``value`` is a positive finite number (or None when ``allow_none``)."""
-    if value is None and allow_none:
-        return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        valid = "a positive finite number" + (" or null" if allow_none else "")
-        raise ConfigError(f"{key}={value!r}: must be {valid}")
-
-
-def require_fraction(key: str, value: Any, *, low: float = 0.0, high: float = 1.0) -> None:
-    """Raise ConfigError unless ``low <= value < high``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < high:
-        raise ConfigError(f"{key}={value!r}: must be a number in [{low}, {high})")
+from adls_lightning.errors import (
+    ConfigError,
+    require_fraction,
+    require_positive_int,
+    require_positive_number,
+)
 
 
 def _get(cfg: Mapping, dotted: str, default: Any = None) -> Any:

@@ -1,7 +1,7 @@
 """The entry points: ``train.py`` / ``search.py`` in a checkout, and the console commands ``adls-train`` /
 ``adls-search`` that ``pip install .`` installs (same overrides, same configs, runnable from any folder).
 
-Both go through :func:`entry_point`: the config is checked by :func:`adls_lightning.config.preflight` before Hydra
+Both go through :func:`entry_point`: the config is checked by :func:`adls_lightning.app.preflight.preflight` before Hydra
 runs or writes anything, and Hydra's execution whitelist is the project's (:mod:`adls_lightning.build`).
 The packaged configs are ``adls_lightning/conf`` (a link to the repository's ``conf/``); the console commands
 write outputs under the folder they run in (``$PROJECT_ROOT`` defaults to it).
@@ -16,22 +16,22 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from adls_lightning.app.preflight import exit_with, preflight
 from adls_lightning.build import hydra_execution_whitelist
-from adls_lightning.config import ConfigError, exit_with, preflight
+from adls_lightning.errors import ConfigError
 
-CONFIG_DIR = Path(__file__).resolve().parent / "conf"
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 def run_training(cfg: DictConfig) -> float | None:
     """Hydra task of ``train``: fit, validate and test one configuration; returns ``optimized_metric``."""
-    from adls_lightning.training import one_line_errors, run  # imported late: `--help` stays fast
+    from adls_lightning.app.training import one_line_errors, run  # imported late: `--help` stays fast
 
     with one_line_errors():
         if cfg.get("init_from_study") is not None:
-            from adls_lightning.search.from_study import check_from_command_line
-
             check_from_command_line(cfg)
         metrics = run(cfg)
     return metrics.get(cfg.get("optimized_metric"))
@@ -39,13 +39,29 @@ def run_training(cfg: DictConfig) -> float | None:
 
 def run_search_trial(cfg: DictConfig) -> Any:
     """Hydra task of ``search``: one trial (a training run of the sampled config)."""
-    from adls_lightning.search.objective import run_trial  # imported late: `--help` stays fast
+    from adls_lightning.app.objective import run_trial  # imported late: `--help` stays fast
 
     if cfg.get("init_from_study") is not None:
-        from adls_lightning.search.from_study import check_from_command_line
-
         check_from_command_line(cfg)
     return run_trial(cfg)
+
+
+def check_from_command_line(cfg: object) -> None:
+    """Refuse an ``init_from_study`` that a config file set: only the command line is expanded, so it would be
+    ignored and the run would start from other weights than the user meant.
+
+    Raises:
+        ConfigError: ``init_from_study`` is set but not among the run's command-line overrides.
+    """
+    from adls_lightning.search.from_study import KEY, command_line_key
+
+    value = cfg.get(KEY)
+    if value is None or any(command_line_key(o) == KEY for o in HydraConfig.get().overrides.task):
+        return
+    raise ConfigError(
+        f"{KEY}={value}: set in a config file, where it is not read; give it on the command line "
+        f"(train.py/search.py {KEY}={value}), which turns it into the study's model and init_ckpt"
+    )
 
 
 def entry_point(task: Callable[[DictConfig], Any], config_dir: Path, config_name: str) -> Callable[[], Any]:

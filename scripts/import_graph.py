@@ -1,0 +1,135 @@
+"""Print the import graph of ``adls_lightning`` (every import, the ones inside functions too) and check its rules.
+
+``python scripts/import_graph.py`` prints one line per module (``module -> what it imports of the project``), then
+the circles (none expected) and the rule breaks; exit code 1 when there is either. The rules:
+
+- no circle;
+- the library (outside ``adls_lightning.app``) imports neither the application, nor ``callbacks``, nor Hydra's
+  runtime (``hydra`` beyond ``hydra.utils`` / ``hydra.errors``) nor Lightning's ``Trainer``, except the command-line
+  tools that :data:`HYDRA_ENTRY_POINTS` names (listed, with the reason, in ``adls_lightning/app/__init__.py``).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "adls_lightning"
+APP = f"{PACKAGE}.app"
+# Hydra's configuration helpers the guarded builder uses (instantiation, its exception): not Hydra's runtime.
+HYDRA_LIBRARY_MODULES = ("hydra.utils", "hydra.errors")
+# `python -m` tools of their own that compose a run's config with Hydra.
+HYDRA_ENTRY_POINTS = (f"{PACKAGE}.graph.__main__", f"{PACKAGE}.export.__main__", f"{PACKAGE}.export.evaluate")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, modules: set[str]) -> Iterator[str]:
+    """Every module ``path`` imports (absolute names); ``from pkg import sub`` names ``pkg.sub`` when it is one."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            for alias in node.names:
+                child = f"{base}.{alias.name}"
+                yield child if child in modules else base
+
+
+def import_graph() -> dict[str, set[str]]:
+    """``module -> every module it imports``, for every module of the package (outside names included)."""
+    paths = sorted((ROOT / PACKAGE).rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    return {module_name(p): set(imported_modules(p, modules)) for p in paths}
+
+
+def project_edges(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    return {m: {t for t in targets if t in graph and t != m} for m, targets in graph.items()}
+
+
+def find_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of the graph: one per strongly connected component with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(edges[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def rule_breaks(graph: dict[str, set[str]]) -> list[str]:
+    """``module: imports X`` for each import the library may not make (see the module's docstring)."""
+    breaks = []
+    for module, targets in sorted(graph.items()):
+        if module == APP or module.startswith(f"{APP}."):
+            continue
+        for target in sorted(targets):
+            to_app = target == APP or target.startswith(f"{APP}.")
+            to_callbacks = target == "callbacks" or target.startswith("callbacks.")
+            hydra_runtime = (target == "hydra" or target.startswith("hydra.")) and not target.startswith(
+                HYDRA_LIBRARY_MODULES
+            )
+            trainer = target in (
+                "lightning.Trainer",
+                "lightning.pytorch.Trainer",
+                "lightning.pytorch.trainer",
+            )
+            if to_app or to_callbacks or trainer or (hydra_runtime and module not in HYDRA_ENTRY_POINTS):
+                breaks.append(f"{module}: imports {target}")
+    return breaks
+
+
+def main() -> int:
+    graph = import_graph()
+    edges = project_edges(graph)
+    for module in sorted(edges):
+        print(f"{module} -> {', '.join(sorted(edges[module])) or '(nothing of the project)'}")
+    cycles = find_cycles(edges)
+    breaks = rule_breaks(graph)
+    print(f"\n{len(edges)} modules, {sum(map(len, edges.values()))} imports of the project")
+    print("circles: " + ("; ".join(" <-> ".join(c) for c in cycles) if cycles else "none"))
+    print("rule breaks: " + ("; ".join(breaks) if breaks else "none"))
+    return 1 if cycles or breaks else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""The house's rules, read from the source: the import graph of adls_lightning has no circle, and the library
+(outside adls_lightning.app) imports neither the application, nor callbacks, nor Hydra's runtime, nor the Trainer."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+from conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
+import_graph = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(import_graph)
+
+
+def test_import_graph_has_no_circle_and_keeps_the_direction():
+    graph = import_graph.import_graph()
+    assert import_graph.find_cycles(import_graph.project_edges(graph)) == []
+    assert import_graph.rule_breaks(graph) == []
+    # the ground floor imports nothing of the project; the application imports the library, never the reverse
+    assert import_graph.project_edges(graph)["adls_lightning.errors"] == set()
+    assert "adls_lightning.build" in graph["adls_lightning.app.training"]
+
+
+def test_cycle_finder_finds_the_circle_it_is_given():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_graph.find_cycles(edges) == [["a", "b", "c"]]
+    assert import_graph.find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_rule_breaks_name_a_library_module_that_imports_the_application():
+    graph = {"adls_lightning.quant.recipe": {"adls_lightning.app.training", "hydra.core.hydra_config"}}
+    assert import_graph.rule_breaks(graph) == [
+        "adls_lightning.quant.recipe: imports adls_lightning.app.training",
+        "adls_lightning.quant.recipe: imports hydra.core.hydra_config",
+    ]
+
+
+def test_script_prints_the_graph():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "import_graph.py")], capture_output=True, text=True, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "adls_lightning.app.cli -> " in result.stdout
+    assert "circles: none" in result.stdout
