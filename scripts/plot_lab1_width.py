@@ -2,7 +2,8 @@
 
 Reads every ``metrics.json`` under the given folders (the job folders of ``train.py -m`` sweeps) and
 Hydra's ``.hydra/config.yaml`` beside it. A run's mode is ``quant.mode`` and its width is the
-integer preset's ``weight_width`` (from the config; without one, ``quant/avg_weight_bits``, which
+integer preset's weight width (from the config: ``quant.config.default.weight.params.width``, or a lab dict's
+``weight_width``; without one, ``quant/avg_weight_bits``, which
 is the width for the integer presets). Runs without quantization are drawn as a dashed
 "full precision" line. Any subset of widths and modes works.
 
@@ -43,12 +44,21 @@ class Run:
 
 
 def _integer_width(config: dict, metrics: dict) -> int | None:
-    linear = ((config.get("quant") or {}).get("config") or {}).get("linear") or {}
+    quant = (config.get("quant") or {}).get("config") or {}
+    # a typed recipe (the presets: default.weight = {format, params}) or a lab's MASE dict (linear.config)
+    weight = (quant.get("default") or {}).get("weight") if isinstance(quant, dict) else None
+    linear = quant.get("linear") or {} if isinstance(quant, dict) else {}
     layer = linear.get("config", linear) if isinstance(linear, dict) else {}
+    if (
+        isinstance(weight, dict)
+        and weight.get("format") == "integer"
+        and "width" in (weight.get("params") or {})
+    ):
+        return int(weight["params"]["width"])
     if layer.get("name") == "integer" and layer.get("weight_width") is not None:
         return int(layer["weight_width"])
     bits = metrics.get("quant/avg_weight_bits")
-    return round(bits) if bits is not None and not layer else None
+    return round(bits) if bits is not None and not layer and not weight else None
 
 
 def read_runs(roots: Iterable[Path], metric: str = "test/acc", select: str = "val/acc") -> list[Run]:

@@ -165,16 +165,18 @@ def test_every_format_has_a_preset_that_quantizes_every_linear_layer_with_it(com
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["quant=int8", "quant.config.linear.config.weight_frac_width=9"],
-         "quant.config.linear.config.weight_frac_width=9: must be an integer in [0, 8]"),
-        (["quant=int8", "quant.config.linear.config.name=int8"],
-         "quant.config.linear.config.name='int8': unknown quantization format"),
+        (["quant=int8", "quant.config.default.weight.params.frac_width=9"],
+         "quant.config.default.weight: frac_width=9: must be an integer in [0, 8]"),
+        (["quant=int8", "quant.config.default.weight.format=int8"],
+         "quant.config.default.weight: name='int8': unknown quantization format"),
         (["quant=int8", "quant.mode=qta"], "quant.mode='qta': must be one of qat, ptq"),
-        (["quant=int8", "+quant.config.bert.encoder.layer.9.output.dense.weight_width=4"],
+        (["quant=int8", "+quant.config.layers.bert.encoder.layer.9.output.dense={weight: {format: log, params: {width: 4}}}"],
          "quant.config.bert.encoder.layer.9.output.dense: matches no linear layer"),
-        (["quant=block_fp", "quant.config.linear.config.weight_width=0"],
-         "quant.config.linear.config.weight_width=0: must be an integer in [2, 32]"),
-    ],
+        (["quant=block_fp", "quant.config.default.weight.params.width=0"],
+         "quant.config.default.weight: width=0: must be an integer in [2, 32]"),
+        (["quant=int8", "+quant.config.layers.classifier.weight.params.width=4"],
+         "quant.config.classifier.weight={'params': {'width': 4}}: expected {format: ..., params: {...}} or null"),
+    ]
 )  # fmt: skip
 def test_bad_configs_fail_before_training(compose_cfg, tmp_path, overrides, message):
     with pytest.raises(ConfigError) as info:
@@ -187,13 +189,13 @@ def test_command_line_error_is_one_line(tiny_imdb_dir, cache_dir, tmp_path):
     command = [
         sys.executable, "train.py", "model=tiny_random", "logger=none", "trainer=cpu", f"data.data_dir={tiny_imdb_dir}",
         "data.val_size=100", "data.max_length=64", f"paths.cache_dir={cache_dir}", f"hydra.run.dir={tmp_path}", "quant=int8",
-        "quant.config.linear.config.data_in_frac_width=12",
+        "quant.config.default.data_in.params.frac_width=12",
     ]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert lines == [
-        "error: quant.config.linear.config.data_in_frac_width=12: must be an integer in [0, 8] (width=8)"
+        "error: quant.config.default.data_in: frac_width=12: must be an integer in [0, 8] (width=8)"
     ]
 
 

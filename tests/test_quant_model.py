@@ -333,15 +333,16 @@ FORMAT_PRESETS = [
 
 @pytest.mark.parametrize("preset", FORMAT_PRESETS)
 def test_one_qat_step_per_preset(preset, compose_cfg, tiny_bert):
-    from omegaconf import OmegaConf
+    from dataclasses import replace
 
-    config = OmegaConf.to_container(compose_cfg([f"quant={preset}"]).quant.config, resolve=True)
-    model = tiny_bert(
-        initializer_range=0.2
-    ).train()  # weights large enough that int4 does not round them all to 0
+    from hydra.utils import instantiate
+
+    recipe = instantiate(compose_cfg([f"quant={preset}"]).quant.config)
+    # weights large enough that int4 does not round them all to 0
+    model = tiny_bert(initializer_range=0.2).train()
     # classifier outputs 2 features; MXINT8 blocks must tile them, so its bias stays float there
-    config["classifier"] = {"bias_name": None}
-    quantize_model(model, config, key="quant.config")
+    recipe = replace(recipe, layers={"classifier": replace(recipe.default, bias=None)})
+    quantize_model(model, recipe, key="quant.config")
     params = [p for p in model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     optimizer = torch.optim.SGD(params, lr=0.1)

@@ -25,12 +25,30 @@ def write_run(folder: Path, metrics: dict, quant: dict | None) -> None:
 
 
 def integer_quant(mode: str, width: int) -> dict:
-    layer = {"name": "integer", "weight_width": width, "weight_frac_width": width // 2}
+    """The quant node a quant=int<width> run records: the preset's typed recipe."""
+    operand = {"format": "integer", "params": {"width": width, "frac_width": width // 2}}
     return {
         "_target_": "callbacks.quantization.QuantizationCallback",
         "mode": mode,
-        "config": {"linear": {"config": layer}},
+        "config": {
+            "_target_": "adls_lightning.quant.QuantRecipe",
+            "default": dict.fromkeys(("data_in", "weight"), operand),
+        },
     }
+
+
+def test_width_is_read_from_a_typed_recipe_or_a_lab_dict():
+    typed = integer_quant("qat", 6)
+    lab = {"config": {"linear": {"config": {"name": "integer", "weight_width": 5, "weight_frac_width": 2}}}}
+    log = {"config": {"default": {"weight": {"format": "log", "params": {"width": 8}}}}}
+    assert plot_lab1_width._integer_width({"quant": typed}, {"quant/avg_weight_bits": 99.0}) == 6
+    assert plot_lab1_width._integer_width({"quant": lab}, {}) == 5
+    assert (
+        plot_lab1_width._integer_width({"quant": log}, {"quant/avg_weight_bits": 8.0}) is None
+    )  # not fixed point
+    assert (
+        plot_lab1_width._integer_width({}, {"quant/avg_weight_bits": 7.6}) == 8
+    )  # no config: from the metric
 
 
 def fake_sweep(root: Path) -> None:

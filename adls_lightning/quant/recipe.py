@@ -93,7 +93,14 @@ class LayerRecipe:
         for operand in OPERANDS:
             value = _plain(getattr(self, operand))
             if isinstance(value, Mapping):
-                value = OperandRecipe(**value)
+                if set(value) != {"format", "params"} and set(value) != {"format"}:
+                    raise ConfigError(
+                        f"{operand}={value!r}: expected {{format: ..., params: {{...}}}} or null"
+                    )
+                try:
+                    value = OperandRecipe(**value)
+                except ConfigError as err:
+                    raise ConfigError(f"{operand}: {err}") from None
             if value is not None and not isinstance(value, OperandRecipe):
                 raise ConfigError(f"{operand}={value!r}: expected {{format: ..., params: {{...}}}} or null")
             object.__setattr__(self, operand, value)
@@ -195,7 +202,13 @@ def _dotted_names(entries: Mapping[str, Any], prefix: str = "") -> dict[str, Any
 def _layer_recipe(value: Any, key: str) -> LayerRecipe | None:
     value = _plain(value)
     if isinstance(value, Mapping):
-        value = LayerRecipe(**value)
+        unknown = next((k for k in value if k not in (*OPERANDS, "origins")), None)
+        if unknown is not None:
+            raise ConfigError(f"{key}.{unknown}: not an operand (operands: {', '.join(OPERANDS)})")
+        try:
+            value = LayerRecipe(**value)
+        except ConfigError as err:  # named from the recipe's key: quant.config.default.weight: width=0: ...
+            raise ConfigError(f"{key}.{err}") from None
     if value is not None and not isinstance(value, LayerRecipe):
         raise ConfigError(
             f"{key}={value!r}: expected a LayerRecipe {{data_in, weight, bias, data_out}} or null"
