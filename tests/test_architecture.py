@@ -44,3 +44,21 @@ def test_script_prints_the_graph():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "adls_lightning.app.cli -> " in result.stdout
     assert "circles: none" in result.stdout
+
+
+def test_callback_order_is_the_configs(compose_cfg):
+    import pytest
+
+    from adls_lightning.app.training import instantiate_callbacks
+    from adls_lightning.errors import ConfigError
+    from callbacks.pruning import PruningCallback
+    from callbacks.quantization import QuantizationCallback
+
+    def compression_order(overrides):
+        callbacks = instantiate_callbacks(compose_cfg(["quant=int8", "prune=l1_0.5", *overrides]))
+        return [type(c) for c in callbacks if isinstance(c, (QuantizationCallback, PruningCallback))]
+
+    assert compression_order([]) == [QuantizationCallback, PruningCallback]  # conf/train.yaml: quantize first
+    assert compression_order(["callback_order=[prune,quant]"]) == [PruningCallback, QuantizationCallback]
+    with pytest.raises(ConfigError, match=r"callback_order: 'qaunt' is not a config node"):
+        instantiate_callbacks(compose_cfg(["callback_order=[callbacks,qaunt]"]))
