@@ -17,6 +17,7 @@ import logging
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from transformers import (
     CONFIG_MAPPING,
     AutoConfig,
@@ -198,6 +199,11 @@ def build_from_config(
         "num_hidden_layers": num_hidden_layers,
         "num_attention_heads": num_attention_heads,
         "intermediate_size": intermediate_size,
+    }
+    # Built outside Hydra's conversion too (the search spaces' sweeper): config classes validate plain lists.
+    config_kwargs = {
+        key: OmegaConf.to_container(value) if isinstance(value, (ListConfig, DictConfig)) else value
+        for key, value in config_kwargs.items()
     }
     renamed = _FAMILY_FIELD_NAMES.get(model_type, {})
     shape = {renamed.get(knob, knob): value for knob, value in shape.items()}

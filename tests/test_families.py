@@ -7,6 +7,8 @@ families run in one search.py process. What each cell showed is in README.md ("M
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from adls_lightning.export.__main__ import main as export_main
 from adls_lightning.graph import capture, dropout_nodes, example_inputs, remove_dropout
 from adls_lightning.lora import merge_lora
 from adls_lightning.training import run
+from tests.helpers import assert_one_line_error, run_train
 from tests.test_export import build_module
 from tests.test_graph import CountDropoutCalls
 from tests.test_search import load, run_studies, tiny_run
@@ -47,6 +50,8 @@ FAST = [
     "data.batch_size=16",
     "data.max_length=32",
     "callbacks.last_checkpoint=null",
+    "trainer.num_sanity_val_steps=0",
+    "test=false",
 ]
 LORA_R = 8
 
@@ -111,7 +116,7 @@ def test_family_lora_merge_then_int8_qat(preset, fine_tuned, compose_cfg, family
     _, ckpt = fine_tuned(preset)
     out = family_dir / preset / "qat"
     metrics = run(compose_cfg([f"model={preset}", *FAST, f"init_ckpt={ckpt}", "quant=int8"], output_dir=out))
-    plain = build_module([f"model={preset}", "model.lora=null"]).model
+    plain = build_module([f"model={preset}", "model/lora=none"]).model
     assert metrics["model/lora_params"] == 0  # merged before quantizing
     assert metrics["quant/layers"] == len(linear_names(plain))
     assert metrics["quant/avg_weight_bits"] == 8
@@ -123,17 +128,21 @@ def test_family_lora_merge_then_int8_qat(preset, fine_tuned, compose_cfg, family
     ("preset", "feature"),
     [(p, f) for f in ("prune=l1_0.5", "compress=int8_l1_0.5", "quant=mxint8_packed") for p in FAMILIES],
 )
-def test_family_compression_presets(preset, feature, compose_cfg, tmp_path):
-    metrics = run(compose_cfg([f"model={preset}", *FAST, feature]))
-    plain = build_module([f"model={preset}", "model.lora=null"]).model
-    weights = {n: m.weight.numel() for n, m in plain.named_modules() if isinstance(m, nn.Linear)}
+def test_family_compression_presets(preset, feature, compose_cfg, caplog):
+    with caplog.at_level(logging.INFO):
+        metrics = run(compose_cfg([f"model={preset}", *FAST, feature]))
+    plain = build_module([f"model={preset}", "model/lora=none"]).model
+    # every linear except the classification head (``exclude: [classifier]``: RoBERTa's and ELECTRA's is two)
+    body = [n for n in linear_names(plain) if not n.startswith("classifier")]
     if feature == "quant=mxint8_packed":
-        assert metrics["mxint8/packed_layers"] == len([n for n in weights if "classifier" not in n])
+        assert metrics["mxint8/packed_layers"] == len(body)
         assert metrics["mxint8/bits_per_weight"] < 8.5
         return
-    # Local L1 pruning at 0.5 of every linear except the classifier head: half of those weights are zero.
-    pruned = sum(v for n, v in weights.items() if not n.startswith("classifier"))
-    assert metrics["prune/weight_sparsity"] == pytest.approx(0.5 * pruned / sum(weights.values()), abs=0.02)
+    # Local L1 pruning at 0.5: half of each pruned layer's weights are zero.
+    assert re.search(rf"(prune|compress): {len(body)} layers, weight sparsity", caplog.text), caplog.text[
+        -2000:
+    ]
+    assert metrics["prune/weight_sparsity"] == pytest.approx(0.5, abs=0.01)
     if feature.startswith("compress"):
         assert metrics["quant/avg_weight_bits"] == 8
 
@@ -176,7 +185,7 @@ def test_family_export_round_trip(preset, fine_tuned, tmp_path):
 @pytest.mark.parametrize("preset", FAMILIES)
 def test_family_graph_capture_and_remove_dropout_keep_eval_logits(preset):
     torch.manual_seed(0)
-    model = build_module([f"model={preset}", "model.lora=null"]).model.eval()
+    model = build_module([f"model={preset}", "model/lora=none"]).model.eval()
     names = ["input_ids", "attention_mask"]
     probe = example_inputs(names, vocab_size=model.config.vocab_size, seed=7)
     graph_module = capture(model, names)
@@ -198,11 +207,71 @@ def test_family_mixed_precision_search_of_two_trials(tmp_path, tiny_imdb_dir, ca
         tmp_path, [[*base, f"model={p}", f"hydra.sweep.dir={tmp_path / p / 'sweep'}"] for p in FAMILIES]
     )
     for preset in FAMILIES:
-        study = load(tmp_path / preset, "mixed_precision-integer-acc")
-        plain = build_module([f"model={preset}", "model.lora=null"]).model
+        study = load(tmp_path / preset, "mixed_precision-integer-acc-tpe")
+        plain = build_module([f"model={preset}", "model/lora=none"]).model
         layers = set(linear_names(plain))
         assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
         for trial in study.trials:
             assert {k.split("/")[0] for k in trial.params} == layers
             quantized = sum(trial.params[f"{n}/format"] == "integer" for n in layers)
             assert trial.user_attrs["metrics"]["quant/layers"] == quantized
+
+
+@pytest.mark.parametrize("preset", FAMILIES)
+def test_family_presets_take_peft_defaults_where_peft_has_them(preset):
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
+
+    module = build_module([f"model={preset}"])
+    model_type = FAMILIES[preset][0]
+    targets = module.model.peft_config["default"].target_modules
+    if model_type == "bert":  # the BERT presets adapt every encoder linear (the measured MiniLM recipe)
+        assert targets == {"query", "key", "value", "output.dense", "intermediate.dense"}
+    elif model_type in PEFT_DEFAULTS:
+        assert targets == set(PEFT_DEFAULTS[model_type])
+    else:  # written in the preset: the family's query and value, as PEFT's defaults of the others
+        assert targets == {"distilbert": {"q_lin", "v_lin"}, "albert": {"query", "value"}}[model_type]
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides", "message"),
+    [
+        # BERT's default LoRA on DistilBERT: nothing matches (PEFT's own error is a traceback)
+        (
+            "tiny_distilbert",
+            ["model/lora=default"],
+            "intermediate.dense, key, output.dense, query, value match",
+        ),
+        # BERT's names on DeBERTa: the FFN matches, q/k/v would silently stay without adapters
+        ("tiny_deberta", ["model/lora=default"], "key, query, value match no layer of this deberta-v2 model"),
+        ("tiny_roberta", ["model.lora.target_modules=[query,qkv]"], "qkv matches no layer"),
+        (
+            "tiny_distilbert",
+            ["model.lora.modules_to_save=[pooler,classifier]"],
+            "model.lora.modules_to_save: pooler",
+        ),
+        ("tiny_albert", ["model.lora.target_modules=null"], "PEFT has no default for albert models"),
+    ],
+)
+def test_family_lora_targets_that_match_nothing_are_one_line(preset, overrides, message, compose_cfg):
+    from adls_lightning.build import build
+    from adls_lightning.config import ConfigError
+
+    cfg = compose_cfg([f"model={preset}", *overrides])
+    with pytest.raises(ConfigError, match="model.lora") as err:
+        build(cfg.model, "model", _convert_="partial")
+    assert message in str(err.value)
+    plain = build_module([f"model={preset}", "model/lora=none"]).model
+    # the model's linear names are listed, as valid target_modules entries (PEFT matches name suffixes)
+    listed = str(err.value).split("linear layers: ")[1].rstrip(")").split(", ")
+    for name in linear_names(plain):
+        assert any(name.endswith(entry) for entry in listed), name
+
+
+def test_family_bad_lora_targets_from_the_command_line(tiny_imdb_dir, cache_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = run_train(
+        tiny_imdb_dir, cache_dir, out, "model=tiny_distilbert", "model.lora.target_modules=[query,value]"
+    )
+    line = assert_one_line_error(proc, "error: model.lora.target_modules: query, value match no layer")
+    assert "attention.q_lin, attention.k_lin, attention.v_lin, attention.out_lin, ffn.lin1, ffn.lin2" in line
+    assert not out.exists()
