@@ -12,16 +12,85 @@ LoRA fit that post-training quantization then evaluates) still load: :func:`merg
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-from peft import PeftModel
+from peft import LoraConfig, PeftModel
 from peft.tuners.lora import LoraLayer
+from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+from transformers import PreTrainedModel
+
+from adls_lightning.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 PEFT_PREFIX = "base_model.model."
+
+
+def linear_layer_names(model: PreTrainedModel) -> list[str]:
+    """The model's ``nn.Linear`` layers as LoRA target names, one per kind: the name after the layer index
+    (``attention.self.query``) for linears inside the repeated layers, the path below the base model otherwise
+    (``pooler.dense``, ``classifier``). Each is a valid ``target_modules`` entry (PEFT matches name suffixes)."""
+    prefix = f"{model.base_model_prefix}."
+    names: list[str] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        parts = name.split(".")
+        indices = [i for i, part in enumerate(parts) if part.isdigit()]
+        short = ".".join(parts[indices[-1] + 1 :]) if indices else name.removeprefix(prefix)
+        if short not in names:
+            names.append(short)
+    return names
+
+
+def _matches(name: str, entry: str) -> bool:
+    # PEFT's rule for a list of names: the module's full name, or its name ending in ".<entry>".
+    return name == entry or name.endswith(f".{entry}")
+
+
+def check_lora_targets(model: PreTrainedModel, config: LoraConfig) -> None:
+    """Every entry of ``target_modules`` and ``modules_to_save`` names a layer of ``model``, before PEFT wraps it.
+
+    PEFT stops only when nothing at all matches (with a traceback), and says nothing when some entries match and
+    others do not: another family's names (BERT's ``query`` on DeBERTa's ``query_proj``) then silently leave a kind
+    of linear without adapters. ``target_modules=None`` takes PEFT's default for the model type, where it has one.
+
+    Raises:
+        ConfigError: naming ``model.lora.target_modules`` (or ``modules_to_save``), the entries that match nothing
+            and the model's linear layer names.
+    """
+    names = [name for name, module in model.named_modules() if name and not list(module.children())]
+    containers = [name for name, _ in model.named_modules() if name]
+    linears = ", ".join(linear_layer_names(model))
+    targets = config.target_modules
+    model_type = model.config.model_type
+    if targets is None:
+        if model_type not in TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING:
+            raise ConfigError(
+                f"model.lora.target_modules=null: PEFT has no default for {model_type} models; list the layers "
+                f"to adapt (its linear layers: {linears})"
+            )
+        return
+    if isinstance(targets, str):  # a regular expression over full names, or PEFT's "all-linear"
+        if targets != "all-linear" and not any(re.fullmatch(targets, name) for name in names):
+            raise ConfigError(
+                f"model.lora.target_modules={targets!r}: matches no layer of this {model_type} model "
+                f"(its linear layers: {linears})"
+            )
+        return
+    for key, entries, candidates in (
+        ("target_modules", targets, names),
+        ("modules_to_save", config.modules_to_save or (), containers),
+    ):
+        missing = sorted(e for e in entries if not any(_matches(name, e) for name in candidates))
+        if missing:
+            raise ConfigError(
+                f"model.lora.{key}: {', '.join(missing)} match{'es' if len(missing) == 1 else ''} no layer of "
+                f"this {model_type} model (its linear layers: {linears})"
+            )
 
 
 def lora_scalings(peft_model: PeftModel) -> dict[str, float]:

