@@ -28,6 +28,7 @@ def run_training(cfg: DictConfig) -> float | None:
     """Hydra task of ``train``: fit, validate and test one configuration; returns ``optimized_metric``."""
     from adls_lightning.training import one_line_errors, run  # imported late: `--help` stays fast
 
+    _configure_logs()
     with one_line_errors():
         if cfg.get("init_from_study") is not None:
             from adls_lightning.search.from_study import check_from_command_line
@@ -41,11 +42,20 @@ def run_search_trial(cfg: DictConfig) -> Any:
     """Hydra task of ``search``: one trial (a training run of the sampled config)."""
     from adls_lightning.search.objective import run_trial  # imported late: `--help` stays fast
 
+    _configure_logs()
     if cfg.get("init_from_study") is not None:
         from adls_lightning.search.from_study import check_from_command_line
 
         check_from_command_line(cfg)
     return run_trial(cfg)
+
+
+def _configure_logs() -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from adls_lightning import logs
+
+    logs.configure(HydraConfig.get().verbose if HydraConfig.initialized() else False)
 
 
 def entry_point(task: Callable[[DictConfig], Any], config_dir: Path, config_name: str) -> Callable[[], Any]:
