@@ -9,6 +9,8 @@ naming the config key and the target, anything outside :data:`ALLOWED_TARGETS`. 
 from __future__ import annotations
 
 import fnmatch
+import importlib
+import inspect
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -126,12 +128,56 @@ def check_config_targets(cfg: Any) -> None:
     check_targets({k: v for k, v in container.items() if k != "hydra"}, "")
 
 
+def resolve_target(target: str) -> Any:
+    """The object a dotted ``_target_`` names, found as Hydra finds it: the longest importable module prefix, then
+    attributes. None when it names nothing (Hydra then says so, naming the key)."""
+    parts = target.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attr in parts[split:]:
+            obj = getattr(obj, attr, None)
+            if obj is None:
+                return None
+        return obj
+    return None
+
+
+def check_resolved_target(where: str, target: Any) -> None:
+    """Refuse a ``_target_`` whose name is inside an allowed package but that reaches, through an attribute, an
+    object defined elsewhere (``adls_lightning.data.os.system`` is ``os.system``): the object's own module and
+    name must be allowed too. Called when building, where the modules are imported anyway.
+
+    Raises:
+        ConfigError: naming ``where`` and where the object really comes from.
+    """
+    if not isinstance(target, str) or "${" in target:
+        return
+    obj = resolve_target(target)
+    if obj is None:
+        return
+    if inspect.ismodule(obj):
+        home = obj.__name__
+    else:
+        module = getattr(obj, "__module__", None) or ""
+        home = f"{module}.{getattr(obj, '__qualname__', getattr(obj, '__name__', ''))}"
+    if not target_allowed(home):
+        raise ConfigError(
+            f"{where}={target}: is {home}, defined outside the allowed packages (a config may only build objects "
+            f"from {', '.join(allowed_targets())}; allow your own package with {EXTRA_TARGETS_ENV}=pkg.*)"
+        )
+
+
 def build(node: Any, key: str, **kwargs: Any) -> Any:
     """``hydra.utils.instantiate(node, **kwargs)`` after :func:`check_targets`; ``key`` is the node's config key.
 
     Hydra's own execution whitelist is kept as a second guard for targets reached through interpolation.
     """
     check_targets(node, key)
+    for where, target in iter_targets(node, key):
+        check_resolved_target(where, target)
     try:
         return instantiate(node, _execution_whitelist_=list(allowed_targets()), **kwargs)
     except ConfigError as err:

@@ -6,6 +6,8 @@ Imports nothing of the project, so any module may use it (library, callbacks, ap
 from __future__ import annotations
 
 import math
+import sys
+import typing
 from typing import Any
 
 
@@ -40,3 +42,9 @@ def require_fraction(key: str, value: Any, *, low: float = 0.0, high: float = 1.
     """Raise ConfigError unless ``low <= value < high``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < high:
         raise ConfigError(f"{key}={value!r}: must be a number in [{low}, {high})")
+
+
+def exit_with(message: str) -> typing.NoReturn:
+    """The one-line refusal: ``error: <message>`` on stderr, exit code 2."""
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    sys.exit(2)

@@ -28,6 +28,7 @@ from transformers import (
 )
 
 from adls_lightning.errors import ConfigError
+from adls_lightning.logs import quiet_transformers_load
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +111,25 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
 def _pretrained_template(name_or_path: str, num_labels: int) -> PreTrainedModel:
     # Read the weights once per process: Optuna trials and multirun jobs in one process deep-copy this template.
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(
-            resolve_checkpoint(name_or_path), num_labels=num_labels
-        )
+        with quiet_transformers_load(log):
+            model, loading = AutoModelForSequenceClassification.from_pretrained(
+                resolve_checkpoint(name_or_path), num_labels=num_labels, output_loading_info=True
+            )
     except OSError as err:
         raise _unreachable("model.backbone.name_or_path", name_or_path, err) from None
+    # transformers' load report as one line: the head missing from the checkpoint is new by design (the run
+    # trains it); anything else transformers reports (unexpected or mismatched weights) is named as well.
+    labels = {
+        "missing_keys": "new, initialised at random",
+        "unexpected_keys": "unused",
+        "mismatched_keys": "resized",
+    }
+    notes = [
+        f"{labels.get(kind, kind)}: {', '.join(sorted(map(str, keys)))}"
+        for kind, keys in loading.items()
+        if keys and kind in labels
+    ]
+    log.info("Loaded %s (%s)", name_or_path, "; ".join(notes) or "every weight from the checkpoint")
     return model.eval()
 
 

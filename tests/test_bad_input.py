@@ -126,6 +126,25 @@ CASES = [
     Case("earlier-run", (), "hydra.run.dir"),
     Case("run-dir-is-file", ("hydra.run.dir={file}",), "hydra.run.dir"),
     Case("run-dir-under-file", ("hydra.run.dir={file}/sub",), "hydra.run.dir"),
+    # root may "write" under /proc by os.access, but no folder can be made there
+    Case(
+        "run-dir-under-proc",
+        ("hydra.run.dir=/proc/adls-run/sub",),
+        "hydra.run.dir=/proc/adls-run/sub: cannot create folders in /proc",
+    ),
+    # an allowed package's attribute that is a foreign object: adls_lightning.data imports os
+    Case(
+        "target-through-package-attribute",
+        (
+            "overwrite=true",
+            "+callbacks.evil._target_=adls_lightning.data.os.system",
+            "+callbacks.evil._args_=['touch {pwned}']",
+        ),
+        "callbacks.evil._target_=adls_lightning.data.os.system: is posix.system, defined outside",
+        hostile=True,
+    ),
+    # several problems, and the folder holds a run: all of them in the one line
+    Case("earlier-run-and-values", ("seed=-3", "trainer.max_epochs=0", "model.lora.r=0"), "hydra.run.dir="),
     Case("search-lr-nan", ("model.optimizer.lr=nan",), "model.optimizer.lr", script="search.py"),
     Case("search-seed-text", ("seed=abc",), "seed", script="search.py"),
     Case("search-merged-lr-nan", ("model.merged_lr=nan",), "model.merged_lr", script="search.py"),
@@ -442,3 +461,30 @@ def test_figure_scripts_refuse_bad_settings_before_running_anything(tmp_path, sc
     )  # fmt: skip
     assert_one_line_error(proc, contains=names)
     assert not ran.exists() and not out.exists()
+
+
+def test_a_refused_run_names_every_problem_of_its_command_line(outcomes):
+    line = assert_one_line_error(outcomes["earlier-run-and-values"]["proc"])
+    for problem in ("seed=-3", "trainer.max_epochs=0", "model.lora.r=0", "holds an earlier run"):
+        assert problem in line, line
+
+
+def test_a_read_only_file_system_is_refused_in_one_line(tmp_path, monkeypatch):
+    """No read-only mount to use here (a test may not mount one): the folder's creation fails as on one."""
+    import errno
+    import tempfile
+
+    from adls_lightning.errors import ConfigError
+    from adls_lightning.run_dir import check_output_dir
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    with pytest.raises(ConfigError) as refused:
+        check_output_dir(tmp_path / "run", {})
+    assert str(refused.value) == (
+        f"hydra.run.dir={tmp_path / 'run'}: cannot create folders in {tmp_path} (Read-only file system); give a "
+        "folder you can write to"
+    )
+    assert list(tmp_path.iterdir()) == []

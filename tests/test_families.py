@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from adls_lightning.training import run
 from torch import nn
 from transformers import AutoModelForSequenceClassification
 
@@ -20,7 +21,6 @@ from adls_lightning.export import load_packed, pack_for_export
 from adls_lightning.export.__main__ import main as export_main
 from adls_lightning.graph import capture, dropout_nodes, example_inputs, remove_dropout
 from adls_lightning.lora import merge_lora
-from adls_lightning.training import run
 from tests.helpers import assert_one_line_error, run_train
 from tests.test_export import build_module
 from tests.test_graph import CountDropoutCalls

@@ -30,6 +30,7 @@ def run_training(cfg: DictConfig) -> float | None:
     """Hydra task of ``train``: fit, validate and test one configuration; returns ``optimized_metric``."""
     from adls_lightning.app.training import one_line_errors, run  # imported late: `--help` stays fast
 
+    _configure_logs()
     with one_line_errors():
         if cfg.get("init_from_study") is not None:
             check_from_command_line(cfg)
@@ -41,6 +42,7 @@ def run_search_trial(cfg: DictConfig) -> Any:
     """Hydra task of ``search``: one trial (a training run of the sampled config)."""
     from adls_lightning.app.objective import run_trial  # imported late: `--help` stays fast
 
+    _configure_logs()
     if cfg.get("init_from_study") is not None:
         check_from_command_line(cfg)
     return run_trial(cfg)
@@ -62,6 +64,14 @@ def check_from_command_line(cfg: object) -> None:
         f"{KEY}={value}: set in a config file, where it is not read; give it on the command line "
         f"(train.py/search.py {KEY}={value}), which turns it into the study's model and init_ckpt"
     )
+
+
+def _configure_logs() -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from adls_lightning import logs
+
+    logs.configure(HydraConfig.get().verbose if HydraConfig.initialized() else False)
 
 
 def entry_point(task: Callable[[DictConfig], Any], config_dir: Path, config_name: str) -> Callable[[], Any]:

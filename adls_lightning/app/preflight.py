@@ -8,10 +8,9 @@ module its ``data.*`` keys, the sweeper its ``hydra.sweeper.*``); this module ch
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
-import os
-import sys
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -23,6 +22,9 @@ from adls_lightning.errors import (
     require_positive_int,
     require_positive_number,
 )
+from adls_lightning.errors import exit_with as exit_with
+from adls_lightning.run_dir import METRICS_FILE as METRICS_FILE
+from adls_lightning.run_dir import check_output_dir as check_output_dir
 
 
 def _get(cfg: Mapping, dotted: str, default: Any = None) -> Any:
@@ -71,6 +73,26 @@ def validate_trainer(trainer: Mapping) -> None:
         raise ConfigError("trainer.accelerator=mps: no Apple GPU on this machine (use trainer=cpu)")
 
 
+class Problems:
+    """Collects the ConfigErrors of independent checks, so a refusal names every problem at once:
+    ``with problems.check(): ...`` per check, then :meth:`raise_all`."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    @contextlib.contextmanager
+    def check(self) -> typing.Iterator[None]:
+        try:
+            yield
+        except ConfigError as err:
+            self.found.append(str(err))
+
+    def raise_all(self) -> None:
+        """Raise one ConfigError naming every problem found (``; ``-separated), if any."""
+        if self.found:
+            raise ConfigError("; ".join(dict.fromkeys(self.found)))
+
+
 def validate_run_config(cfg: Mapping) -> None:
     """Check the values of a composed ``train.yaml`` config that no object checks itself.
 
@@ -78,71 +100,48 @@ def validate_run_config(cfg: Mapping) -> None:
     module when it is built (before anything is written).
 
     Raises:
-        ConfigError: naming the first offending key.
+        ConfigError: naming every offending key.
     """
+    problems = Problems()
     seed = cfg.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
-        raise ConfigError(f"seed={seed!r}: must be an integer in [0, 2**32) or null")
+        problems.found.append(f"seed={seed!r}: must be an integer in [0, 2**32) or null")
     trainer = cfg.get("trainer") or {}
-    require_positive_int("trainer.max_epochs", trainer.get("max_epochs"))
-    validate_trainer(trainer)
+    with problems.check():
+        require_positive_int("trainer.max_epochs", trainer.get("max_epochs"))
+    with problems.check():
+        validate_trainer(trainer)
     lora = _get(cfg, "model.lora")
     if lora:
-        require_positive_int("model.lora.r", lora.get("r"))
-        require_fraction("model.lora.lora_dropout", lora.get("lora_dropout", 0.0))
+        with problems.check():
+            require_positive_int("model.lora.r", lora.get("r"))
+        with problems.check():
+            require_fraction("model.lora.lora_dropout", lora.get("lora_dropout", 0.0))
     optimizer = _get(cfg, "model.optimizer") or {}
-    require_positive_number("model.optimizer.lr", optimizer.get("lr"), allow_none=True)
-    require_positive_number("model.merged_lr", _get(cfg, "model.merged_lr"), allow_none=True)
+    with problems.check():
+        require_positive_number("model.optimizer.lr", optimizer.get("lr"), allow_none=True)
+    with problems.check():
+        require_positive_number("model.merged_lr", _get(cfg, "model.merged_lr"), allow_none=True)
     missing = object()
     for flag in ("model.merge_lora_before_compress", "model.freeze_embeddings"):
         value = _get(cfg, flag, missing)
         if value is not missing and not isinstance(value, bool):
-            raise ConfigError(f"{flag}={value!r}: must be true or false")
-    require_fraction("model.warmup_ratio", _get(cfg, "model.warmup_ratio", 0.0))
+            problems.found.append(f"{flag}={value!r}: must be true or false")
+    with problems.check():
+        require_fraction("model.warmup_ratio", _get(cfg, "model.warmup_ratio", 0.0))
     for key in ("init_ckpt", "ckpt_path"):
         path = cfg.get(key)
         if path is None or (key == "ckpt_path" and path in ("last", "best")):
             continue
         if not Path(str(path)).is_file():
             valid = "a .ckpt path, 'last', or null" if key == "ckpt_path" else "a .ckpt path or null"
-            raise ConfigError(f"{key}={path}: no such checkpoint file (give {valid})")
+            problems.found.append(f"{key}={path}: no such checkpoint file (give {valid})")
+            continue
         from adls_lightning.checkpoints import check_checkpoint_file
 
-        check_checkpoint_file(path, key)
-
-
-# What marks a folder as holding an earlier run (besides its checkpoints/ folder).
-METRICS_FILE = "metrics.json"
-
-
-def check_output_dir(
-    output_dir: Path, cfg: Mapping, key: str = "hydra.run.dir", *, earlier_run: bool = True
-) -> None:
-    """Refuse a run folder that is not a writable folder, or (``earlier_run``) that holds an earlier run a fresh
-    run would replace. A search's sweep folder may hold its earlier trials: re-running resumes the study.
-
-    Raises:
-        ConfigError: naming ``key``; an earlier run is refused unless resuming (``ckpt_path``) or ``overwrite``.
-    """
-    existing = next((p for p in (output_dir, *output_dir.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise ConfigError(f"{key}={output_dir}: {existing} is a file, not a folder (give a folder path)")
-    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{key}={output_dir}: {existing} is not writable (give a folder you can write to)")
-    if not earlier_run or cfg.get("ckpt_path") or cfg.get("overwrite"):
-        return
-    earlier = [p for p in (output_dir / METRICS_FILE, output_dir / "checkpoints") if p.exists()]
-    if earlier:
-        raise ConfigError(
-            f"{key}={output_dir}: holds an earlier run ({earlier[0].name}); choose another hydra.run.dir, "
-            "resume it with ckpt_path=last, or pass overwrite=true"
-        )
-
-
-def exit_with(message: str) -> typing.NoReturn:
-    """The one-line refusal: ``error: <message>`` on stderr, exit code 2."""
-    print(f"error: {' '.join(message.split())}", file=sys.stderr)
-    sys.exit(2)
+        with problems.check():
+            check_checkpoint_file(path, key)
+    problems.raise_all()
 
 
 def check_composed_config(cfg: Any, multirun: bool) -> None:
@@ -174,18 +173,24 @@ def check_composed_config(cfg: Any, multirun: bool) -> None:
         raise ConfigError(f"{err.full_key}: {err.msg}") from None
     finally:
         HydraConfig.instance().cfg = None
+    # Independent checks, each run: a refusal names every problem of the command line, not only the first.
+    problems = Problems()
     space = OmegaConf.select(cfg, "hydra.sweeper.search_space")
     if multirun and space is not None:
         from adls_lightning.build import build
 
         # A space checks its own choices when built (cheap: nothing is sampled); built here, a bad choice list
         # is refused before the sweep starts instead of failing every trial.
-        build(space, "hydra.sweeper.search_space")
+        with problems.check():
+            build(space, "hydra.sweeper.search_space")
     job.pop("hydra", None)
-    validate_run_config(job)
-    check_output_dir(
-        run_dir, job, "hydra.sweep.dir" if multirun else "hydra.run.dir", earlier_run=not multirun
-    )
+    with problems.check():
+        validate_run_config(job)
+    with problems.check():
+        check_output_dir(
+            run_dir, job, "hydra.sweep.dir" if multirun else "hydra.run.dir", earlier_run=not multirun
+        )
+    problems.raise_all()
 
 
 def preflight(hydra_main: Callable[[], Any], config_dir: Path, config_name: str) -> Callable[[], Any]:

@@ -27,6 +27,7 @@ from adls_lightning.build import build
 from adls_lightning.checkpoints import check_shapes, find_last_checkpoint, read_checkpoint
 from adls_lightning.errors import ConfigError
 from adls_lightning.io_utils import AtomicCheckpointIO, atomic_write_json
+from adls_lightning.logs import drop_unset_wandb_settings
 from adls_lightning.module import parameter_metrics
 from adls_lightning.runtime import keep_freed_memory
 
@@ -61,7 +62,7 @@ def instantiate_callbacks(cfg: DictConfig) -> list[L.Callback]:
     callbacks = []
     for name, leaf in leaves:
         if isinstance(leaf, Mapping) and "_target_" in leaf:
-            log.info("Instantiating callback %s <%s>", name, leaf["_target_"])
+            log.debug("Instantiating callback %s <%s>", name, leaf["_target_"])
             callbacks.append(build(leaf, name, _convert_="partial"))
     return callbacks
 
@@ -71,12 +72,13 @@ def instantiate_loggers(cfg: DictConfig) -> list[Logger]:
     loggers = []
     for name, leaf in (cfg.get("logger") or {}).items():
         if isinstance(leaf, Mapping) and "_target_" in leaf:
-            log.info("Instantiating logger %s <%s>", name, leaf["_target_"])
+            log.debug("Instantiating logger %s <%s>", name, leaf["_target_"])
             extra = {}
             if leaf["_target_"].endswith("WandbLogger") and not leaf.get("group") and _is_multirun():
                 # One W&B group per sweep, so a multirun's jobs sit together in the UI.
                 extra["group"] = Path(HydraConfig.get().sweep.dir).name
             loggers.append(build(leaf, f"logger.{name}", **extra))
+            drop_unset_wandb_settings(loggers[-1])
     return loggers
 
 
@@ -119,10 +121,10 @@ def _checked_objects(cfg: DictConfig) -> tuple:
     if cfg.get("keep_freed_memory", True) and not keep_freed_memory():
         log.info("keep_freed_memory: not available on this platform (glibc malloc only)")
 
-    log.info("Instantiating datamodule <%s>", cfg.data._target_)
+    log.debug("Instantiating datamodule <%s>", cfg.data._target_)
     datamodule = build(cfg.data, "data")
     datamodule.setup("fit")  # fail fast on data problems, before the model is built
-    log.info("Instantiating model <%s>", cfg.model._target_)
+    log.debug("Instantiating model <%s>", cfg.model._target_)
     init = {"init_ckpt": str(cfg.init_ckpt)} if cfg.get("init_ckpt") else {}
     model = build(cfg.model, "model", _convert_="partial", **init)
     check_max_length(model, cfg.data.get("max_length"))
@@ -234,6 +236,7 @@ def _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_pa
         else:  # evaluation only: the given checkpoint, or the initial weights
             best = ckpt_path or ""
         ckpt = best or None
+        log.info("Evaluating %s", f"the checkpoint {ckpt}" if ckpt else "the current weights")
         trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
         metrics.update(_float_metrics(trainer.callback_metrics))
         # Counted now, after the callbacks' setup (quantization, LoRA merge, train_base) shaped the model.
@@ -264,7 +267,8 @@ def print_summary(metrics: Mapping[str, float], output_dir: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"Run summary ({output_dir})", show_header=False)
+    # The folder goes below the table, not in its title: Rich wraps a title inside the table's width.
+    table = Table(title="Run summary", show_header=False)
     rows = [
         ("val/acc", "val accuracy", "{:.4f}"),
         ("test/acc", "test accuracy", "{:.4f}"),
@@ -281,7 +285,9 @@ def print_summary(metrics: Mapping[str, float], output_dir: Path) -> None:
     extra = sorted(k for k in metrics if k.split("/")[0] in ("quant", "prune", "ptq", "compress", "mxint8"))
     for key in extra:
         table.add_row(key, f"{metrics[key]:.4g}")
-    Console(stderr=False).print(table)
+    console = Console(stderr=False)
+    console.print(table)
+    console.print(f"Run folder: {output_dir}", soft_wrap=True, highlight=False)
 
 
 @contextmanager

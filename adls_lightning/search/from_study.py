@@ -58,20 +58,46 @@ class StudyStart:
         )
 
 
-def _storage_of(source: str, search_dir: Path) -> tuple[str, str | None]:
-    """(storage URL, study name or None) of ``source``: a URL, a file, or a study name under ``search_dir``."""
+def study_storage(source: str, search_dir: Path, key: str = KEY) -> tuple[str, str | None]:
+    """(storage spec, study name or None) of ``source``: a URL, an SQLite file or a journal file (told apart by
+    SQLite's file header), or a study name under ``search_dir`` (``NAME/NAME.db`` or ``NAME/NAME.journal``, as search.py keeps them)."""
     if "://" in source:
         return source, None
     path = Path(source).expanduser()
     if path.is_file():
-        return f"sqlite:///{path.resolve()}", None
-    by_name = search_dir / source / f"{source}.db"
-    if "/" not in source and by_name.is_file():
-        return f"sqlite:///{by_name.resolve()}", source
+        with path.open("rb") as handle:
+            sqlite = handle.read(16) == b"SQLite format 3\x00"
+        return (f"sqlite:///{path.resolve()}" if sqlite else str(path.resolve())), None
+    if "/" not in source:
+        if (search_dir / source / f"{source}.db").is_file():
+            return f"sqlite:///{(search_dir / source / f'{source}.db').resolve()}", source
+        if (search_dir / source / f"{source}.journal").is_file():
+            return str((search_dir / source / f"{source}.journal").resolve()), source
     raise ConfigError(
-        f"{KEY}={source}: no such study file, and no study of that name in {search_dir} "
-        f"(give a .db file, an SQLAlchemy URL or a study name as in {search_dir}/NAME/NAME.db)"
+        f"{key}={source}: no such study file, and no study of that name in {search_dir} "
+        f"(give a .db or .journal file, an SQLAlchemy URL or a study name as in {search_dir}/NAME/NAME.db)"
     )
+
+
+def open_study(source: str, url: str, name: str | None, key: str = KEY) -> optuna.Study:
+    """The study ``name`` in the storage ``url`` (None: the storage's only study); ``source`` as the user gave it.
+
+    Raises:
+        ConfigError: naming ``key=source``: the storage cannot be opened, holds several studies and no name was
+            given, or has no study of that name.
+    """
+    storage = open_storage(url, key=key)
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+    if name is None:
+        if len(names) != 1:
+            raise ConfigError(
+                f"{key}={source}: holds {len(names)} studies ({', '.join(names) or 'none'}); "
+                "give a storage with one study, or the study's name"
+            )
+        name = names[0]
+    elif name not in names:
+        raise ConfigError(f"{key}={source}: has no study {name} (its studies: {', '.join(names) or 'none'})")
+    return optuna.load_study(study_name=name, storage=storage)
 
 
 def best_trial(source: str, url: str, name: str | None) -> tuple[str, FrozenTrial]:
@@ -81,16 +107,8 @@ def best_trial(source: str, url: str, name: str | None) -> tuple[str, FrozenTria
         ConfigError: the storage cannot be opened, holds several studies, or the study has several objectives
             or no completed trial (messages name ``init_from_study=source``).
     """
-    storage = open_storage(url, key=KEY)
-    names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
-    if name is None:
-        if len(names) != 1:
-            raise ConfigError(
-                f"{KEY}={source}: holds {len(names)} studies ({', '.join(names) or 'none'}); "
-                "give a storage with one study, or the study's name"
-            )
-        name = names[0]
-    study = optuna.load_study(study_name=name, storage=storage)
+    study = open_study(source, url, name)
+    name = study.study_name
     if len(study.directions) > 1:
         raise ConfigError(
             f"{KEY}={source}: study {name} has {len(study.directions)} objectives, so no single best trial; "
@@ -151,7 +169,7 @@ def start_from_study(source: str, search_dir: Path) -> StudyStart:
     Raises:
         ConfigError: see :func:`best_trial`, or the trial's folder or run record is gone.
     """
-    url, name = _storage_of(source, search_dir)
+    url, name = study_storage(source, search_dir)
     name, trial = best_trial(source, url, name)
     folder = _trial_dir(trial, url)
     overrides = model_overrides(folder)

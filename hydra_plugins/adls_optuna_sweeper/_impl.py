@@ -62,6 +62,7 @@ from adls_lightning.app.objective import TrialResult, objective_names
 from adls_lightning.build import build
 from adls_lightning.errors import ConfigError
 from adls_lightning.io_utils import atomic_write_json
+from adls_lightning.progress import trial_line
 from adls_lightning.search.storage import is_journal, job_spec, mask_password, open_storage, storage_spec
 
 log = logging.getLogger(__name__)
@@ -701,7 +702,9 @@ class StudySweeper(Sweeper):
         except (TypeError, ValueError) as err:
             return self._fail(study, trial, err)
         self._tell(study, trial, values=values)
-        log.info("Trial %d finished: %s", trial.number, values)
+        best = study.best_trials if len(self.directions) > 1 else [study.best_trial]
+        names = study.metric_names or [f"objective_{i}" for i in range(len(values))]
+        log.info(trial_line(trial.number, values, trial.params, names, [(t.number, t.values) for t in best]))
         return None
 
     def _fail(self, study: optuna.Study, trial: optuna.Trial, err: Exception) -> Exception:

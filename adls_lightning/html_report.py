@@ -1,0 +1,184 @@
+"""A self-contained HTML page of figures and tables: the study report (``adls_lightning.search.report``) and the
+sweep report (``adls_lightning.report``) are written with it.
+
+Figures are plotly figures (Optuna draws its own with plotly); plotly.js is embedded once, so the page opens from
+a file with no network. Tables sort by any column on a click on its header.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adls_lightning.errors import ConfigError, exit_with
+from adls_lightning.io_utils import atomic_write_bytes
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.5em; }
+table { border-collapse: collapse; font-size: 0.85em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; cursor: pointer; user-select: none; }
+th.sorted-asc::after { content: " \\25B2"; } th.sorted-desc::after { content: " \\25BC"; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+code, pre { background: #f6f6f6; padding: 0.2em 0.4em; white-space: pre-wrap; word-break: break-all; }
+.figure { margin: 1em 0; }
+"""
+
+# Click a header: sort by that column (numbers as numbers, empty cells last), click again: the other way.
+SORT_SCRIPT = """
+document.querySelectorAll("table.sortable").forEach(function (table) {
+  table.querySelectorAll("th").forEach(function (th, col) {
+    th.addEventListener("click", function () {
+      var asc = !th.classList.contains("sorted-asc");
+      table.querySelectorAll("th").forEach(function (h) { h.classList.remove("sorted-asc", "sorted-desc"); });
+      th.classList.add(asc ? "sorted-asc" : "sorted-desc");
+      var body = table.tBodies[0], rows = Array.from(body.rows);
+      function key(row) {
+        var text = row.cells[col].textContent.trim(), num = Number(text);
+        return text === "" ? null : (isNaN(num) ? text : num);
+      }
+      rows.sort(function (a, b) {
+        var x = key(a), y = key(b);
+        if (x === null) return 1; if (y === null) return -1;
+        var c = (typeof x === "number" && typeof y === "number") ? x - y : String(x).localeCompare(String(y));
+        return asc ? c : -c;
+      });
+      rows.forEach(function (row) { body.appendChild(row); });
+    });
+  });
+});
+"""
+
+
+def format_cell(value: Any) -> tuple[str, bool]:
+    """(text, is a number) of a table cell: floats to 6 significant digits, lists and dicts as JSON."""
+    if value is None:
+        return "", False
+    if isinstance(value, bool):
+        return str(value).lower(), False
+    if isinstance(value, float):
+        return f"{value:.6g}", True
+    if isinstance(value, int):
+        return str(value), True
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value), False
+    return str(value), False
+
+
+@dataclass
+class Page:
+    """The sections of one report page, in order."""
+
+    title: str
+    sections: list[str] = field(default_factory=list)
+    figures: int = 0
+
+    def heading(self, text: str) -> None:
+        self.sections.append(f"<h2>{html.escape(text)}</h2>")
+
+    def paragraph(self, text: str) -> None:
+        self.sections.append(f"<p>{html.escape(text)}</p>")
+
+    def code(self, text: str) -> None:
+        self.sections.append(f"<pre><code>{html.escape(text)}</code></pre>")
+
+    def facts(self, rows: Mapping[str, Any]) -> None:
+        """A two-column table of names and values (not sortable)."""
+        cells = "".join(
+            f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(format_cell(v)[0])}</td></tr>"
+            for k, v in rows.items()
+        )
+        self.sections.append(f"<table class='facts'>{cells}</table>")
+
+    def figure(self, figure: Any) -> None:
+        """A plotly figure (drawn by the embedded plotly.js when the page opens)."""
+        self.figures += 1
+        div = figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"figure-{self.figures}")
+        self.sections.append(f"<div class='figure'>{div}</div>")
+
+    def table(self, columns: Sequence[str], rows: Sequence[Sequence[Any]], table_id: str) -> None:
+        """A sortable table; ``rows`` hold values (formatted by :func:`format_cell`)."""
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+        body = []
+        for row in rows:
+            cells = []
+            for value in row:
+                text, number = format_cell(value)
+                cells.append(f"<td{' class=num' if number else ''}>{html.escape(text)}</td>")
+            body.append(f"<tr>{''.join(cells)}</tr>")
+        self.sections.append(
+            f"<table class='sortable' id='{table_id}'><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table>"
+        )
+
+    def html(self) -> str:
+        from plotly.offline import get_plotlyjs
+
+        plotly_js = f"<script>{get_plotlyjs()}</script>" if self.figures else ""
+        return (
+            "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f"<title>{html.escape(self.title)}</title><style>{STYLE}</style>{plotly_js}</head>"
+            f"<body><h1>{html.escape(self.title)}</h1>{''.join(self.sections)}"
+            f"<script>{SORT_SCRIPT}</script></body></html>\n"
+        )
+
+    def write(self, out_dir: Path) -> Path:
+        """Write ``out_dir/index.html`` (the folder is created; the file is replaced whole, never half-written)."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / "index.html"
+        atomic_write_bytes(path, self.html().encode())
+        return path
+
+
+def parse_args(
+    argv: Sequence[str], positional: str | None, keys: Sequence[str], usage: str
+) -> dict[str, str]:
+    """``key=value`` arguments (Hydra-style) and, when ``positional`` names it, one bare argument.
+
+    Raises:
+        ConfigError: an unknown key, a second bare argument, or a missing required key (``out`` always).
+    """
+    args: dict[str, str] = {}
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            if positional is None or positional in args:
+                raise ConfigError(f"{arg}: unexpected argument ({usage})")
+            args[positional] = arg
+        elif key in keys:
+            args[key] = value
+        else:
+            raise ConfigError(f"{key}: unknown option (valid: {', '.join(keys)}; {usage})")
+    required = [positional] if positional else []
+    for key in [*required, "out"]:
+        if not args.get(key):
+            raise ConfigError(f"{key}: missing ({usage})")
+    return args
+
+
+def check_out_dir(out: str) -> Path:
+    """The report's folder: creatable and writable (nothing is written before the report is ready).
+
+    Raises:
+        ConfigError: naming ``out=``.
+    """
+    from adls_lightning.run_dir import check_output_dir
+
+    path = Path(out).expanduser().absolute()
+    check_output_dir(path, {}, "out", earlier_run=False)
+    return path
+
+
+def main_guard(func: Any) -> None:
+    """Run ``func(sys.argv[1:])`` with a refusal as one line and exit code 2."""
+    try:
+        path = func(sys.argv[1:])
+    except ConfigError as err:
+        exit_with(str(err))
+    print(f"Report written to {path}")

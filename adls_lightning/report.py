@@ -1,0 +1,165 @@
+"""The report of a Hydra multirun of ``train.py``: ``python -m adls_lightning.report sweep=<multirun folder>
+out=DIR [metric=NAME]`` writes ``DIR/index.html``: a sortable table of every job's overrides and metrics, and the
+main metric (``metric=``, else the runs' ``optimized_metric``) against each swept parameter.
+
+Jobs are the folders under ``sweep`` holding a run record (``.hydra/overrides.yaml``, written once a run's
+checks passed); a job without ``metrics.json`` (failed or still running) is listed without metrics. A search's
+folder (``search.py``) is a study: ``python -m adls_lightning.search.report`` draws it with Optuna's figures.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from adls_lightning.errors import ConfigError
+from adls_lightning.html_report import Page, check_out_dir, main_guard, parse_args
+from adls_lightning.run_dir import METRICS_FILE
+
+USAGE = "python -m adls_lightning.report sweep=<multirun folder> out=DIR [metric=NAME]"
+RECORD = Path(".hydra")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job of a multirun: its folder, overrides (key -> value as written) and metrics (empty: none)."""
+
+    folder: Path
+    overrides: dict[str, str]
+    metrics: dict[str, Any]
+    optimized_metric: str | None
+
+
+def read_jobs(sweep: Path) -> list[Job]:
+    """The jobs under ``sweep`` (any depth), in folder order (Hydra's job numbers sort numerically).
+
+    Raises:
+        ConfigError: ``sweep`` is not a folder, or holds no job.
+    """
+    if not sweep.is_dir():
+        raise ConfigError(
+            f"sweep={sweep}: not a folder (give a multirun folder, e.g. outputs/train/multiruns/DATE)"
+        )
+    jobs = []
+    for record in sweep.rglob(str(RECORD / "overrides.yaml")):
+        folder = record.parent.parent
+        overrides = {}
+        for line in yaml.safe_load(record.read_text()) or []:
+            key, _, value = str(line).partition("=")
+            overrides[key.lstrip("+~")] = value
+        metrics_file = folder / METRICS_FILE
+        metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
+        config_file = folder / RECORD / "config.yaml"
+        config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
+        jobs.append(Job(folder, overrides, metrics, (config or {}).get("optimized_metric")))
+    if not jobs:
+        raise ConfigError(f"sweep={sweep}: no job folder with a run record (.hydra/overrides.yaml) under it")
+    return sorted(
+        jobs, key=lambda j: [int(p) if p.isdigit() else p for p in j.folder.relative_to(sweep).parts]
+    )
+
+
+def swept_keys(jobs: Sequence[Job]) -> list[str]:
+    """The override keys whose value differs between jobs (or that some jobs do not set)."""
+    keys = sorted({k for j in jobs for k in j.overrides})
+    return [k for k in keys if len({j.overrides.get(k) for j in jobs}) > 1]
+
+
+def as_number(text: str | None) -> float | str | None:
+    """An override's value as a number when it is one (for the figure's axis), else the text."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def metric_figure(jobs: Sequence[Job], key: str, metric: str) -> Any:
+    """``metric`` against the swept ``key``, one point per job (hover: the job's folder)."""
+    import plotly.graph_objects as go
+
+    points = [
+        (as_number(j.overrides.get(key)), j.metrics[metric], j.folder.name)
+        for j in jobs
+        if metric in j.metrics
+    ]
+    numeric = all(isinstance(x, float) for x, _, _ in points)
+    points.sort(key=lambda p: p[0] if numeric else str(p[0]))
+    figure = go.Figure(
+        go.Scatter(
+            x=[x if numeric else str(x) for x, _, _ in points],
+            y=[y for _, y, _ in points],
+            text=[name for _, _, name in points],
+            mode="markers+lines" if numeric else "markers",
+            marker={"size": 10},
+            hovertemplate=f"{key}=%{{x}}<br>{metric}=%{{y}}<br>job %{{text}}<extra></extra>",
+        )
+    )
+    values = sorted({x for x, _, _ in points if isinstance(x, float) and x > 0})
+    # learning rates, widths, sizes: a sweep over several orders of magnitude reads on a log axis
+    log_x = numeric and len(values) == len(points) and len(values) > 2 and values[-1] / values[0] >= 100
+    figure.update_layout(
+        title=f"{metric} vs {key}",
+        xaxis={"title": key, "type": "log" if log_x else None},
+        yaxis={"title": metric},
+        height=420,
+    )
+    return figure
+
+
+def sweep_page(sweep: Path, jobs: Sequence[Job], metric: str | None) -> Page:
+    metric = metric or next((j.optimized_metric for j in jobs if j.optimized_metric), None) or "val/acc"
+    swept = swept_keys(jobs)
+    finished = [j for j in jobs if j.metrics]
+    page = Page(f"Sweep {sweep.name}")
+    page.facts(
+        {
+            "folder": str(sweep),
+            "jobs": f"{len(jobs)} ({len(finished)} with metrics)",
+            "swept": ", ".join(swept) or "nothing (every job has the same overrides)",
+            "main metric": metric,
+        }
+    )
+    if not any(metric in j.metrics for j in jobs):
+        page.paragraph(f"No job has {metric} in its metrics: nothing to draw.")
+    else:
+        for key in swept:
+            page.heading(f"{metric} vs {key}")
+            page.figure(metric_figure(jobs, key, metric))
+    fixed = {k: v for k, v in jobs[0].overrides.items() if k not in swept}
+    if fixed:
+        page.heading("Common overrides")
+        page.code(" ".join(f"{k}={v}" for k, v in fixed.items()))
+    names = sorted({m for j in jobs for m in j.metrics}, key=lambda m: (m != metric, m))
+    rows = [
+        [str(j.folder.relative_to(sweep)), *(as_number(j.overrides.get(k)) for k in swept)]
+        + [j.metrics.get(m) for m in names]
+        for j in jobs
+    ]
+    page.heading(f"Jobs ({len(jobs)})")
+    page.table(["job", *swept, *names], rows, table_id="jobs")
+    return page
+
+
+def write_report(argv: Sequence[str]) -> Path:
+    """The command: parse ``argv``, check ``out``, read the jobs, write the page.
+
+    Raises:
+        ConfigError: bad arguments, an unwritable ``out``, or no job under ``sweep``.
+    """
+    args = parse_args(argv, None, ("sweep", "out", "metric"), USAGE)
+    if not args.get("sweep"):
+        raise ConfigError(f"sweep: missing ({USAGE})")
+    out = check_out_dir(args["out"])
+    sweep = Path(args["sweep"]).expanduser().absolute()
+    return sweep_page(sweep, read_jobs(sweep), args.get("metric")).write(out)
+
+
+if __name__ == "__main__":
+    main_guard(write_report)

