@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from adls_lightning.training import run
+from adls_lightning.app.training import run
 from torch import nn
 from transformers import AutoModelForSequenceClassification
 

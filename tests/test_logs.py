@@ -67,7 +67,7 @@ def test_tiny_run_prints_each_line_once_with_progress_lines(tiny_imdb_dir, cache
 
 
 def test_summary_title_does_not_wrap_at_80_columns(tmp_path, capsys, monkeypatch):
-    from adls_lightning.training import print_summary
+    from adls_lightning.app.training import print_summary
 
     monkeypatch.setenv("COLUMNS", "80")
     folder = tmp_path / ("long-run-folder-name-" * 4)
