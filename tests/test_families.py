@@ -132,8 +132,9 @@ def test_family_compression_presets(preset, feature, compose_cfg, caplog):
     with caplog.at_level(logging.INFO):
         metrics = run(compose_cfg([f"model={preset}", *FAST, feature]))
     plain = build_module([f"model={preset}", "model/lora=none"]).model
-    # every linear except the classification head (``exclude: [classifier]``: RoBERTa's and ELECTRA's is two)
-    body = [n for n in linear_names(plain) if not n.startswith("classifier")]
+    # every linear except the head: the presets' ``exclude: [classifier]`` is a regex searched in the names, so it
+    # also skips DistilBERT's pre_classifier and the two linears of RoBERTa's and ELECTRA's classifier
+    body = [n for n in linear_names(plain) if "classifier" not in n]
     if feature == "quant=mxint8_packed":
         assert metrics["mxint8/packed_layers"] == len(body)
         assert metrics["mxint8/bits_per_weight"] < 8.5
@@ -274,4 +275,4 @@ def test_family_bad_lora_targets_from_the_command_line(tiny_imdb_dir, cache_dir,
     )
     line = assert_one_line_error(proc, "error: model.lora.target_modules: query, value match no layer")
     assert "attention.q_lin, attention.k_lin, attention.v_lin, attention.out_lin, ffn.lin1, ffn.lin2" in line
-    assert not out.exists()
+    assert not out.exists() or not any(out.iterdir())  # Hydra may make the folder; nothing lands in it
