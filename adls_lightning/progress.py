@@ -7,6 +7,7 @@ the one line of a finished search trial. ``callbacks/progress.py`` is the Lightn
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +64,10 @@ class StageClock:
         """Count one batch of ``samples``; whether a progress line is due (``interval_s`` since the last one)."""
         self.batches += 1
         self.samples += samples
+        return self.due()
+
+    def due(self) -> bool:
+        """Whether a line is due without a new batch (a step longer than the interval); marks it written."""
         now = self.clock()
         if now - self.last_line >= self.interval_s:
             self.last_line = now
@@ -74,6 +79,24 @@ class StageClock:
         if not self.total or not math.isfinite(self.total) or not self.batches:
             return math.nan
         return self.elapsed / self.batches * max(self.total - self.batches, 0)
+
+
+class Heartbeat:
+    """A daemon thread calling ``beat()`` every ``period_s`` until :meth:`stop`: progress lines stay on time while
+    one step takes longer than the interval (a loaded CPU, a first compiled step, a slow data loader)."""
+
+    def __init__(self, period_s: float, beat: Callable[[], None]) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(period_s, beat), daemon=True, name="progress")
+        self._thread.start()
+
+    def _run(self, period_s: float, beat: Callable[[], None]) -> None:
+        while not self._stop.wait(period_s):
+            beat()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def progress_line(clock: StageClock, epoch: str = "", metrics: Mapping[str, Any] | None = None) -> str:

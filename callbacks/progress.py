@@ -12,7 +12,7 @@ from typing_extensions import override
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.logs import is_terminal
-from adls_lightning.progress import StageClock, progress_line
+from adls_lightning.progress import Heartbeat, StageClock, progress_line
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ class LineProgressBar(ProgressBar):
         self._enabled = True
         self._train: StageClock | None = None  # the training epoch's clock
         self._eval: StageClock | None = None  # the running validation's or test's clock
+        self._train_metrics: dict[str, Any] = {}  # the last batch's, for a line between batches
+        self._heartbeat: Heartbeat | None = None
 
     def disable(self) -> None:
         self._enabled = False
@@ -63,14 +65,35 @@ class LineProgressBar(ProgressBar):
         if self._enabled:
             log.info(progress_line(clock, epoch, metrics))
 
+    def _beat(self) -> None:
+        # From the heartbeat thread: the running stage's line, when no batch end wrote one for an interval.
+        clock = self._eval or self._train
+        if clock is not None and clock.due():
+            metrics = self._train_metrics if clock is self._train else None
+            self._line(clock, self._epoch() if clock is self._train else "", metrics)
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)  # attaches the trainer
+        if self._heartbeat is None and self.interval_s > 0:
+            self._heartbeat = Heartbeat(min(self.interval_s, 5.0), self._beat)
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
+
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._train = StageClock("train", self.total_train_batches, self.interval_s)
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._train_metrics = self._metrics(pl_module, "train/")
         if self._train is not None and self._train.advance(_batch_size(batch)):
-            self._line(self._train, self._epoch(), self._metrics(pl_module, "train/"))
+            self._line(self._train, self._epoch(), self._train_metrics)
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -88,6 +111,18 @@ class LineProgressBar(ProgressBar):
     ) -> None:
         if not trainer.sanity_checking and self._eval is not None and self._eval.advance(_batch_size(batch)):
             self._line(self._eval)
+
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._eval = None  # the heartbeat goes back to the training clock
+
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._train = None
+
+    @override
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._eval = None
 
     @override
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

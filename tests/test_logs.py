@@ -138,3 +138,23 @@ def test_bad_progress_interval_is_refused(interval):
 
     with pytest.raises(ConfigError, match=r"callbacks.rich_progress_bar.interval_s=.*: must be a number"):
         progress_bar(interval_s=interval)
+
+
+def test_heartbeat_writes_lines_while_a_step_runs_longer_than_the_interval(caplog):
+    """A step that outlasts the interval still gets its line on time (the heartbeat thread), without metrics."""
+    import time as real_time
+
+    from callbacks.progress import LineProgressBar
+
+    bar = LineProgressBar(interval_s=0.2)
+    bar._train = StageClock("train", 10, interval_s=0.2)
+    bar._epoch = lambda: "1/1"  # no trainer attached in this unit test
+    with caplog.at_level(logging.INFO, logger="callbacks.progress"):
+        from adls_lightning.progress import Heartbeat
+
+        heartbeat = Heartbeat(0.05, bar._beat)
+        real_time.sleep(1.0)  # one long "step": no batch end at all
+        heartbeat.stop()
+    lines = [r.getMessage() for r in caplog.records]
+    assert 3 <= len(lines) <= 6, lines  # one per 0.2 s, checked every 0.05 s
+    assert all(line.startswith("train epoch 1/1 step 0/10 (0%) | ") for line in lines), lines

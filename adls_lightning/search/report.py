@@ -148,7 +148,7 @@ def study_page(study: optuna.Study, shown_storage: str) -> Page:
     best = study.best_trials if any(t.state == TrialState.COMPLETE for t in trials) else []
     if len(names) == 1:
         best = best[:1]
-    page.heading("Best trial" if len(best) == 1 else f"Pareto front ({len(best)} trials)")
+    page.heading("Best trial" if len(names) == 1 else f"Pareto front ({len(best)} trials)")
     if not best:
         page.paragraph("No completed trial yet.")
     for t in best:
