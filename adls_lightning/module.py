@@ -13,6 +13,7 @@ from torchmetrics.classification import BinaryAccuracy, BinaryF1Score
 from transformers import PreTrainedModel
 
 from adls_lightning.config import ConfigError
+from adls_lightning.dropout import use_fast_dropout
 from adls_lightning.lora import merge_lora as merge_lora_into_base
 from adls_lightning.models import set_attn_implementation
 
@@ -64,6 +65,9 @@ class SequenceClassifier(LightningModule):
             full-precision and a quantized checkpoint of the same architecture load.
         attn_implementation: Hugging Face attention implementation, ``sdpa`` (fused) or ``eager`` (naive);
             None keeps the backbone's.
+        fast_dropout: every ``nn.Dropout`` (HF's hidden and head dropouts, PEFT's LoRA dropouts) and SDPA's
+            attention-probability dropout draw their masks with the C++ Philox kernel on CPU tensors
+            (:mod:`adls_lightning.dropout`); torch's dropout on other devices, or where the kernel is not built.
     """
 
     def __init__(
@@ -78,6 +82,7 @@ class SequenceClassifier(LightningModule):
         merged_lr: float | None = None,
         init_ckpt: str | None = None,
         attn_implementation: str | None = None,
+        fast_dropout: bool = False,
     ) -> None:
         super().__init__()
         if attn_implementation is not None:
@@ -104,6 +109,8 @@ class SequenceClassifier(LightningModule):
                 )
             embeddings.requires_grad_(False)
         self.model = get_peft_model(backbone, lora) if lora is not None else backbone
+        if fast_dropout:
+            use_fast_dropout(self.model)
         metrics = MetricCollection({"acc": BinaryAccuracy(), "f1": BinaryF1Score()})
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
