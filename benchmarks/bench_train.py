@@ -274,6 +274,11 @@ def bench_one(
                 flush=True,
             )
             baseline = run_plain_hf(cfg, datamodule)
+        print(
+            f"[bench] seed {seed}, {'eager' if args.compile else 'plain HF'}: "
+            f"{baseline['samples_per_sec']:.2f} samples/s, test acc {baseline['test_acc']:.4f}",
+            flush=True,
+        )
         ours_by_dropout = {}
         for choice in args.dropout:
             print(
@@ -286,7 +291,8 @@ def bench_one(
             ours = run(compose([*cfg_overrides, f"model.fast_dropout={fast}", f"hydra.run.dir={run_dir}"]))
             ours_by_dropout[choice] = ours
             print(
-                f"[bench] seed {seed}, {choice} dropout: {ours['train/samples_per_sec']:.2f} samples/s",
+                f"[bench] seed {seed}, {choice} dropout: {ours['train/samples_per_sec']:.2f} samples/s"
+                f", test acc {ours['test/acc']:.4f}",
                 flush=True,
             )
             if args.compile:

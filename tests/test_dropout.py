@@ -264,3 +264,20 @@ def test_attention_dropout_matches_sdpa_with_the_same_mask():
     probabilities = torch.softmax(q @ k.transpose(2, 3) * 0.25 + additive, dim=-1)
     expected = _expected(probabilities, 0.2, seed, 0) @ v
     torch.testing.assert_close(out, expected.transpose(1, 2))
+
+
+@needs_kernel
+@pytest.mark.parametrize("fast", [True, False])
+def test_model_fast_dropout_switch(compose_cfg, fast):
+    from transformers import PreTrainedModel
+
+    from adls_lightning.build import build
+
+    module = build(
+        compose_cfg([f"model.fast_dropout={str(fast).lower()}"]).model, "model", _convert_="partial"
+    )
+    assert {type(m) for m in module.modules() if isinstance(m, nn.Dropout)} == {
+        FastDropout if fast else nn.Dropout
+    }
+    hf_model = next(m for m in module.modules() if isinstance(m, PreTrainedModel))
+    assert hf_model.config._attn_implementation == (FAST_DROPOUT_SDPA if fast else "sdpa")
