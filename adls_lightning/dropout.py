@@ -204,7 +204,8 @@ def sdpa_fast_dropout_forward(
     groups = getattr(module, "num_key_value_groups", 1)
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    scores = torch.matmul(query, key.transpose(2, 3)).mul_(scale)
+    # Scaling the queries (seq x head_dim) instead of the scores (seq x seq) saves a pass over the scores.
+    scores = torch.matmul(query * scale, key.transpose(2, 3))
     q_length, kv_length = query.shape[2], key.shape[2]
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     if attention_mask is None and is_causal and q_length > 1:
