@@ -109,6 +109,8 @@ class SequenceClassifier(LightningModule):
                 )
             embeddings.requires_grad_(False)
         self.model = get_peft_model(backbone, lora) if lora is not None else backbone
+        if not isinstance(fast_dropout, bool):
+            raise ConfigError(f"model.fast_dropout={fast_dropout!r}: must be true or false")
         if fast_dropout:
             use_fast_dropout(self.model)
         metrics = MetricCollection({"acc": BinaryAccuracy(), "f1": BinaryF1Score()})

@@ -281,3 +281,11 @@ def test_model_fast_dropout_switch(compose_cfg, fast):
     }
     hf_model = next(m for m in module.modules() if isinstance(m, PreTrainedModel))
     assert hf_model.config._attn_implementation == (FAST_DROPOUT_SDPA if fast else "sdpa")
+
+
+def test_model_fast_dropout_must_be_a_bool(compose_cfg):
+    from adls_lightning.build import build
+    from adls_lightning.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.fast_dropout='yes please': must be true or false"):
+        build(compose_cfg(["model.fast_dropout='yes please'"]).model, "model", _convert_="partial")
