@@ -13,6 +13,7 @@ from torchmetrics.classification import BinaryAccuracy, BinaryF1Score
 from transformers import PreTrainedModel
 
 from adls_lightning.checkpoints import read_checkpoint
+from adls_lightning.dropout import use_fast_dropout
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import check_lora_targets
 from adls_lightning.lora import merge_lora as merge_lora_into_base
@@ -66,6 +67,9 @@ class SequenceClassifier(LightningModule):
             full-precision and a quantized checkpoint of the same architecture load.
         attn_implementation: Hugging Face attention implementation, ``sdpa`` (fused) or ``eager`` (naive);
             None keeps the backbone's.
+        fast_dropout: every ``nn.Dropout`` (HF's hidden and head dropouts, PEFT's LoRA dropouts) and SDPA's
+            attention-probability dropout draw their masks with the C++ Philox kernel on CPU tensors
+            (:mod:`adls_lightning.dropout`); torch's dropout on other devices, or where the kernel is not built.
     """
 
     def __init__(
@@ -80,6 +84,7 @@ class SequenceClassifier(LightningModule):
         merged_lr: float | None = None,
         init_ckpt: str | None = None,
         attn_implementation: str | None = None,
+        fast_dropout: bool = False,
     ) -> None:
         super().__init__()
         if attn_implementation is not None:
@@ -108,6 +113,10 @@ class SequenceClassifier(LightningModule):
         if lora is not None:
             check_lora_targets(backbone, lora)
         self.model = get_peft_model(backbone, lora) if lora is not None else backbone
+        if not isinstance(fast_dropout, bool):
+            raise ConfigError(f"model.fast_dropout={fast_dropout!r}: must be true or false")
+        if fast_dropout:
+            use_fast_dropout(self.model)
         metrics = MetricCollection({"acc": BinaryAccuracy(), "f1": BinaryF1Score()})
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")

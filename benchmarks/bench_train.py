@@ -7,6 +7,11 @@ are evaluated on the same test subset. Prints samples/s of each, their ratio, an
     python benchmarks/bench_train.py                      # the `make train` preset: 2,000 train / 2,000 test
     python benchmarks/bench_train.py --seeds 1 2 3        # mean accuracy difference over seeds, with its error
     python benchmarks/bench_train.py --compile inductor --seeds 1 2   # ours compiled vs ours eager (Lab 4)
+    python benchmarks/bench_train.py --dropout torch fast             # ours with torch's dropout, then Philox's
+
+``--dropout`` picks ``model.fast_dropout`` for our runs (default ``fast``: the C++ Philox dropout, as ``train.py``
+runs on CPU); with both, each seed runs the baseline once and ours once per choice, so the table shows the A/B
+against the same baseline. The plain script always uses torch's dropout.
 
 With ``--compile PRESET`` the baseline is this project's own eager run instead of the plain script, and the
 measured run adds ``compile=PRESET``: the ratio of compiled to eager training throughput (``train/samples_per_sec``
@@ -147,6 +152,14 @@ def main() -> None:
         "difference and its standard error, which one seed cannot resolve to +-0.5 pt",
     )
     parser.add_argument(
+        "--dropout",
+        nargs="+",
+        choices=("torch", "fast"),
+        default=["fast"],
+        help="dropout of our runs: torch's (model.fast_dropout=false) or the C++ Philox kernel's (true); "
+        "both: one run of ours per choice against the same baseline",
+    )
+    parser.add_argument(
         "--compile",
         default=None,
         metavar="PRESET",
@@ -161,20 +174,29 @@ def main() -> None:
     base_name = "eager" if args.compile else "HF"
     our_name = f"compile={args.compile}" if args.compile else "ours"
 
-    rows = []
+    rows: dict[str, list[SeedResult]] = {choice: [] for choice in args.dropout}
     for seed in args.seeds:
-        plain, ours, lr = bench_one(args, seed)
-        rows.append(
-            SeedResult(
-                seed,
-                plain["samples_per_sec"],
-                plain["test_acc"],
-                ours["train/samples_per_sec"],
-                ours["test/acc"],
-                float(ours.get("compile/seconds", 0.0)),
+        plain, ours_by_dropout, lr = bench_one(args, seed)
+        for choice, ours in ours_by_dropout.items():
+            rows[choice].append(
+                SeedResult(
+                    seed,
+                    plain["samples_per_sec"],
+                    plain["test_acc"],
+                    ours["train/samples_per_sec"],
+                    ours["test/acc"],
+                    float(ours.get("compile/seconds", 0.0)),
+                )
             )
-        )
+    for choice, choice_rows in rows.items():
+        name = our_name if len(rows) == 1 else f"{our_name} ({choice} dropout)"
+        print_table(args, choice_rows, base_name, name, lr, choice)
 
+
+def print_table(
+    args: argparse.Namespace, rows: list[SeedResult], base_name: str, our_name: str, lr: float, dropout: str
+) -> None:
+    """Per-seed rows, then the speed ratio and the mean accuracy difference with its standard error."""
     print()
     labels = [f"{base_name} samples/s", f"{base_name} acc", f"{our_name} samples/s", f"{our_name} acc"]
     widths = [len(label) + 2 for label in labels]
@@ -198,12 +220,15 @@ def main() -> None:
     print(
         f"speed ratio ({our_name} / {base_name}) = {speed:.2f}x; accuracy difference = {statistics.mean(diffs):+.2f} pt"
         f"{spread} over {len(rows)} seed(s) (experiment={args.experiment}, model={args.model}, "
-        f"max_length={args.max_length}, batch={args.batch_size}, lr={lr}, train={args.train_size}, test={args.test_size})"
+        f"max_length={args.max_length}, batch={args.batch_size}, lr={lr}, train={args.train_size}, test={args.test_size}, "
+        f"dropout={dropout})"
     )
 
 
-def bench_one(args: argparse.Namespace, seed: int) -> tuple[dict[str, float], dict[str, float], float]:
-    """Both paths with one seed: (plain HF metrics, our metrics, learning rate used)."""
+def bench_one(
+    args: argparse.Namespace, seed: int
+) -> tuple[dict[str, float], dict[str, dict[str, float]], float]:
+    """Both paths with one seed: (baseline metrics, our metrics per --dropout choice, learning rate used)."""
     from adls_lightning.app.training import run
     from adls_lightning.build import build
 
@@ -238,8 +263,10 @@ def bench_one(args: argparse.Namespace, seed: int) -> tuple[dict[str, float], di
             )
             eager = run(cfg)
             baseline = {"samples_per_sec": eager["train/samples_per_sec"], "test_acc": eager["test/acc"]}
-            cfg = compose([*overrides, f"compile={args.compile}", f"hydra.run.dir={out}/compiled"])
+            cfg_overrides = [*overrides, f"compile={args.compile}"]
+            cfg = compose([*cfg_overrides, f"hydra.run.dir={out}/compiled"])
         else:
+            cfg_overrides = overrides
             datamodule = build(cfg.data, "data")
             datamodule.setup("fit")
             print(
@@ -248,15 +275,32 @@ def bench_one(args: argparse.Namespace, seed: int) -> tuple[dict[str, float], di
             )
             baseline = run_plain_hf(cfg, datamodule)
         print(
-            f"[bench] seed {seed}, adls-lightning{' compile=' + args.compile if args.compile else ''}: "
-            f"{args.train_size} rows x {args.epochs} epoch(s)",
+            f"[bench] seed {seed}, {'eager' if args.compile else 'plain HF'}: "
+            f"{baseline['samples_per_sec']:.2f} samples/s, test acc {baseline['test_acc']:.4f}",
             flush=True,
         )
-        ours = run(cfg)
-        if args.compile:
-            counts = ", ".join(f"{key} {ours[key]:g}" for key in sorted(ours) if key.startswith("compile/"))
-            print(f"[bench] seed {seed}, compile={args.compile}: {counts}", flush=True)
-    return baseline, ours, float(cfg.model.optimizer.lr)
+        ours_by_dropout = {}
+        for choice in args.dropout:
+            print(
+                f"[bench] seed {seed}, adls-lightning{' compile=' + args.compile if args.compile else ''}, "
+                f"{choice} dropout: {args.train_size} rows x {args.epochs} epoch(s)",
+                flush=True,
+            )
+            fast = "true" if choice == "fast" else "false"
+            run_dir = f"{cfg.hydra.run.dir}/{choice}"
+            ours = run(compose([*cfg_overrides, f"model.fast_dropout={fast}", f"hydra.run.dir={run_dir}"]))
+            ours_by_dropout[choice] = ours
+            print(
+                f"[bench] seed {seed}, {choice} dropout: {ours['train/samples_per_sec']:.2f} samples/s"
+                f", test acc {ours['test/acc']:.4f}",
+                flush=True,
+            )
+            if args.compile:
+                counts = ", ".join(
+                    f"{key} {ours[key]:g}" for key in sorted(ours) if key.startswith("compile/")
+                )
+                print(f"[bench] seed {seed}, compile={args.compile}: {counts}", flush=True)
+    return baseline, ours_by_dropout, float(cfg.model.optimizer.lr)
 
 
 if __name__ == "__main__":

