@@ -22,7 +22,7 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from adls_lightning.config import ConfigError
-from adls_lightning.search.storage import open_storage
+from adls_lightning.search.storage import open_storage, unmask_for_job
 
 KEY = "init_from_study"
 RUN_RECORD = ".hydra"
@@ -61,7 +61,8 @@ class StudyStart:
 def _storage_of(source: str, search_dir: Path) -> tuple[str, str | None]:
     """(storage URL, study name or None) of ``source``: a URL, a file, or a study name under ``search_dir``."""
     if "://" in source:
-        return source, None
+        # the entry point masked its password; ADLS_OPTUNA_STORAGE holds the full URL
+        return unmask_for_job(source, KEY), None
     path = Path(source).expanduser()
     if path.is_file():
         return f"sqlite:///{path.resolve()}", None
