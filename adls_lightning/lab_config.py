@@ -57,6 +57,9 @@ def load_lab_config_at(source: Any, pass_name: str, key: str) -> tuple[dict[str,
         data, where = passes[pass_name], f"{where}:passes.{pass_name}"
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}={data!r}: expected a table of the pass's arguments")
+    if not data and where != key:
+        # an empty file would otherwise run as if the pass were on (a "QAT" run with nothing quantized)
+        raise ConfigError(f"{where}: empty; a lab config file must give the {pass_name} pass's arguments")
     return _na_as_none(copy.deepcopy(dict(data))), where
 
 

@@ -167,3 +167,16 @@ def test_chop_form_file_with_NA_default_and_regex_name_trains(compose_cfg, tmp_p
     metrics = run(compose_cfg(["quant=int8", f"quant.config={path}", "trainer.max_epochs=1"]))
     assert metrics["quant/layers"] == 3
     assert 0.0 <= metrics["test/acc"] <= 1.0
+
+
+@pytest.mark.parametrize("text", ["", "# nothing\n", "[passes.quantize]\n"])
+def test_an_empty_lab_file_is_refused_in_one_line(text, tmp_path):
+    path = tmp_path / "empty.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        quantize_model(tiny_bert(), path, key="quant.config")
+    assert "empty" in str(info.value) and str(path) in str(info.value) and "\n" not in str(info.value)
+    prune = tmp_path / "empty_prune.toml"
+    prune.write_text(text.replace("quantize", "prune"))
+    with pytest.raises(ConfigError, match="empty"):
+        PruningCallback(config=str(prune))
