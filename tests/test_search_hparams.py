@@ -40,12 +40,13 @@ def test_lr_and_lora_rank_study_trains_what_it_samples_records_the_best_and_resu
         assert list(t.intermediate_values) == [1]  # reported to the pruner after each validation
     best = json.loads((tmp_path / "sweep" / f"{STUDY}_best.json").read_text())
     top = best["best_trials"][0]
-    assert top["values"]["objective_0"] == max(t.value for t in study.trials)
+    assert top["values"]["val/acc"] == max(t.value for t in study.trials)
     assert f"Best trial {top['number']} of study {STUDY}" in proc.stdout
     # the same command with a larger budget resumes the study: one more trial, the first two kept
+    first = [t.params for t in study.trials]
     ok(search("search=hparams", LR, RANK, *TINY, "hydra.sweeper.n_trials=3", "search/pruner=median"))
     resumed = load(tmp_path, STUDY).trials
-    assert len(resumed) == 3 and [t.params for t in resumed[:2]] == [t.params for t in study.trials]
+    assert len(resumed) == 3 and [t.params for t in resumed[:2]] == first
 
 
 def test_hparams_without_a_sweep_override_is_one_line(search, tmp_path):  # noqa: F811
