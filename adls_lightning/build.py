@@ -34,8 +34,13 @@ ALLOWED_TARGETS = (
     "optuna.*",
 )
 
-# Hydra's own launcher/sweeper plugin classes: Hydra builds only registered plugins from these nodes.
-HYDRA_PLUGIN_TARGETS = ("hydra._internal.core_plugins.*",)
+# Launcher/sweeper plugin classes: Hydra's own and the launcher plugins conf/hydra/launcher/ builds on
+# (hydra/launcher=parallel|slurm|submitit_local). Hydra builds only registered plugins from these two nodes.
+HYDRA_PLUGIN_TARGETS = (
+    "hydra._internal.core_plugins.*",
+    "hydra_plugins.hydra_joblib_launcher.*",
+    "hydra_plugins.hydra_submitit_launcher.*",
+)
 # Classes Python's logging may build from hydra.job_logging / hydra.hydra_logging (``class`` and ``()`` keys).
 LOGGING_CLASSES = ("logging.*",)
 

@@ -2,7 +2,7 @@
 
 ``quant.config=lab.toml``, ``prune.config=lab.toml`` and ``compress.quant=lab.toml`` all come through
 :func:`load_lab_config`: a mapping is taken as it is, a file is parsed by its suffix, and a whole MASE config file
-gives its ``[passes.<pass>]`` table. What the arguments mean is up to the pass (``adls_lightning.quant.mase`` for
+gives its ``[passes.<pass>]`` table, and chop's ``"NA"`` is read as None. What the arguments mean is up to the pass (``adls_lightning.quant.mase`` for
 quantization, ``callbacks/pruning.py`` for pruning).
 """
 
@@ -57,7 +57,24 @@ def load_lab_config_at(source: Any, pass_name: str, key: str) -> tuple[dict[str,
         data, where = passes[pass_name], f"{where}:passes.{pass_name}"
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}={data!r}: expected a table of the pass's arguments")
-    return copy.deepcopy(dict(data)), where
+    if not data and where != key:
+        # an empty file would otherwise run as if the pass were on (a "QAT" run with nothing quantized)
+        raise ConfigError(f"{where}: empty; a lab config file must give the {pass_name} pass's arguments")
+    return _na_as_none(copy.deepcopy(dict(data))), where
+
+
+#: chop's TOML spelling of None (TOML has no null): ``name = "NA"`` leaves a layer alone, a statistic "NA" is
+#: measured, ``binary_training = "NA"`` is off.
+CHOP_NONE = "NA"
+
+
+def _na_as_none(value: Any) -> Any:
+    """``value`` with every ``"NA"`` read as None, as chop reads it, in nested tables and arrays alike."""
+    if isinstance(value, dict):
+        return {k: _na_as_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_na_as_none(v) for v in value]
+    return None if value == CHOP_NONE else value
 
 
 def _read_file(path: Path, key: str) -> Any:

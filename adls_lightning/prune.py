@@ -111,7 +111,8 @@ class MaskSpec:
         """
         if config is None or len(config) == 0:
             return None
-        config = dict(config)
+        # a key set to None (chop's "NA") takes its default, as in chop
+        config = {k: v for k, v in config.items() if v is not None}
         unknown = sorted(set(config) - {"sparsity", "method", "scope", "granularity"})
         if unknown:
             raise ConfigError(

@@ -165,8 +165,8 @@ def test_every_format_has_a_preset_that_quantizes_every_linear_layer_with_it(com
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["quant=int8", "quant.config.default.weight.params.frac_width=9"],
-         "quant.config.default.weight: frac_width=9: must be an integer in [0, 8]"),
+        (["quant=int8", "quant.config.default.weight.params.frac_width=65"],
+         "quant.config.default.weight: frac_width=65: must be an integer in [0, 64]"),
         (["quant=int8", "quant.config.default.weight.format=int8"],
          "quant.config.default.weight: name='int8': unknown quantization format"),
         (["quant=int8", "quant.mode=qta"], "quant.mode='qta': must be one of qat, ptq"),
@@ -189,14 +189,12 @@ def test_command_line_error_is_one_line(tiny_imdb_dir, cache_dir, tmp_path):
     command = [
         sys.executable, "train.py", "model=tiny_random", "logger=none", "trainer=cpu", f"data.data_dir={tiny_imdb_dir}",
         "data.val_size=100", "data.max_length=64", f"paths.cache_dir={cache_dir}", f"hydra.run.dir={tmp_path}", "quant=int8",
-        "quant.config.default.data_in.params.frac_width=12",
+        "quant.config.default.data_in.params.frac_width=-1",
     ]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert lines == [
-        "error: quant.config.default.data_in: frac_width=12: must be an integer in [0, 8] (width=8)"
-    ]
+    assert lines == ["error: quant.config.default.data_in: frac_width=-1: must be an integer in [0, 64]"]
 
 
 def test_quantize_method_and_state_dict_round_trip():

@@ -506,7 +506,7 @@ def test_low_precision_inputs_keep_their_dtype():
     ("name", "params", "message"),
     [
         ("integer", {"width": 0}, "width=0: must be an integer in [1, 32]"),
-        ("integer", {"width": 8, "frac_width": 9}, "frac_width=9: must be an integer in [0, 8]"),
+        ("integer", {"width": 8, "frac_width": 65}, "frac_width=65: must be an integer in [0, 64]"),
         ("integer", {"width": 8.5}, "width=8.5"),
         ("integer", {"frac_width": 2}, "width: missing"),
         ("integer", {"width": 8, "widht": 8}, "widht: not a parameter of format 'integer'"),
@@ -517,7 +517,8 @@ def test_low_precision_inputs_keep_their_dtype():
         ("block_fp", {"width": 8, "exponent_width": 8, "block_size": 0}, "block_size=0"),
         ("block_fp", {"width": 8, "exponent_width": 8, "block_size": [4, 16]}, "block_size=[4, 16]"),
         ("binary", {"bipolar": False}, "bipolar=False: only bipolar"),
-        ("ternary", {"mean": 0.3}, "mean=0.3: precomputed statistics are not used"),
+        ("ternary", {"mean": -0.3}, "mean=-0.3: must be a number >= 0"),
+        ("ternary", {"max": "big"}, "max='big': must be a number >= 0"),
         ("mxint8", {"width": 4}, "width=4: must be an integer in [8, 8]"),
     ],
 )

@@ -230,8 +230,8 @@ def test_requantizing_replaces_quantizers_and_keeps_the_layer(tiny_bert):
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"by": "type", "linear": {"config": {**INT8, "weight_frac_width": 9}}},
-         "config.linear.config.weight_frac_width=9: must be an integer in [0, 8]"),
+        ({"by": "type", "linear": {"config": {**INT8, "weight_frac_width": 65}}},
+         "config.linear.config.weight_frac_width=65: must be an integer in [0, 64]"),
         ({"linear": {"config": {**INT8, "data_in_width": 0}}}, "config.linear.config.data_in_width=0"),
         ({"linear": {"config": {"name": "integer8"}}}, "config.linear.config.name='integer8': unknown quantization format"),
         ({"linear": {"config": {"name": "integer", "weight_width": 8}}}, "config.linear.config.data_in_width: missing"),

@@ -85,6 +85,13 @@ def entry_point(task: Callable[[DictConfig], Any], config_dir: Path, config_name
     checked_main = preflight(hydra_main, config_dir, config_name)
 
     def main() -> Any:
+        from adls_lightning.search.storage import mask_command_line
+
+        # a URL's password never enters the config Hydra saves and logs: masked here, the job reads the environment
+        try:
+            sys.argv[1:] = mask_command_line(sys.argv[1:])
+        except ConfigError as err:
+            exit_with(str(err))
         # init_from_study=STUDY becomes the best trial's model overrides and init_ckpt before Hydra parses them
         if any(arg.lstrip("+").startswith("init_from_study=") for arg in sys.argv[1:]):
             from adls_lightning.search.from_study import expand_command_line

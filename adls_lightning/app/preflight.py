@@ -144,10 +144,11 @@ def validate_run_config(cfg: Mapping) -> None:
     problems.raise_all()
 
 
-def check_composed_config(cfg: Any, multirun: bool) -> None:
+def check_composed_config(cfg: Any, multirun: bool, sweep_overrides: bool = False) -> None:
     """Every check that needs no object built: targets of the whole config (``hydra`` included), values, run dir.
 
-    ``cfg`` is composed with ``return_hydra_config=True`` (as Hydra will run it).
+    ``cfg`` is composed with ``return_hydra_config=True`` (as Hydra will run it); ``sweep_overrides``: the command
+    line holds sweep overrides (``key=interval(...)``), a search's parameters.
     """
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
@@ -176,6 +177,16 @@ def check_composed_config(cfg: Any, multirun: bool) -> None:
     # Independent checks, each run: a refusal names every problem of the command line, not only the first.
     problems = Problems()
     space = OmegaConf.select(cfg, "hydra.sweeper.search_space")
+    sweeper = cfg.hydra.sweeper or {}
+    if multirun and space is None and not sweep_overrides and "params" in sweeper and not sweeper.params:
+        # a study with no parameter (search=hparams without overrides): one line now, not the sweeper's later
+        choice = OmegaConf.select(cfg, "hydra.runtime.choices.search", default=None)
+        where = f"search={choice}" if choice else "hydra.sweeper"
+        raise ConfigError(
+            f"{where}: nothing to search; give sweep overrides such as "
+            "'model.optimizer.lr=tag(log, interval(1e-5, 1e-2))' 'model.lora.r=choice(4, 8, 16)' "
+            "(or hydra.sweeper.params)"
+        )
     if multirun and space is not None:
         from adls_lightning.build import build
 
@@ -216,13 +227,14 @@ def preflight(hydra_main: Callable[[], Any], config_dir: Path, config_name: str)
                 parsed = OverridesParser.create().parse_overrides(args.overrides)
                 # A multirun's sweep overrides (a=1,2) are expanded by the sweeper; its base config is checked.
                 overrides = [o.input_line for o in parsed if not o.is_sweep_override()]
+                sweeps = len(overrides) < len(parsed)
                 with initialize_config_dir(config_dir=str(config_dir)):
                     cfg = compose(args.config_name or config_name, overrides, return_hydra_config=True)
                 multirun = bool(args.multirun) or str(cfg.hydra.get("mode")) in (
                     "MULTIRUN",
                     "RunMode.MULTIRUN",
                 )
-                check_composed_config(cfg, multirun)
+                check_composed_config(cfg, multirun, sweeps)
             except ConfigError as err:
                 exit_with(str(err))
             except (HydraException, OmegaConfBaseException) as err:

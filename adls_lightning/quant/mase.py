@@ -28,8 +28,12 @@ MASE config file gives its ``[passes.quantize]`` table, read by :mod:`adls_light
   weight). ``data_in`` and ``weight`` are quantized by default (only ``weight`` for binary, binary_scaling and
   ternary, as in MASE); ``bias`` and ``data_out`` when they have keys.
 * MASE names mapped: ``fixed`` and ``integer_floor`` are ``integer`` (the latter with ``floor: true``).
-  Ignored with a one-line note: the top-level ``report`` (metrics are always reported) and ``*_skip_first_dim``
-  (blocks never span tokens here). Anything else unknown is refused with one line naming the key.
+  ``"NA"`` (chop's TOML spelling of None) is None everywhere: ``name = "NA"`` leaves the layer alone,
+  ``binary_training = "NA"`` is off, ``weight_mean = "NA"`` measures the tensor.
+  Ignored with a one-line note: the top-level ``report`` (metrics are always reported), ``*_skip_first_dim``
+  (blocks never span tokens here), and any key chop defines that the chosen format does not use (a
+  ``data_in_frac_width`` in a ternary layer, ``floor`` in a minifloat one, ``binary_training`` in an integer one),
+  as chop ignores them. Anything else unknown (a typo) is refused with one line naming the key.
 
 The caller's config is never modified (MASE's ``pass_args.pop("by")`` broke reuse across trials).
 """
@@ -56,6 +60,19 @@ _LAYER_KEYS = ("name", "bypass", "binary_training")
 _BINARY_FORMATS = ("binary", "binary_scaling", "binary_residual")
 #: MASE accepts these per operand; blocks never span the token dimension here, so they change nothing.
 _IGNORED_SUFFIXES = ("skip_first_dim",)
+#: chop's operand parameters (``{data_in,weight,bias,data_out}_<param>``) over all its formats
+#: (``QUANT_ARITH_ENTRIES``): one the chosen format does not use is ignored with a note, as chop ignores it;
+#: anything else (a typo) is refused.
+_CHOP_OPERAND_PARAMS = (
+    "width", "frac_width", "exponent_width", "exponent_bias", "exponent_bias_width", "block_size",
+    "skip_first_dim", "stochastic", "bipolar", "scaling_factor", "mean", "median", "max", "levels",
+    "residual_sign", "parallelism", "name",
+)  # fmt: skip
+#: chop's layer keys besides the operands' (``floor`` of integer, ``binary_training`` of the binary formats).
+_CHOP_LAYER_KEYS = ("name", "bypass", "floor", "binary_training")
+#: chop's layers of these formats quantize only their fixed operands (the format's ``slots``; all but data_out
+#: with ``binary_training``): other operands' keys change nothing there, and are ignored with a note.
+_FIXED_OPERAND_FORMATS = (*_BINARY_FORMATS, "ternary")
 #: Top-level keys of MASE's pass arguments that change nothing here, and why.
 _IGNORED_TOP = {"report": "quant/* metrics are always written to metrics.json"}
 #: MASE format names that are a format here, with the layer keys the name implies.
@@ -224,6 +241,8 @@ class _Entry:
             if operand is not None:
                 if key[len(operand) + 1 :] not in _IGNORED_SUFFIXES:
                     per_operand[operand][key[len(operand) + 1 :]] = value
+            elif key in _CHOP_LAYER_KEYS and key not in (*_LAYER_KEYS, *layer_params):
+                self._ignore(key, f"format {fmt!r} does not use it")
             elif key not in (*_LAYER_KEYS, *layer_params):
                 valid = "|".join(quantizer_parameters(fmt))
                 raise ConfigError(
@@ -234,10 +253,28 @@ class _Entry:
         operands: dict[str, OperandRecipe | None] = {}
         origins: dict[str, str] = {}
         for operand, params in per_operand.items():
-            wanted = (
-                bool(params) or operand in QUANTIZERS[fmt].slots or (everything and operand != "data_out")
-            )
+            if (
+                fmt in _FIXED_OPERAND_FORMATS
+                and "name" not in params
+                and operand not in QUANTIZERS[fmt].slots
+                and not (everything and operand != "data_out")
+            ):
+                for param in params:
+                    self._ignore(f"{operand}_{param}", f"chop's {fmt} layer does not quantize {operand}")
+                continue
+            named = "name" in params
             operand_fmt = params.pop("name", fmt)
+            if operand_fmt in QUANTIZERS:
+                used = quantizer_parameters(operand_fmt)
+                for param in [p for p in params if p not in used and p in _CHOP_OPERAND_PARAMS]:
+                    self._ignore(f"{operand}_{param}", f"format {operand_fmt!r} does not use it")
+                    del params[param]
+            wanted = (
+                named
+                or bool(params)
+                or operand in QUANTIZERS[fmt].slots
+                or (everything and operand != "data_out")
+            )
             if operand_fmt is None or not wanted:
                 continue
             shared = QUANTIZERS[operand_fmt].layer_params if operand_fmt in QUANTIZERS else ()
@@ -252,6 +289,10 @@ class _Entry:
             for param in quantizer_parameters(operand_fmt):
                 origins[f"{operand}_{param}"] = self.where(self._key(operand, param, shared))
         return LayerRecipe(**operands, origins=origins)
+
+    def _ignore(self, key: str, why: str) -> None:
+        """chop ignores a key its chosen format does not use: so does this reader, with a one-line note."""
+        log.info("%s: ignored (%s)", self.where(key), why)
 
     @staticmethod
     def _key(operand: str, param: str, shared: tuple[str, ...]) -> str:
@@ -275,9 +316,8 @@ class _Entry:
         if value is None:
             return False
         if fmt not in _BINARY_FORMATS:
-            raise ConfigError(
-                f"{self.where('binary_training')}: only applies to {', '.join(_BINARY_FORMATS)}"
-            )
+            self._ignore("binary_training", f"only {', '.join(_BINARY_FORMATS)} use it")
+            return False
         if value not in (True, False, 0, 1):
             raise ConfigError(f"{self.where('binary_training')}={value!r}: must be true or false")
         return bool(value)

@@ -277,6 +277,10 @@ def _shared_bits(bits: int, block_size: int, last_dim: int) -> float:
     return bits * math.ceil(last_dim / block_size) / last_dim
 
 
+#: Largest fractional width: 2^-64 steps are far below any weight's float32 resolution that matters.
+_MAX_FRAC_WIDTH = 64
+
+
 @register_format
 class IntegerQuantizer(Quantizer):
     """Signed fixed point: ``q = clamp(round(x * 2^f), -2^(w-1), 2^(w-1) - 1) / 2^f``.
@@ -290,7 +294,8 @@ class IntegerQuantizer(Quantizer):
 
     Args:
         width: total bits including the sign, 1..32.
-        frac_width: fractional bits, 0..width (default ``width // 2``).
+        frac_width: fractional bits, 0..64 (default ``width // 2``); above ``width`` the grid lies inside
+            (-1, 1), as in chop.
         floor: round towards -inf instead of to nearest (MASE's ``floor`` key).
     """
 
@@ -302,7 +307,9 @@ class IntegerQuantizer(Quantizer):
         super().__init__()
         self.width = _int_param("width", width, 1, _MAX_WIDTH)
         frac_width = width // 2 if frac_width is None else frac_width
-        self.frac_width = _int_param("frac_width", frac_width, 0, width, hint=f" (width={width})")
+        # above the width is valid fixed point (chop computes it): 8 bits with 9 fractional ones step by 2^-9
+        # over [-2^-2, 2^-2 - 2^-9]; the bound keeps 2^f a normal float32
+        self.frac_width = _int_param("frac_width", frac_width, 0, _MAX_FRAC_WIDTH)
         self.floor = _bool_param("floor", floor)
         self.qmin, self.qmax = -(2 ** (width - 1)), 2 ** (width - 1) - 1
 
@@ -808,7 +815,9 @@ class TernaryQuantizer(Quantizer):
         threshold: ``delta`` as a fraction of ``mean |x|`` (TWN's 0.75).
         scaling_factor: scale the codes by ``a``.
         width: accepted for MASE configs; must be 2.
-        mean, median, max: MASE's precomputed statistics; only ``None``/``"NA"`` (compute from the tensor).
+        mean, median, max: chop's precomputed statistics of ``|x|``; ``None``/``"NA"`` measures the tensor.
+            Given as numbers, ``delta`` is fixed as chop's ternary quantizer sets it: ``threshold * mean``,
+            else ``0.05 * max``, else ``threshold * median``.
     """
 
     format_name = "ternary"
@@ -832,17 +841,30 @@ class TernaryQuantizer(Quantizer):
         self.threshold = float(threshold)
         self.scaling_factor = _bool_param("scaling_factor", scaling_factor)
         _int_param("width", width, 2, 2, hint=" (ternary values take 2 bits)")
+        stats = {}
         for key, value in (("mean", mean), ("median", median), ("max", max)):
-            if value not in (None, "NA"):
+            if value in (None, "NA"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
                 raise QuantizerParamError(
-                    key, f"={value!r}: precomputed statistics are not used; leave it unset or 'NA'"
+                    key, f"={value!r}: must be a number >= 0 (a statistic of |x|), or 'NA' to measure it"
                 )
+            stats[key] = float(value)
+        # chop's order: the mean's threshold, else 5% of the max, else the median's threshold
+        self.delta: float | None = None
+        if "mean" in stats:
+            self.delta = self.threshold * stats["mean"]
+        elif "max" in stats:
+            self.delta = 0.05 * stats["max"]
+        elif "median" in stats:
+            self.delta = self.threshold * stats["median"]
 
     def quantize(self, x: Tensor, need_mask: bool) -> tuple[Tensor, Tensor | None]:
         xf = _float_compute(x)
         a = xf.abs()
         mean = a.mean()
-        keep = (a > self.threshold * mean).to(torch.float32)
+        delta = self.threshold * mean if self.delta is None else self.delta
+        keep = (a > delta).to(torch.float32)
         scale = (a * keep).sum() / keep.sum().clamp(min=1) if self.scaling_factor else 1.0
         q = torch.copysign(keep.mul_(scale + (mean - mean)), xf)  # mean - mean: NaN if x has inf/NaN
         return q.to(x.dtype), None
@@ -851,7 +873,8 @@ class TernaryQuantizer(Quantizer):
         return 2.0
 
     def extra_repr(self) -> str:
-        return f"threshold={self.threshold}, scaling_factor={self.scaling_factor}"
+        delta = "" if self.delta is None else f", delta={self.delta}"
+        return f"threshold={self.threshold}, scaling_factor={self.scaling_factor}{delta}"
 
 
 @register_format

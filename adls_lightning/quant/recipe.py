@@ -125,7 +125,7 @@ class QuantRecipe:
     """Which linear layers are quantized how.
 
     A layer named in ``layers`` (its canonical dotted name, or MASE's FX spelling with underscores) gets that
-    entry; otherwise the first of ``patterns`` that matches the whole name (``re.fullmatch``); otherwise
+    entry; otherwise the first of ``patterns`` that matches the whole name in either spelling (``re.fullmatch``); otherwise
     ``default``. A ``None`` entry leaves the layer at full precision.
 
     Args:
@@ -164,7 +164,7 @@ class QuantRecipe:
         Raises:
             ConfigError: a name or pattern that matches no layer (a typo would otherwise quantize nothing).
         """
-        unmatched = [p for p in self.patterns if not any(re.fullmatch(p, n) for n in names)]
+        unmatched = [p for p in self.patterns if not any(_matches(p, n) for n in names)]
         unmatched += [k for k in self.layers if not any(_names(k, n) for n in names)]
         if unmatched:
             raise ConfigError(f"{self.key}.{unmatched[0]}: matches no linear layer ({_examples(names)})")
@@ -175,7 +175,7 @@ class QuantRecipe:
             if _names(key, name):
                 return recipe
         for pattern, recipe in self.patterns.items():
-            if re.fullmatch(pattern, name):
+            if _matches(pattern, name):
                 return recipe
         return self.default
 
@@ -197,6 +197,11 @@ def _dotted_names(entries: Mapping[str, Any], prefix: str = "") -> dict[str, Any
         else:
             out[dotted] = value
     return out
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """Whether a regex matches the whole layer name in either spelling (dotted, or chop's FX underscores)."""
+    return any(re.fullmatch(pattern, spelling) for spelling in (name, name.replace(".", "_")))
 
 
 def _layer_recipe(value: Any, key: str) -> LayerRecipe | None:

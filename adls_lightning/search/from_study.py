@@ -22,7 +22,7 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.search.storage import open_storage
+from adls_lightning.search.storage import open_storage, unmask_for_job
 
 KEY = "init_from_study"
 RUN_RECORD = ".hydra"
@@ -62,7 +62,8 @@ def study_storage(source: str, search_dir: Path, key: str = KEY) -> tuple[str, s
     """(storage spec, study name or None) of ``source``: a URL, an SQLite file or a journal file (told apart by
     SQLite's file header), or a study name under ``search_dir`` (``NAME/NAME.db`` or ``NAME/NAME.journal``, as search.py keeps them)."""
     if "://" in source:
-        return source, None
+        # the entry point masked its password; ADLS_OPTUNA_STORAGE holds the full URL
+        return unmask_for_job(source, KEY), None
     path = Path(source).expanduser()
     if path.is_file():
         with path.open("rb") as handle:

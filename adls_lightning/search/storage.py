@@ -30,11 +30,41 @@ URL_ENV = "ADLS_OPTUNA_STORAGE"
 MASK = "***"
 # user:password@host, where the password may hold a raw "@" (it ends at the last "@" before the host)
 _PASSWORD = re.compile(r"(://[^:/@\s]*:)(\S*)(@[^@/\s]*(?:[/\s]|$))")
+# a whole URL inside an override value (ends at whitespace, a quote, a comma or a closing brace)
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\",}]+")
 
 
 def mask_password(text: str) -> str:
     """``text`` with the password of every URL in it (``scheme://user:PASSWORD@host``) replaced by ``***``."""
     return _PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(3), text)
+
+
+def mask_command_line(argv: list[str]) -> list[str]:
+    """The command line with every URL password masked, the full URL handed to jobs in ``ADLS_OPTUNA_STORAGE``.
+
+    Run before Hydra parses the overrides: Hydra writes them into ``.hydra/overrides.yaml``, ``config.yaml``,
+    ``hydra.yaml`` and its log, loggers write the config (CSV hparams, W&B), so the password must never enter the
+    config. Everything that opens a storage restores it with :func:`unmask_for_job`, as it already does for the
+    masked URL the sweeper gives its jobs.
+
+    Raises:
+        ConfigError: two different URLs with passwords (one environment variable carries one).
+    """
+    urls = {
+        m.group(0).rstrip("/ \t"): None
+        for arg in argv
+        for m in _URL.finditer(arg)
+        if _PASSWORD.search(m.group(0))
+    }
+    if not urls:
+        return list(argv)
+    if len(urls) > 1:
+        raise ConfigError(
+            f"{', '.join(mask_password(u) for u in urls)}: more than one URL with a password; put the password in "
+            "~/.pgpass or PGPASSWORD instead"
+        )
+    os.environ[URL_ENV] = next(iter(urls))
+    return [mask_password(arg) for arg in argv]
 
 
 def default_storage_url(sweep_dir: str | Path, study_name: str) -> str:
@@ -89,6 +119,7 @@ def storage_spec(storage: str | Mapping[str, Any] | None, sweep_dir: str | Path,
             f"search.storage.url: not set; give search.storage.url=postgresql+psycopg://USER@HOST:PORT/DB or set "
             f"{URL_ENV} (the password from ~/.pgpass or PGPASSWORD keeps it out of every file)"
         )
+    url = unmask_for_job(str(url), "search.storage.url")
     if not str(url).startswith("postgresql"):
         raise ConfigError(
             f"search.storage.url={mask_password(str(url))}: not a PostgreSQL URL; expected "
@@ -142,7 +173,7 @@ def job_spec(spec: str) -> str:
     return masked
 
 
-def unmask_for_job(spec: str) -> str:
+def unmask_for_job(spec: str, key: str = "search.trial.storage") -> str:
     """The full spec of a job's masked ``search.trial.storage``.
 
     Raises:
@@ -153,7 +184,7 @@ def unmask_for_job(spec: str) -> str:
     full = os.environ.get(URL_ENV, "")
     if mask_password(full) != spec:
         raise ConfigError(
-            f"search.trial.storage={spec}: the password is masked and {URL_ENV} does not hold this URL; "
+            f"{key}={spec}: the password is masked and {URL_ENV} does not hold this URL; "
             f"export {URL_ENV} with the full URL where the job runs"
         )
     return full

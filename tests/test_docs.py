@@ -1,0 +1,222 @@
+"""Every command in the docs' shell blocks composes and validates as a run would, without training.
+
+README.md and docs/*.md are read; each line of a fenced ``bash``/``sh``/``shell``/``console`` block (``\\``
+continuations joined, comments dropped) that runs ``train.py``, ``search.py``, ``adls-train``/``adls-search`` or
+``python -m adls_lightning.<entry>`` is one command. Placeholders (``CKPT``, ``DIR``, ``OUT``, ``$FP``, ``N``,
+``...``) are filled from fixtures, tiny-data overrides are appended, and the command's config is composed and
+checked by the same function the entry point runs first (:func:`adls_lightning.app.preflight.check_composed_config`:
+every ``_target_`` allowed, every key known, every value checked, the output folder usable). A command that
+needs a GPU is composed and checked except for the accelerator it names. A new command in the docs is covered
+without touching this test; a documented command that no longer composes fails it.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CONF_DIR, ROOT
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from adls_lightning.app.preflight import check_composed_config
+from adls_lightning.build import build, check_config_targets
+from adls_lightning.errors import ConfigError
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"^```(?:bash|sh|shell|console)[^\n]*\n(.*?)^```", re.S | re.M)
+ENTRIES = {"train.py": "train", "search.py": "search", "adls-train": "train", "adls-search": "search"}
+MODULE = re.compile(r"^adls_lightning(\.[\w.]+)?$")
+# what a shell line may hold after the command's own arguments
+SHELL_END = {"&", "&&", ";", "|", "||", ">", ">>", "2>&1", "done", "wait"}
+
+
+@dataclass(frozen=True)
+class DocCommand:
+    file: str
+    line: str
+    entry: str  # train | search | graph | export | export.evaluate
+    args: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.line}"
+
+
+def _commands() -> list[DocCommand]:
+    found = []
+    for doc in DOCS:
+        for block in BLOCK.findall(doc.read_text()):
+            for line in block.replace("\\\n", " ").splitlines():
+                try:
+                    tokens = shlex.split(line, comments=True)
+                except ValueError:
+                    continue
+                for i, token in enumerate(tokens):
+                    name = Path(token).name
+                    entry = ENTRIES.get(name)
+                    start = i + 1
+                    if (
+                        entry is None
+                        and token == "-m"
+                        and i + 1 < len(tokens)
+                        and MODULE.match(tokens[i + 1])
+                    ):
+                        entry, start = tokens[i + 1].removeprefix("adls_lightning."), i + 2
+                    if entry is None:
+                        continue
+                    args = []
+                    for arg in tokens[start:]:
+                        if arg in SHELL_END or arg.startswith((">", "2>")):
+                            break
+                        args.append(arg)
+                    found.append(
+                        DocCommand(
+                            doc.relative_to(ROOT).as_posix(), line.split("#")[0].strip(), entry, tuple(args)
+                        )
+                    )
+                    break
+    return found
+
+
+COMMANDS = _commands()
+
+
+@pytest.fixture(scope="module")
+def placeholders(tmp_path_factory, tiny_imdb_dir):
+    """The docs' placeholders, filled: a checkpoint file, output folders, a lab TOML, numbers."""
+    folder = tmp_path_factory.mktemp("doc_placeholders")
+    ckpt = folder / "best.ckpt"
+    torch.save({"state_dict": {}, "pytorch-lightning_version": "2.5.0"}, ckpt)
+    (folder / "lab_integer.toml").write_text(
+        '[passes.quantize]\nby = "type"\n[passes.quantize.default.config]\nname = "NA"\n'
+        '[passes.quantize.linear.config]\nname = "integer"\ndata_in_width = 8\nweight_width = 8\n'
+    )
+    return {
+        "CKPT": str(ckpt),
+        "$QAT": str(ckpt),
+        "$FP": str(ckpt),
+        "N": "64",
+        "L": "32",
+        "E": "1",
+        "S": "0",
+        "lab_integer.toml": str(folder / "lab_integer.toml"),
+        "folder": folder,
+        "data": str(tiny_imdb_dir),
+    }
+
+
+def _fill(arg: str, values: dict, out: Path) -> str:
+    """One argument with the docs' placeholders replaced."""
+    key, sep, value = arg.partition("=")
+    if not sep:
+        return arg
+    placeholder = "$(ls" in value or value.endswith(".ckpt") or value in ("CKPT", "$QAT", "$FP", "...")
+    if placeholder and key in ("init_ckpt", "ckpt_path", "ckpt"):
+        value = values["CKPT"]
+    value = values.get(value, value)
+    if value in ("OUT", "DIR") or key in ("hydra.run.dir", "hydra.sweep.dir", "out"):
+        value = str(out)
+    return f"{key}={value}"
+
+
+# Commands whose config needs something only the user has (their own package, a stored study): composed with
+# that part left out, and said so here, one reason each.
+NEEDS_THE_USERS = {
+    "quant.plugins=[mylab.formats]": "a format package of the user's own (docs/extending.md)",
+    "hydra.searchpath=[file:///path/to/mylab/conf]": "a config folder of the user's own (docs/extending.md)",
+    "quant=toy": "the user's own preset in that folder (docs/extending.md)",
+    "search.precision=toy_step": "the user's own format (docs/extending.md)",
+}
+
+
+def _compose_and_check(command: DocCommand, values: dict, out: Path) -> str:
+    """Compose and validate a train/search/graph command; returns what was done ("validated"/"composed")."""
+    args = [_fill(a, values, out) for a in command.args if a not in ("-m", "--multirun")]
+    args = [a for a in args if a not in NEEDS_THE_USERS and not a.startswith("init_from_study=")]
+    if any(a in NEEDS_THE_USERS for a in command.args):  # the user's format's keys need the user's package
+        args = [a for a in args if "toy_step" not in a and a != "~quant.config.linear"]
+    parsed = OverridesParser.create().parse_overrides(args)
+    overrides = [o.input_line for o in parsed if not o.is_sweep_override()]
+    sweeps = len(overrides) < len(parsed)
+    root = {"train": "train", "search": "search", "graph": "graph"}[command.entry]
+    tiny = [f"data.data_dir={values['data']}", f"paths.cache_dir={values['folder'] / 'cache'}"]
+    if root == "graph":
+        tiny = []
+    run_dir = "hydra.sweep.dir" if root == "search" or "-m" in command.args else "hydra.run.dir"
+    if not any(o.startswith(f"{run_dir}=") for o in overrides):
+        tiny.append(f"{run_dir}={out}")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR)):
+        cfg = compose(root, [*overrides, *tiny], return_hydra_config=True)
+    check_config_targets(cfg)
+    if root == "graph":
+        return "validated"
+    multirun = root == "search" or "-m" in command.args
+    try:
+        check_composed_config(cfg, multirun, sweeps)
+    except ConfigError as err:
+        if "no CUDA GPU" in str(err):
+            return "composed (needs a GPU)"
+        raise
+    # the compression callbacks check their own values when built (no model needed), as the run builds them first
+    for key in ("quant", "prune", "compress"):
+        if cfg.get(key) and not (key == "quant" and NEEDS_THE_USERS.keys() & set(command.args)):
+            build(cfg[key], key, _convert_="partial")
+    return "validated"
+
+
+def _check_export(command: DocCommand, values: dict, out: Path) -> str:
+    from adls_lightning.export.__main__ import check_options, parse_arguments
+
+    args = [_fill(a, values, out) for a in command.args if not (a.startswith("[") and a.endswith("]"))]
+    options, _ = parse_arguments(args)
+    check_options(options)
+    return "validated"
+
+
+def _check_evaluate(command: DocCommand, values: dict, out: Path) -> str:
+    folders = [a for a in command.args if "=" not in a]
+    assert folders and all(f.strip("[]") in ("DIR", "...") for f in folders), folders
+    overrides = [a for a in command.args if "=" in a]
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR)):
+        check_config_targets(compose("train", overrides, return_hydra_config=True))
+    return "composed (needs an export folder)"
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[f"{c.file}:{i}" for i, c in enumerate(COMMANDS)])
+def test_documented_command_composes_and_validates(command, placeholders, tmp_path, monkeypatch):
+    monkeypatch.delenv("ADLS_EXTRA_TARGETS", raising=False)
+    out = tmp_path / "out"
+    if command.entry in ("train", "search", "graph"):
+        _compose_and_check(command, placeholders, out)
+    elif command.entry == "export":
+        _check_export(command, placeholders, out)
+    elif command.entry == "export.evaluate":
+        _check_evaluate(command, placeholders, out)
+    else:
+        pytest.fail(f"{command}: python -m adls_lightning.{command.entry} is not known to this test")
+    assert not out.exists() or not any(out.iterdir()), "validation writes nothing"
+
+
+def test_the_docs_hold_the_commands_this_test_covers():
+    entries = {c.entry for c in COMMANDS}
+    assert {"train", "search", "graph", "export", "export.evaluate"} <= entries
+    assert len(COMMANDS) >= 60
+    print(f"{len(COMMANDS)} documented commands found")
+
+
+def test_a_changed_command_that_does_not_compose_fails(placeholders, tmp_path):
+    broken = DocCommand("README.md", "python train.py quant=int9", "train", ("quant=int9",))
+    with pytest.raises(Exception, match="quant"):
+        _compose_and_check(broken, placeholders, tmp_path / "out")
+    stale = DocCommand(
+        "README.md", "python train.py quant.mode=qta", "train", ("quant=int8", "quant.mode=qta")
+    )
+    with pytest.raises(Exception, match="qta"):
+        _compose_and_check(stale, placeholders, tmp_path / "out")
