@@ -315,6 +315,8 @@ class FolderDataModule(TextDataModule):
         labels: Sequence | None = None,
         **kwargs,
     ) -> None:
+        # a plain list (not Hydra's ListConfig) in the hyperparameters, so checkpoints load with weights_only
+        labels = None if labels is None else list(labels)
         super().__init__(tokenizer, **kwargs)
         self.data_dir = self._resolve_dir(data_dir)
         if self.data_dir is None and not hub_name:
@@ -322,7 +324,7 @@ class FolderDataModule(TextDataModule):
                 "data.data_dir: required (a folder with train and test files), or set data.hub_name"
             )
         self.hub_name = hub_name
-        self.labels = list(labels) if labels is not None else None
+        self.labels = labels
         self._encoded: tuple[datasets.DatasetDict, str, Task] | None = None
 
     @staticmethod
@@ -368,6 +370,7 @@ class IMDbDataModule(FolderDataModule):
         labels: Sequence | None = (0, 1),
         **kwargs,
     ) -> None:
+        labels = None if labels is None else list(labels)  # plain, as in FolderDataModule
         if data_dir == "auto":
             found = default_data_dir()
             data_dir = None if found is None else str(found)
