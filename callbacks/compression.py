@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
 from adls_lightning.config import ConfigError
+from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import Pruner
 from adls_lightning.quant import QuantRecipe, quantization_report, quantize_model, to_recipe
@@ -77,7 +78,7 @@ class CompressionCallback(L.Callback):
         post_epochs: int = 1,
         quant: Mapping[str, Any] | str | QuantRecipe | None = None,
         prune: Mapping[str, Any] | None = None,
-        monitor: str = "val/acc",
+        monitor: str = DEFAULT_MAIN_METRIC,
     ) -> None:
         if isinstance(at_epoch, bool) or not isinstance(at_epoch, int) or at_epoch < 1:
             raise ConfigError(

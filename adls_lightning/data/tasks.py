@@ -19,6 +19,8 @@ from omegaconf import OmegaConf
 
 from adls_lightning.config import ConfigError
 
+# The monitored metric of a callback built without a config (configs pass ${main_metric}): IMDb's main metric.
+DEFAULT_MAIN_METRIC = "val/acc"
 # Metric names as they appear in metrics.json (val/<name>, test/<name>).
 METRIC_NAMES = ("acc", "f1", "mcc", "pearson", "spearman")
 CLASSIFICATION_METRICS = ("acc", "f1", "mcc")
