@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from lightning import LightningModule
 from peft import LoraConfig, get_peft_model
 from torchmetrics import MetricCollection
-from torchmetrics.classification import BinaryAccuracy, BinaryF1Score
 from transformers import PreTrainedModel
 
 from adls_lightning.checkpoints import read_checkpoint
+from adls_lightning.data.tasks import build_metric
 from adls_lightning.dropout import use_fast_dropout
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import check_lora_targets
@@ -70,6 +70,11 @@ class SequenceClassifier(LightningModule):
         fast_dropout: every ``nn.Dropout`` (HF's hidden and head dropouts, PEFT's LoRA dropouts) and SDPA's
             attention-probability dropout draw their masks with the C++ Philox kernel on CPU tensors
             (:mod:`adls_lightning.dropout`); torch's dropout on other devices, or where the kernel is not built.
+        label_names: the task's class names in id order, saved as the model config's ``id2label`` /
+            ``label2id``; None with a one-output backbone = a regression (MSE loss). Set from the data's task.
+        metrics: the task's metric names (``acc``, ``f1``, ``mcc``, ``pearson``, ``spearman``), logged as
+            ``val/<name>`` and ``test/<name>``.
+        test_splits: the labelled evaluation splits, one per test dataloader (MNLI: ``test``, ``test_mm``).
     """
 
     def __init__(
@@ -85,14 +90,26 @@ class SequenceClassifier(LightningModule):
         init_ckpt: str | None = None,
         attn_implementation: str | None = None,
         fast_dropout: bool = False,
+        label_names: Sequence[str] | None = ("0", "1"),
+        metrics: Sequence[str] = ("acc", "f1"),
+        test_splits: Sequence[str] = ("test",),
     ) -> None:
         super().__init__()
         if attn_implementation is not None:
             set_attn_implementation(backbone, attn_implementation)
-        if backbone.config.problem_type is None and backbone.config.num_labels > 1:
-            # What HF's forward would set at the first call with labels; set now, that mutation would make
-            # torch.compile recompile the model.
-            backbone.config.problem_type = "single_label_classification"
+        num_labels = backbone.config.num_labels
+        if (1 if label_names is None else len(label_names)) != num_labels:
+            raise ConfigError(
+                f"model.backbone.num_labels={num_labels}: the task has "
+                f"{'one regression output' if label_names is None else f'{len(label_names)} labels'}"
+            )
+        if label_names is not None:
+            backbone.config.id2label = dict(enumerate(label_names))
+            backbone.config.label2id = {name: i for i, name in enumerate(label_names)}
+        # What HF's forward would set at the first call with labels; set now, that mutation would make
+        # torch.compile recompile the model.
+        backbone.config.problem_type = "regression" if label_names is None else "single_label_classification"
+        self.regression = label_names is None
         # Factories are kept as attributes (not hparams): they are callables, not checkpointable values.
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
@@ -117,9 +134,10 @@ class SequenceClassifier(LightningModule):
             raise ConfigError(f"model.fast_dropout={fast_dropout!r}: must be true or false")
         if fast_dropout:
             use_fast_dropout(self.model)
-        metrics = MetricCollection({"acc": BinaryAccuracy(), "f1": BinaryF1Score()})
+        metrics = MetricCollection({name: build_metric(name, num_labels) for name in metrics})
         self.val_metrics = metrics.clone(prefix="val/")
-        self.test_metrics = metrics.clone(prefix="test/")
+        # one collection per test dataloader; a ModuleList so they move with the model and reset per epoch
+        self.test_metrics = torch.nn.ModuleList(metrics.clone(prefix=f"{split}/") for split in test_splits)
 
     def setup(self, stage: str) -> None:
         if self.init_ckpt and not self._init_loaded:
@@ -128,8 +146,14 @@ class SequenceClassifier(LightningModule):
             self._init_loaded = True
             log.info("Model weights initialised from %s", self.init_ckpt)
 
-    def forward(self, input_ids, attention_mask=None, labels=None):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    def forward(self, input_ids, attention_mask=None, labels=None, token_type_ids=None):
+        # token_type_ids only for pairs (single texts leave them out: all zeros is the models' default)
+        pair = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **pair)
+
+    def predictions(self, logits: torch.Tensor) -> torch.Tensor:
+        """What the metrics score: the regression output, or the predicted class id."""
+        return logits.squeeze(-1) if self.regression else logits.argmax(dim=-1)
 
     def training_step(self, batch, batch_idx):
         loss = self(**batch).loss
@@ -138,16 +162,17 @@ class SequenceClassifier(LightningModule):
 
     def _eval_step(self, batch, metrics: MetricCollection) -> None:
         out = self(**batch)
-        metrics.update(out.logits.argmax(dim=-1), batch["labels"])
+        metrics.update(self.predictions(out.logits), batch["labels"])
         prefix = metrics.prefix
-        self.log(f"{prefix}loss", out.loss, batch_size=batch["labels"].shape[0])
-        self.log_dict(metrics, prog_bar=prefix == "val/")
+        size = batch["labels"].shape[0]
+        self.log(f"{prefix}loss", out.loss, batch_size=size, add_dataloader_idx=False)
+        self.log_dict(metrics, prog_bar=prefix == "val/", batch_size=size, add_dataloader_idx=False)
 
     def validation_step(self, batch, batch_idx):
         self._eval_step(batch, self.val_metrics)
 
-    def test_step(self, batch, batch_idx):
-        self._eval_step(batch, self.test_metrics)
+    def test_step(self, batch, batch_idx, dataloader_idx=0):
+        self._eval_step(batch, self.test_metrics[dataloader_idx])
 
     def merge_lora(self) -> int:
         """Fold the LoRA adapters into the base weights now (idempotent); returns the adapter parameters merged."""

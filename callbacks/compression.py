@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
+from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import Pruner
@@ -65,7 +66,7 @@ class CompressionCallback(L.Callback):
         post_epochs: int = 1,
         quant: Mapping[str, Any] | str | QuantRecipe | None = None,
         prune: Mapping[str, Any] | None = None,
-        monitor: str = "val/acc",
+        monitor: str = DEFAULT_MAIN_METRIC,
     ) -> None:
         if isinstance(at_epoch, bool) or not isinstance(at_epoch, int) or at_epoch < 1:
             raise ConfigError(

@@ -9,6 +9,7 @@ import lightning as L
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
+from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
 from adls_lightning.errors import ConfigError, require_positive_int
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.mxint8 import (
@@ -53,7 +54,10 @@ class MXInt8PackedEvaluation(L.Callback):
     """
 
     def __init__(
-        self, group_size: int = 32, exclude: Sequence[str] = ("classifier",), monitor: str = "val/acc"
+        self,
+        group_size: int = 32,
+        exclude: Sequence[str] = ("classifier",),
+        monitor: str = DEFAULT_MAIN_METRIC,
     ):
         require_positive_int("quant.group_size", group_size)
         if isinstance(exclude, str) or not all(isinstance(name, str) for name in exclude):

@@ -13,6 +13,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from optuna.pruners import NopPruner
 from typing_extensions import override
 
+from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
 from adls_lightning.errors import ConfigError
 from adls_lightning.search.storage import open_trial
 
@@ -37,7 +38,7 @@ class OptunaPruning(L.Callback):
         storage: str | None = None,
         study_name: str | None = None,
         trial_number: int | None = None,
-        monitor: str = "val/acc",
+        monitor: str = DEFAULT_MAIN_METRIC,
         pruner: optuna.pruners.BasePruner | None = None,
     ) -> None:
         self.monitor = monitor

@@ -11,6 +11,7 @@ import lightning as L
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
+from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.quant import QuantRecipe, quantization_report, quantize_model, quantized_layers, to_recipe
@@ -68,7 +69,7 @@ class QuantizationCallback(L.Callback):
         config: QuantRecipe | Mapping[str, Any] | str | None = None,
         mode: str = "qat",
         train_base: bool = False,
-        monitor: str = "val/acc",
+        monitor: str = DEFAULT_MAIN_METRIC,
         plugins: Sequence[str] | None = None,
     ) -> None:
         import_plugins(plugins, "quant.plugins")
@@ -161,10 +162,12 @@ class QuantizationCallback(L.Callback):
     def report(self) -> dict[str, float]:
         """Bit widths and storage of the quantized model, and for PTQ the accuracy before/after."""
         out = dict(self._report)
+        # named after the monitored metric: ptq/val_acc_before on IMDb, ptq/val_pearson_before on STS-B
+        name = self.monitor.replace("/", "_")
         if self.val_acc_before is not None:
-            out["ptq/val_acc_before"] = self.val_acc_before
+            out[f"ptq/{name}_before"] = self.val_acc_before
         if self.val_acc_after is not None:
-            out["ptq/val_acc_after"] = self.val_acc_after
+            out[f"ptq/{name}_after"] = self.val_acc_after
         return out
 
     @override

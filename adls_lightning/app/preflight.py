@@ -171,6 +171,11 @@ def check_composed_config(cfg: Any, multirun: bool, sweep_overrides: bool = Fals
         HydraConfig.instance().set_config(cfg)
         job = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:
+        cause: BaseException | None = err
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:  # raised by a resolver (an unknown data.task): its own line
+            raise cause from None
         raise ConfigError(f"{err.full_key}: {err.msg}") from None
     finally:
         HydraConfig.instance().cfg = None

@@ -25,6 +25,7 @@ from adls_lightning.app.preflight import METRICS_FILE, check_output_dir, validat
 from adls_lightning.app.run_folder import write_run_record
 from adls_lightning.build import build
 from adls_lightning.checkpoints import check_shapes, find_last_checkpoint, read_checkpoint
+from adls_lightning.data.tasks import Task, head_outputs
 from adls_lightning.errors import ConfigError
 from adls_lightning.io_utils import AtomicCheckpointIO, atomic_write_json
 from adls_lightning.logs import drop_unset_wandb_settings
@@ -126,12 +127,13 @@ def _checked_objects(cfg: DictConfig) -> tuple:
     datamodule.setup("fit")  # fail fast on data problems, before the model is built
     log.debug("Instantiating model <%s>", cfg.model._target_)
     init = {"init_ckpt": str(cfg.init_ckpt)} if cfg.get("init_ckpt") else {}
-    model = build(cfg.model, "model", _convert_="partial", **init)
+    # The task shapes the model: head size (1 = regression), label names, metrics, evaluation splits.
+    model = build(cfg.model, "model", _convert_="partial", **init, **datamodule.task.model_overrides())
     check_max_length(model, cfg.data.get("max_length"))
     if init:
-        check_shapes(
-            read_checkpoint(init["init_ckpt"], "init_ckpt")["state_dict"], model, cfg.init_ckpt, "init_ckpt"
-        )
+        state = read_checkpoint(init["init_ckpt"], "init_ckpt")["state_dict"]
+        check_label_count(state, datamodule.task, cfg.init_ckpt, "init_ckpt")
+        check_shapes(state, model, cfg.init_ckpt, "init_ckpt")
     callbacks = instantiate_callbacks(cfg)
     loggers = instantiate_loggers(cfg)
     # Checkpoints are written beside their target and renamed (never moved in from $TMPDIR).
@@ -152,6 +154,7 @@ def _checked_objects(cfg: DictConfig) -> tuple:
                 f"ckpt_path={ckpt_path}: holds model weights only (save_weights_only), no training state to "
                 f"resume; start from its weights with init_ckpt={ckpt_path} instead"
             )
+        check_label_count(checkpoint["state_dict"], datamodule.task, ckpt_path, "ckpt_path")
         check_shapes(checkpoint["state_dict"], model, ckpt_path, "ckpt_path")
     return datamodule, model, callbacks, loggers, trainer, ckpt_path
 
@@ -171,6 +174,17 @@ def resolve_ckpt_path(ckpt_path: str | None, trainer: L.Trainer) -> str | None:
             "(start a fresh run without ckpt_path, or give a .ckpt path)"
         )
     return str(last)
+
+
+def check_label_count(state: Mapping[str, torch.Tensor], task: Task, path: str, key: str) -> None:
+    """Refuse a checkpoint whose classifier head has another number of outputs than the task has labels."""
+    outputs = head_outputs(state)
+    if outputs is not None and outputs != task.num_labels:
+        wanted = "1 (a regression)" if task.is_regression else str(task.num_labels)
+        raise ConfigError(
+            f"{key}={path}: its classifier has {outputs} output(s), task {task.name} needs {wanted} "
+            "(a checkpoint of another task)"
+        )
 
 
 def check_max_length(model: torch.nn.Module, max_length: int | None) -> None:
@@ -258,21 +272,21 @@ def _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_pa
             if isinstance(logger, WandbLogger):
                 logger.experiment.finish()
     if trainer.is_global_zero:
-        print_summary(metrics, output_dir)
+        print_summary(metrics, output_dir, datamodule.task)
     return metrics
 
 
-def print_summary(metrics: Mapping[str, float], output_dir: Path) -> None:
-    """A short, human-readable summary of the run."""
+def print_summary(metrics: Mapping[str, float], output_dir: Path, task: Task | None = None) -> None:
+    """A short, human-readable summary of the run: the task's metrics (main metric first), sizes, times."""
     from rich.console import Console
     from rich.table import Table
 
     # The folder goes below the table, not in its title: Rich wraps a title inside the table's width.
-    table = Table(title="Run summary", show_header=False)
+    table = Table(title="Run summary" + (f" ({task.name})" if task else ""), show_header=False)
+    names = task.metrics if task is not None else ("acc", "f1")
+    splits = ("val", *(task.test_splits if task is not None else ("test",)))
     rows = [
-        ("val/acc", "val accuracy", "{:.4f}"),
-        ("test/acc", "test accuracy", "{:.4f}"),
-        ("test/f1", "test F1", "{:.4f}"),
+        *((f"{split}/{name}", f"{split} {name}", "{:.4f}") for split in splits for name in names),
         ("params/trainable", "trainable params", "{:,.0f}"),
         ("params/total", "total params", "{:,.0f}"),
         ("train/samples_per_sec", "train samples/s", "{:.1f}"),

@@ -104,7 +104,9 @@ def load_checkpoint_model(ckpt: Path, overrides: Sequence[str]):
         tokenizer = cfg.data.get("tokenizer")
     except (HydraException, OmegaConfBaseException) as error:
         raise ConfigError(f"overrides {list(overrides)}: {str(error).splitlines()[0]}") from error
-    module = build(cfg.model, "model", _convert_="partial")
+    # the data's task shapes the head (labels, regression) as in the run that wrote the checkpoint
+    task = build(cfg.data, "data").task
+    module = build(cfg.model, "model", _convert_="partial", **task.model_overrides())
     state = read_checkpoint(ckpt, "ckpt")["state_dict"]  # a damaged or foreign file: one line naming it
     try:
         module.load_state_dict(state, strict=True)

@@ -57,6 +57,13 @@ def validate(cfg: DictConfig) -> None:
     for fmt in cfg.draw.formats:
         if fmt not in FORMATS:
             raise ConfigError(f"draw.formats: unknown format {fmt!r} (valid: {', '.join(FORMATS)})")
+    pairs = cfg.get("text_pair")
+    if pairs is not None and (
+        len(pairs) != len(cfg.text or []) or not all(isinstance(line, str) and line for line in pairs)
+    ):
+        raise ConfigError(
+            f"text_pair: give one non-empty second sentence per text ({len(cfg.text or [])}), or null"
+        )
     if not cfg.text or not all(isinstance(line, str) and line for line in cfg.text):
         raise ConfigError("text: give a list of one or more non-empty sentences")
     out = Path(str(cfg.out))
@@ -88,7 +95,8 @@ def tokenized_inputs(cfg: DictConfig) -> dict[str, torch.Tensor]:
     from adls_lightning.models import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model.backbone.name_or_path)
-    encoded = tokenizer(list(cfg.text), padding=True, return_tensors="pt")
+    pairs = list(cfg.text_pair) if cfg.get("text_pair") else None
+    encoded = tokenizer(list(cfg.text), pairs, padding=True, return_tensors="pt")
     inputs = {
         name: encoded[name] for name in ("input_ids", "attention_mask", "token_type_ids") if name in encoded
     }

@@ -1,9 +1,11 @@
-"""IMDb (or any text/label binary classification set) as a LightningDataModule.
+"""Text (or text-pair) classification and regression tasks as a LightningDataModule.
 
-Sources: a local folder holding ``train`` and ``test`` files (parquet, CSV or JSON lines, columns ``text`` and
-``label``), or the Hugging Face hub (``stanfordnlp/imdb``). The validation split is carved out of train (seeded,
-stratified); test is used only for the final number. Each split is tokenized once and cached on disk under a key
-made from the data files, the tokenizer and ``max_length``, so a second run (or another Optuna trial) re-uses it.
+:class:`TextDataModule` tokenizes, caches, length-groups and resumably loads the splits that a source hands it:
+:class:`FolderDataModule` (files with ``text``, optional ``text_pair``, ``label``, or a hub data set; IMDb is its
+preset :class:`IMDbDataModule`) and :class:`GlueDataModule` (GLUE's TSVs or ``nyu-mll/glue``). The validation
+split is carved out of train (seeded, stratified for classes); the labelled evaluation sets are used only for the
+final number. Each split is tokenized once and cached on disk under a key made from the data, the tokenizer and
+``max_length``, so a second run (or another Optuna trial) re-uses it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import datasets
@@ -24,150 +27,44 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
+from adls_lightning.data.folder import default_data_dir, find_split_files, folder_task, load_raw_splits
+from adls_lightning.data.glue import HUB_NAME as GLUE_HUB_NAME
+from adls_lightning.data.glue import load_glue
+from adls_lightning.data.tasks import Task, default_metrics, glue_task, with_main_metric
 from adls_lightning.errors import ConfigError, require_positive_int
 from adls_lightning.models import load_tokenizer
 
 log = logging.getLogger(__name__)
 
-DATA_EXTENSIONS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}
-SPLITS = ("train", "test")
 # Bumped whenever the cached layout changes, so stale caches are never read.
-CACHE_VERSION = 1
-# Project root, used to find ../shared/data/imdb beside the checkout when data_dir is 'auto'.
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CACHE_VERSION = 2
 
 
-def default_data_dir() -> Path | None:
-    """``$ADLS_IMDB_DIR`` if set, else ``../shared/data/imdb`` beside the project when it exists, else None (hub)."""
-    if env := os.environ.get("ADLS_IMDB_DIR"):
-        return Path(env)
-    shared = PROJECT_ROOT.parent / "shared" / "data" / "imdb"
-    return shared if shared.is_dir() else None
-
-
-def find_split_files(data_dir: Path) -> dict[str, Path]:
-    """Map each split to its file in ``data_dir`` (``train.parquet``, ``test.csv``, ``train.jsonl``, ...).
-
-    Raises:
-        ConfigError: a split has no file, or more than one.
-    """
-    files = {}
-    for split in SPLITS:
-        found = [p for p in sorted(data_dir.glob(f"{split}.*")) if p.suffix in DATA_EXTENSIONS]
-        if len(found) != 1:
-            what = "no" if not found else f"{len(found)}"
-            raise ConfigError(
-                f"data.data_dir={data_dir}: {what} '{split}' file found "
-                f"(expected exactly one of {', '.join(split + ext for ext in DATA_EXTENSIONS)})"
-            )
-        files[split] = found[0]
-    return files
-
-
-# Raw splits already loaded by this process, by source: Optuna trials and multirun jobs run in one process and
-# would otherwise re-read and re-check 50,000 reviews per trial (about 1.5-3 s here). Datasets are immutable.
-_RAW_SPLITS: dict[str, tuple[datasets.DatasetDict, str]] = {}
-
-
-def load_raw_splits(data_dir: Path | None, hub_name: str) -> tuple[datasets.DatasetDict, str]:
-    """Load train/test as a DatasetDict with ``text`` and ``label``; also return a string identifying the source.
-
-    Loaded once per process and source (local files by path, size and modification time; a hub data set by name).
-    """
-    source = f"hub:{hub_name}" if data_dir is None else _local_identity(find_split_files(data_dir))
-    if source not in _RAW_SPLITS:
-        _RAW_SPLITS[source] = _load_raw_splits(data_dir, hub_name)
-    return _RAW_SPLITS[source]
-
-
-def _local_identity(files: dict[str, Path]) -> str:
-    return json.dumps(
-        {s: [str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for s, p in files.items()}
-    )
-
-
-def _load_raw_splits(data_dir: Path | None, hub_name: str) -> tuple[datasets.DatasetDict, str]:
-    if data_dir is None:
-        raw = datasets.load_dataset(hub_name)
-        identity = f"hub:{hub_name}:{raw['train']._fingerprint}:{raw['test']._fingerprint}"
-    else:
-        files = find_split_files(data_dir)
-        raw = datasets.DatasetDict({split: read_data_file(path) for split, path in files.items()})
-        identity = _local_identity(files)
-    for split in SPLITS:
-        check_rows(raw[split], files[split] if data_dir is not None else f"split '{split}'")
-    return raw, identity
-
-
-def _innermost(err: BaseException) -> BaseException:
-    while err.__cause__ is not None or err.__context__ is not None:
-        err = err.__cause__ or err.__context__
-    return err
-
-
-def read_data_file(path: Path) -> datasets.Dataset:
-    """One data file, parsed whole, or a ConfigError naming the file (and the row where the parser says).
-
-    A file that does not parse whole is never trained on: the loader raises rather than keeping the rows before
-    the damage.
-    """
-    fmt = DATA_EXTENSIONS[path.suffix]
-    if path.stat().st_size == 0:
-        raise ConfigError(f"data.data_dir: {path}: empty file (0 bytes)")
-    try:
-        return datasets.load_dataset(fmt, data_files=str(path), split="train")
-    except Exception as err:  # pyarrow, pandas and json parsers each raise their own types
-        reason = " ".join(str(_innermost(err)).split())[:300] or type(_innermost(err)).__name__
-        content = path.read_bytes()
-        if fmt == "parquet" and content[:4] == b"PAR1" and content[-4:] != b"PAR1":
-            raise ConfigError(
-                f"data.data_dir: {path}: truncated parquet file (its footer is missing; {len(content)} bytes)"
-            ) from None
-        raise ConfigError(f"data.data_dir: {path}: not a readable {fmt} file ({reason})") from None
-
-
-def check_rows(split: datasets.Dataset, source: Path | str) -> None:
-    """Columns ``text`` (strings) and ``label`` (0 or 1), no nulls; ConfigError naming the file and first bad row."""
-    missing = {"text", "label"} - set(split.column_names)
-    if missing:
-        raise ConfigError(
-            f"data.data_dir: {source}: lacks column(s) {sorted(missing)} "
-            f"(has {split.column_names}; need 'text' and 'label')"
-        )
-    texts = split["text"]
-    bad = next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)
-    if bad is not None:
-        raise ConfigError(
-            f"data.data_dir: {source}: row {bad} has text {texts[bad]!r} (every row needs a string in 'text')"
-        )
-    labels = split["label"]
-    bad = next((i for i, label in enumerate(labels) if isinstance(label, bool) or label not in (0, 1)), None)
-    if bad is not None:
-        raise ConfigError(
-            f"data.data_dir: {source}: row {bad} has label {labels[bad]!r} (labels must be 0 or 1)"
-        )
-
-
-def stratified_subset(labels: np.ndarray, size: int | None, seed: int) -> np.ndarray:
-    """Indices of a seeded, label-stratified subset of ``size`` rows (all rows, shuffled, when size is None)."""
+def stratified_subset(labels: np.ndarray, size: int | None, seed: int, stratify: bool = True) -> np.ndarray:
+    """Indices of a seeded subset of ``size`` rows, label-stratified when ``stratify`` (classes; not for a
+    regression's scores); all rows, shuffled, when size is None."""
     index = np.arange(len(labels))
     if size is None or size >= len(labels):
         return np.random.default_rng(seed).permutation(index)
-    chosen, _ = train_test_split(index, train_size=size, stratify=labels, random_state=seed)
+    chosen, _ = train_test_split(
+        index, train_size=size, stratify=labels if stratify else None, random_state=seed
+    )
     return chosen
 
 
-class IMDbDataModule(LightningDataModule):
-    """Tokenized, cached, length-grouped IMDb splits.
+class TextDataModule(LightningDataModule):
+    """Tokenized, cached, length-grouped splits of a text or text-pair task; a subclass names the source.
+
+    A subclass implements :meth:`load` (the raw splits with columns ``text``, optional ``text_pair`` and
+    ``label``, encoded) and :meth:`_describe_task` (the :class:`~adls_lightning.data.tasks.Task`). Pairs are
+    tokenized as pairs: the tokenizer's pair encoding with ``token_type_ids`` where the model family has them,
+    truncation shortening the longer text first.
 
     Args:
         tokenizer: checkpoint whose tokenizer to use (hub id, local folder or ``pkg:`` name).
-        data_dir: local folder with train/test files; ``"auto"`` = ``$ADLS_IMDB_DIR`` or ``../shared/data/imdb``
-            when present, else the hub; ``None`` = the hub.
-        hub_name: hub data set used when there is no local folder.
         cache_dir: where tokenized splits are cached.
-        max_length: truncation length in tokens.
-        truncation_side: ``right`` keeps the start of a long review, ``left`` keeps its end (where reviews
+        max_length: truncation length in tokens (of the pair together).
+        truncation_side: ``right`` keeps the start of a long text, ``left`` keeps its end (where reviews
             usually give their verdict).
         batch_size: batch size for all loaders.
         train_size / val_size / test_size: rows used (None = all); val is carved out of train first.
@@ -176,13 +73,13 @@ class IMDbDataModule(LightningDataModule):
         num_workers: DataLoader workers.
         pad_to_multiple_of: pad each batch to a multiple of this many tokens (None = to its longest row), so a
             compiled model sees at most ``max_length / pad_to_multiple_of`` sequence lengths (see docs/compile.md).
+        main_metric: the task's main metric (checkpoint selection, search objectives); checked against the
+            task's metrics. ``conf/train.yaml`` reads it as ``main_metric: val/${data.main_metric}``.
     """
 
     def __init__(
         self,
         tokenizer: str,
-        data_dir: str | None = "auto",
-        hub_name: str = "stanfordnlp/imdb",
         cache_dir: str = ".cache",
         max_length: int = 256,
         truncation_side: str = "right",
@@ -194,6 +91,7 @@ class IMDbDataModule(LightningDataModule):
         group_by_length: bool = True,
         num_workers: int = 0,
         pad_to_multiple_of: int | None = None,
+        main_metric: str | None = None,
     ) -> None:
         super().__init__()
         require_positive_int("data.max_length", max_length)
@@ -205,14 +103,6 @@ class IMDbDataModule(LightningDataModule):
         if truncation_side not in ("left", "right"):
             raise ConfigError(f"data.truncation_side={truncation_side!r}: must be 'left' or 'right'")
         self.save_hyperparameters(logger=False)
-        if data_dir == "auto":
-            self.data_dir = default_data_dir()
-        elif data_dir is None:
-            self.data_dir = None
-        else:
-            self.data_dir = Path(data_dir)
-            if not self.data_dir.is_dir():
-                raise ConfigError(f"data.data_dir={data_dir}: no such directory")
         self.tokenizer = load_tokenizer(tokenizer)
         # Fingerprint now: calling a fast tokenizer with truncation changes its serialised state.
         self.tokenizer_fingerprint = self._fingerprint(self.tokenizer)
@@ -222,8 +112,27 @@ class IMDbDataModule(LightningDataModule):
         )
         self.splits: dict[str, datasets.Dataset] = {}
         self.cache_hits: dict[str, bool] = {}
+        self._task: Task | None = None
         self._train_loader: ResumableLoader | None = None
         self._loader_state: dict | None = None
+
+    # ---------------------------------------------------------------------------------------------------- source
+    def load(self) -> tuple[datasets.DatasetDict, str, Task]:
+        """The raw splits (``train`` and the task's test splits; labels encoded), their identity, the task."""
+        raise NotImplementedError
+
+    def _describe_task(self) -> Task:
+        """The task without tokenizing anything (from its definition, or from the training labels)."""
+        return self.load()[2]
+
+    @property
+    def task(self) -> Task:
+        """What the model and the metrics need to know: labels (or regression), metrics, main metric."""
+        if self._task is None:
+            task = self._describe_task()
+            metrics = with_main_metric(task.metrics, self.hparams.main_metric)
+            self._task = Task(task.name, task.label_names, metrics, task.test_splits)
+        return self._task
 
     # ----------------------------------------------------------------------------------------------- tokenization
     @staticmethod
@@ -242,6 +151,7 @@ class IMDbDataModule(LightningDataModule):
                 self.tokenizer_fingerprint,
                 self.hparams.max_length,
                 self.hparams.truncation_side,
+                self.task.label_names,  # which label is which id
             ]
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
@@ -260,10 +170,16 @@ class IMDbDataModule(LightningDataModule):
         )
         self.cache_hits[split] = False
         max_length = self.hparams.max_length
+        pairs = "text_pair" in raw.column_names
 
         def encode(batch):
-            enc = self.tokenizer(batch["text"], truncation=True, max_length=max_length)
-            return {"input_ids": enc["input_ids"], "length": [len(ids) for ids in enc["input_ids"]]}
+            enc = self.tokenizer(
+                batch["text"], batch["text_pair"] if pairs else None, truncation=True, max_length=max_length
+            )
+            out = {"input_ids": enc["input_ids"], "length": [len(ids) for ids in enc["input_ids"]]}
+            if pairs and "token_type_ids" in enc:
+                out["token_type_ids"] = enc["token_type_ids"]
+            return out
 
         tokenized = raw.select(rows).map(
             encode,
@@ -287,29 +203,40 @@ class IMDbDataModule(LightningDataModule):
         if self.splits:
             return
         hp = self.hparams
-        raw, identity = load_raw_splits(self.data_dir, hp.hub_name)
+        raw, identity, _ = self.load()
+        task = self.task  # checks data.main_metric against the task's metrics before anything is tokenized
+        classes = not task.is_regression
         train_labels = np.asarray(raw["train"]["label"])
         if hp.val_size >= len(train_labels):
             raise ConfigError(
                 f"data.val_size={hp.val_size}: larger than or equal to the {len(train_labels)} training rows"
             )
         rest, val_idx = train_test_split(
-            np.arange(len(train_labels)), test_size=hp.val_size, stratify=train_labels, random_state=hp.seed
+            np.arange(len(train_labels)),
+            test_size=hp.val_size,
+            stratify=train_labels if classes else None,
+            random_state=hp.seed,
         )
-        train_idx = rest[stratified_subset(train_labels[rest], hp.train_size, hp.seed)]
-        test_idx = stratified_subset(np.asarray(raw["test"]["label"]), hp.test_size, hp.seed)
+        train_idx = rest[stratified_subset(train_labels[rest], hp.train_size, hp.seed, classes)]
         # Only the rows this run uses are tokenized (and cached under a key that includes which rows).
         self.splits = {
             "train": self._tokenized(raw["train"], identity, "train", train_idx),
             "val": self._tokenized(raw["train"], identity, "val", np.sort(val_idx)),
-            "test": self._tokenized(raw["test"], identity, "test", np.sort(test_idx)),
         }
+        for split in task.test_splits:
+            labels = np.asarray(raw[split]["label"])
+            test_idx = stratified_subset(labels, hp.test_size, hp.seed, classes)
+            self.splits[split] = self._tokenized(raw[split], identity, split, np.sort(test_idx))
         for split in self.splits.values():
-            split.set_format("torch", columns=["input_ids", "label"])
+            split.set_format(
+                "torch",
+                columns=[c for c in ("input_ids", "token_type_ids", "label") if c in split.column_names],
+            )
         log.info("Splits: %s", {k: len(v) for k, v in self.splits.items()})
 
     def _collate(self, rows: list[dict]) -> dict[str, torch.Tensor]:
-        batch = self.collator([{"input_ids": r["input_ids"]} for r in rows])
+        keys = [k for k in ("input_ids", "token_type_ids") if k in rows[0]]
+        batch = self.collator([{k: r[k] for k in keys} for r in rows])
         batch["labels"] = torch.stack([r["label"] for r in rows])
         return batch
 
@@ -362,8 +289,121 @@ class IMDbDataModule(LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader("val")
 
-    def test_dataloader(self) -> DataLoader:
-        return self._eval_loader("test")
+    def test_dataloader(self) -> DataLoader | list[DataLoader]:
+        # MNLI: matched and mismatched, as dataloaders 0 and 1 (the model logs them as test/ and test_mm/)
+        loaders = [self._eval_loader(split) for split in self.task.test_splits]
+        return loaders[0] if len(loaders) == 1 else loaders
+
+
+class FolderDataModule(TextDataModule):
+    """The generic folder task: ``train`` and ``test`` files with ``text``, optional ``text_pair``, ``label``
+    (see :mod:`adls_lightning.data.folder`), or a hub data set with those columns and splits.
+
+    Args:
+        data_dir: local folder with train/test files; None = the hub data set ``hub_name``.
+        hub_name: hub data set used when there is no local folder.
+        labels: the label values in id order (e.g. ``[0, 1]``, ``[neg, pos]``); None = from the training labels
+            (integers 0..K-1, strings in sorted order, floats = regression).
+        **kwargs: see :class:`TextDataModule`.
+    """
+
+    def __init__(
+        self,
+        tokenizer: str,
+        data_dir: str | None = None,
+        hub_name: str | None = None,
+        labels: Sequence | None = None,
+        **kwargs,
+    ) -> None:
+        # a plain list (not Hydra's ListConfig) in the hyperparameters, so checkpoints load with weights_only
+        labels = None if labels is None else list(labels)
+        super().__init__(tokenizer, **kwargs)
+        self.data_dir = self._resolve_dir(data_dir)
+        if self.data_dir is None and not hub_name:
+            raise ConfigError(
+                "data.data_dir: required (a folder with train and test files), or set data.hub_name"
+            )
+        self.hub_name = hub_name
+        self.labels = labels
+        self._encoded: tuple[datasets.DatasetDict, str, Task] | None = None
+
+    @staticmethod
+    def _resolve_dir(data_dir: str | None) -> Path | None:
+        if data_dir is None:
+            return None
+        path = Path(data_dir)
+        if not path.is_dir():
+            raise ConfigError(f"data.data_dir={data_dir}: no such directory")
+        return path
+
+    def _describe_task(self) -> Task:
+        if self.labels is None:  # inferred from the training labels
+            return self.load()[2]
+        return Task("folder", tuple(str(v) for v in self.labels), default_metrics(len(self.labels)))
+
+    def load(self) -> tuple[datasets.DatasetDict, str, Task]:
+        if self._encoded is None:
+            raw, identity = load_raw_splits(self.data_dir, self.hub_name)
+            if self.data_dir is None:
+                sources = {split: f"{self.hub_name} {split}" for split in raw}
+            else:
+                sources = {split: str(path) for split, path in find_split_files(self.data_dir).items()}
+            encoded, task = folder_task(raw, self.labels, self.hparams.main_metric, sources)
+            self._encoded = encoded, identity, task
+        return self._encoded
+
+
+class IMDbDataModule(FolderDataModule):
+    """IMDb: the folder task with IMDb's defaults (``$ADLS_IMDB_DIR``, ``../shared/data/imdb`` or the hub's
+    ``stanfordnlp/imdb``; labels 0 and 1).
+
+    Args:
+        data_dir: ``"auto"`` = ``$ADLS_IMDB_DIR`` or ``../shared/data/imdb`` when present, else the hub;
+            ``None`` = the hub; else a folder.
+    """
+
+    def __init__(
+        self,
+        tokenizer: str,
+        data_dir: str | None = "auto",
+        hub_name: str = "stanfordnlp/imdb",
+        labels: Sequence | None = (0, 1),
+        **kwargs,
+    ) -> None:
+        labels = None if labels is None else list(labels)  # plain, as in FolderDataModule
+        if data_dir == "auto":
+            found = default_data_dir()
+            data_dir = None if found is None else str(found)
+        super().__init__(tokenizer, data_dir=data_dir, hub_name=hub_name, labels=labels, **kwargs)
+
+
+class GlueDataModule(TextDataModule):
+    """A GLUE task (:data:`~adls_lightning.data.tasks.GLUE_TASKS`): GLUE's TSVs from ``data_dir`` or the hub.
+
+    Args:
+        task: ``cola``, ``sst2``, ``mrpc``, ``stsb``, ``qqp``, ``mnli``, ``qnli``, ``rte`` or ``wnli``.
+        data_dir: the folder holding ``<TASK>/train.tsv`` and ``<TASK>/dev.tsv`` (GLUE's folder names); None =
+            the hub's ``nyu-mll/glue``.
+        **kwargs: see :class:`TextDataModule`.
+    """
+
+    def __init__(self, tokenizer: str, task: str, data_dir: str | None = None, **kwargs) -> None:
+        self.spec = glue_task(task)  # refuses an unknown task before the tokenizer loads
+        super().__init__(tokenizer, **kwargs)
+        self.task_name = task
+        self.data_dir = FolderDataModule._resolve_dir(data_dir)
+        self._loaded: tuple[datasets.DatasetDict, str, Task] | None = None
+
+    def _describe_task(self) -> Task:
+        return self.spec.task(self.task_name)
+
+    def load(self) -> tuple[datasets.DatasetDict, str, Task]:
+        if self._loaded is None:
+            if self.data_dir is None:
+                log.info("GLUE %s from the hub (%s)", self.task_name, GLUE_HUB_NAME)
+            raw, identity, _ = load_glue(self.data_dir, self.task_name)
+            self._loaded = raw, identity, self._describe_task()
+        return self._loaded
 
 
 class _SkippingSampler(torch.utils.data.Sampler):

@@ -1,0 +1,225 @@
+"""The generic folder task: ``train`` and ``test`` files (parquet, CSV or JSON lines) with ``text``, optionally
+``text_pair``, and ``label`` -- or the same splits from a Hugging Face hub data set. IMDb is one preset of it.
+
+Labels are integers 0..K-1, strings (ids given in sorted order, or in the order of ``data.labels``, and recorded
+as the model's ``id2label``) or floats (a regression).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import datasets
+import numpy as np
+
+from adls_lightning.data.tasks import Task, default_metrics, with_main_metric
+from adls_lightning.errors import ConfigError
+
+DATA_EXTENSIONS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}
+SPLITS = ("train", "test")
+# Project root, used to find ../shared/data/imdb beside the checkout when data_dir is 'auto'.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def default_data_dir() -> Path | None:
+    """``$ADLS_IMDB_DIR`` if set, else ``../shared/data/imdb`` beside the project when it exists, else None (hub)."""
+    if env := os.environ.get("ADLS_IMDB_DIR"):
+        return Path(env)
+    shared = PROJECT_ROOT.parent / "shared" / "data" / "imdb"
+    return shared if shared.is_dir() else None
+
+
+def find_split_files(data_dir: Path) -> dict[str, Path]:
+    """Map each split to its file in ``data_dir`` (``train.parquet``, ``test.csv``, ``train.jsonl``, ...).
+
+    Raises:
+        ConfigError: a split has no file, or more than one.
+    """
+    files = {}
+    for split in SPLITS:
+        found = [p for p in sorted(data_dir.glob(f"{split}.*")) if p.suffix in DATA_EXTENSIONS]
+        if len(found) != 1:
+            what = "no" if not found else f"{len(found)}"
+            raise ConfigError(
+                f"data.data_dir={data_dir}: {what} '{split}' file found "
+                f"(expected exactly one of {', '.join(split + ext for ext in DATA_EXTENSIONS)})"
+            )
+        files[split] = found[0]
+    return files
+
+
+# Raw splits already loaded by this process, by source: Optuna trials and multirun jobs run in one process and
+# would otherwise re-read and re-check 50,000 reviews per trial (about 1.5-3 s here). Datasets are immutable.
+_RAW_SPLITS: dict[str, tuple[datasets.DatasetDict, str]] = {}
+
+
+def load_raw_splits(data_dir: Path | None, hub_name: str) -> tuple[datasets.DatasetDict, str]:
+    """Load train/test as a DatasetDict with ``text`` (``text_pair``) and ``label``; also return a string
+    identifying the source.
+
+    Loaded once per process and source (local files by path, size and modification time; a hub data set by name).
+    """
+    source = f"hub:{hub_name}" if data_dir is None else local_identity(find_split_files(data_dir))
+    if source not in _RAW_SPLITS:
+        _RAW_SPLITS[source] = _load_raw_splits(data_dir, hub_name)
+    return _RAW_SPLITS[source]
+
+
+def local_identity(files: dict[str, Path]) -> str:
+    """The files' paths, sizes and modification times: changes whenever their content may have."""
+    return json.dumps(
+        {s: [str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for s, p in files.items()}
+    )
+
+
+def _load_raw_splits(data_dir: Path | None, hub_name: str) -> tuple[datasets.DatasetDict, str]:
+    if data_dir is None:
+        raw = datasets.load_dataset(hub_name)
+        identity = f"hub:{hub_name}:{raw['train']._fingerprint}:{raw['test']._fingerprint}"
+    else:
+        files = find_split_files(data_dir)
+        raw = datasets.DatasetDict({split: read_data_file(path) for split, path in files.items()})
+        identity = local_identity(files)
+    for split in SPLITS:
+        check_rows(raw[split], files[split] if data_dir is not None else f"split '{split}'")
+    return raw, identity
+
+
+def _innermost(err: BaseException) -> BaseException:
+    while err.__cause__ is not None or err.__context__ is not None:
+        err = err.__cause__ or err.__context__
+    return err
+
+
+def read_data_file(path: Path) -> datasets.Dataset:
+    """One data file, parsed whole, or a ConfigError naming the file (and the row where the parser says).
+
+    A file that does not parse whole is never trained on: the loader raises rather than keeping the rows before
+    the damage.
+    """
+    fmt = DATA_EXTENSIONS[path.suffix]
+    if path.stat().st_size == 0:
+        raise ConfigError(f"data.data_dir: {path}: empty file (0 bytes)")
+    try:
+        return datasets.load_dataset(fmt, data_files=str(path), split="train")
+    except Exception as err:  # pyarrow, pandas and json parsers each raise their own types
+        reason = " ".join(str(_innermost(err)).split())[:300] or type(_innermost(err)).__name__
+        content = path.read_bytes()
+        if fmt == "parquet" and content[:4] == b"PAR1" and content[-4:] != b"PAR1":
+            raise ConfigError(
+                f"data.data_dir: {path}: truncated parquet file (its footer is missing; {len(content)} bytes)"
+            ) from None
+        raise ConfigError(f"data.data_dir: {path}: not a readable {fmt} file ({reason})") from None
+
+
+def check_rows(split: datasets.Dataset, source: Path | str) -> None:
+    """Columns ``text`` (and ``text_pair`` if present) holding strings, and ``label``; ConfigError naming the
+    file and the first bad row. Labels are checked against the task's label set by :func:`encode_labels`."""
+    missing = {"text", "label"} - set(split.column_names)
+    if missing:
+        raise ConfigError(
+            f"data.data_dir: {source}: lacks column(s) {sorted(missing)} "
+            f"(has {split.column_names}; need 'text' and 'label', optionally 'text_pair')"
+        )
+    for column in ("text", "text_pair"):
+        if column not in split.column_names:
+            continue
+        texts = split[column]
+        bad = next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)
+        if bad is not None:
+            raise ConfigError(
+                f"data.data_dir: {source}: row {bad} has {column} {texts[bad]!r} "
+                f"(every row needs a string in '{column}')"
+            )
+
+
+def _one_of(values: Sequence) -> str:
+    shown = [str(v) for v in values[:10]] + (["..."] if len(values) > 10 else [])
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    )
+
+
+def infer_labels(values: list) -> list | None:
+    """The label set of a training column: integers -> 0..max, strings -> sorted, floats -> None (regression)."""
+    if values and all(_is_int(v) for v in values):
+        return list(range(int(max(values)) + 1))
+    if values and all(isinstance(v, str) for v in values):
+        return sorted(set(values))
+    if values and all(_is_number(v) for v in values):
+        return None
+    bad = next((i for i, v in enumerate(values) if not (_is_number(v) or isinstance(v, str))), 0)
+    raise ConfigError(
+        f"data.data_dir: train row {bad} has label {values[bad] if values else None!r} "
+        "(labels are integers 0..K-1, strings or floats)"
+    )
+
+
+def encode_labels(
+    raw: datasets.DatasetDict, labels: Sequence | None, regression: bool, sources: dict[str, str]
+) -> datasets.DatasetDict:
+    """Every split's ``label`` as class ids of ``labels`` (their positions) or, for a regression, float32.
+
+    Raises:
+        ConfigError: naming the split's source and the first row whose label is outside the set (or, for a
+            regression, not a number).
+    """
+    out = {}
+    for split, dataset in raw.items():
+        values = dataset["label"]
+        if regression:
+            bad = next((i for i, v in enumerate(values) if not _is_number(v)), None)
+            if bad is not None:
+                raise ConfigError(
+                    f"data.data_dir: {sources[split]}: row {bad} has label {values[bad]!r} "
+                    "(a regression target must be a number)"
+                )
+            ids = np.asarray(values, dtype=np.float32)
+        else:
+            index = {value: i for i, value in enumerate(labels)}
+            bad = next(
+                (i for i, v in enumerate(values) if isinstance(v, (bool, np.bool_)) or v not in index), None
+            )
+            if bad is not None:
+                raise ConfigError(
+                    f"data.data_dir: {sources[split]}: row {bad} has label {values[bad]!r} "
+                    f"(labels must be {_one_of(list(labels))})"
+                )
+            if list(labels) == list(range(len(labels))):
+                out[split] = dataset  # already ids
+                continue
+            ids = np.asarray([index[v] for v in values], dtype=np.int64)
+        out[split] = dataset.remove_columns("label").add_column("label", ids.tolist())
+    return datasets.DatasetDict(out)
+
+
+def folder_task(
+    raw: datasets.DatasetDict,
+    labels: Sequence | None,
+    main_metric: str | None,
+    sources: dict[str, str],
+    name: str = "folder",
+) -> tuple[datasets.DatasetDict, Task]:
+    """The splits with labels encoded, and their :class:`Task` (label set given, or inferred from train)."""
+    label_set = list(labels) if labels is not None else infer_labels(raw["train"]["label"])
+    regression = label_set is None
+    if not regression and len(label_set) < 2:
+        raise ConfigError(
+            f"data.labels: the task needs at least two classes (found {label_set} in {sources['train']})"
+        )
+    encoded = encode_labels(raw, label_set, regression, sources)
+    names = None if regression else tuple(str(v) for v in label_set)
+    num_labels = 1 if regression else len(label_set)
+    metrics = with_main_metric(default_metrics(num_labels), main_metric)
+    return encoded, Task(name, names, metrics)

@@ -1,0 +1,300 @@
+"""What a task is, as data: its label set, its official metrics and its main metric -- and GLUE's nine tasks.
+
+A :class:`Task` is what the data hands to the model and the metrics: the class names in id order (``None`` for a
+regression: one output, MSE loss), the metrics it reports and which of them is its **main metric** (the first
+listed). Checkpoint selection, ``optimized_metric``, the search objectives and the run summary all read the main
+metric from one key, ``main_metric`` in ``conf/train.yaml`` (``val/${data.main_metric}``), which each data preset
+sets: GLUE through the ``task_main_metric`` resolver below, from this table.
+
+Adding a GLUE-style task is one :data:`GLUE_TASKS` entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from adls_lightning.errors import ConfigError
+
+# The monitored metric of a callback built without a config (configs pass ${main_metric}): IMDb's main metric.
+DEFAULT_MAIN_METRIC = "val/acc"
+# Metric names as they appear in metrics.json (val/<name>, test/<name>).
+METRIC_NAMES = ("acc", "f1", "mcc", "pearson", "spearman")
+CLASSIFICATION_METRICS = ("acc", "f1", "mcc")
+REGRESSION_METRICS = ("pearson", "spearman")
+
+
+def build_metric(name: str, num_labels: int):
+    """The torchmetrics object of a metric name for a head of ``num_labels`` outputs (1 = regression).
+
+    Classification metrics take predicted class ids; ``f1`` is the positive class's (id 1), as GLUE scores it.
+    """
+    from torchmetrics.classification import (
+        BinaryF1Score,
+        BinaryMatthewsCorrCoef,
+        MulticlassAccuracy,
+        MulticlassMatthewsCorrCoef,
+    )
+    from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
+
+    if name in CLASSIFICATION_METRICS and num_labels < 2:
+        raise ConfigError(f"metric {name}: needs a classification task (this one is a regression)")
+    if name == "acc":
+        return MulticlassAccuracy(num_classes=num_labels, average="micro")
+    if name == "f1":
+        if num_labels != 2:
+            raise ConfigError(f"metric f1: defined for two classes here (this task has {num_labels})")
+        return BinaryF1Score()
+    if name == "mcc":
+        return BinaryMatthewsCorrCoef() if num_labels == 2 else MulticlassMatthewsCorrCoef(num_labels)
+    if name == "pearson":
+        return PearsonCorrCoef()
+    if name == "spearman":
+        return SpearmanCorrCoef()
+    raise ConfigError(f"metric {name!r}: unknown (known: {', '.join(METRIC_NAMES)})")
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task as the model and the metrics see it.
+
+    Args:
+        name: e.g. ``glue/mnli`` or ``folder``.
+        label_names: class names in id order; None for a regression (one output, MSE loss).
+        metrics: reported metric names (:data:`METRIC_NAMES`); the first is the main metric.
+        test_splits: names of the labelled evaluation splits (MNLI: ``test`` matched, ``test_mm`` mismatched).
+    """
+
+    name: str
+    label_names: tuple[str, ...] | None
+    metrics: tuple[str, ...]
+    test_splits: tuple[str, ...] = ("test",)
+
+    @property
+    def is_regression(self) -> bool:
+        return self.label_names is None
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.label_names is None else len(self.label_names)
+
+    @property
+    def main_metric(self) -> str:
+        return self.metrics[0]
+
+    def model_overrides(self) -> dict[str, Any]:
+        """Keyword overrides of ``cfg.model`` that shape the model for this task (head size, labels, metrics)."""
+        return {
+            "backbone": {"num_labels": self.num_labels},
+            "label_names": None if self.label_names is None else list(self.label_names),
+            "metrics": list(self.metrics),
+            "test_splits": list(self.test_splits),
+        }
+
+
+def default_metrics(num_labels: int) -> tuple[str, ...]:
+    """Metrics of a task that names none: regression -> Pearson, Spearman; 2 classes -> acc, F1; more -> acc."""
+    if num_labels == 1:
+        return REGRESSION_METRICS
+    return ("acc", "f1") if num_labels == 2 else ("acc",)
+
+
+def with_main_metric(
+    metrics: tuple[str, ...], main: str | None, key: str = "data.main_metric"
+) -> tuple[str, ...]:
+    """``metrics`` reordered so that ``main`` comes first; ConfigError when ``main`` is not one of them."""
+    if main is None or main == metrics[0]:
+        return metrics
+    if main not in metrics:
+        raise ConfigError(f"{key}={main}: not a metric of this task (its metrics: {', '.join(metrics)})")
+    return (main, *(m for m in metrics if m != main))
+
+
+@dataclass(frozen=True)
+class GlueTask:
+    """One GLUE task: where its files are, their column layout, its labels and metrics.
+
+    Columns are header names, or positions for a file without a header row (CoLA). ``file_labels`` are the label
+    values as the TSVs write them, in id order (the hub's ``ClassLabel`` order, so files and hub agree); None for a
+    regression (a float score).
+    """
+
+    folder: str
+    header: tuple[str, ...] | None
+    text: str | int
+    text_pair: str | int | None
+    label: str | int
+    label_names: tuple[str, ...] | None
+    file_labels: tuple[str, ...] | None
+    metrics: tuple[str, ...]
+    hub_columns: tuple[str, ...]
+    # this project's labelled evaluation splits: name -> (file in the task folder, hub split)
+    dev: Mapping[str, tuple[str, str]] = field(default_factory=lambda: {"test": ("dev.tsv", "validation")})
+
+    @property
+    def main_metric(self) -> str:
+        return self.metrics[0]
+
+    def task(self, name: str) -> Task:
+        return Task(f"glue/{name}", self.label_names, self.metrics, tuple(self.dev))
+
+
+_PAIR = ("index", "sentence1", "sentence2", "label")
+_BINARY = ("0", "1")
+_NLI = ("entailment", "not_entailment")
+
+GLUE_TASKS: dict[str, GlueTask] = {
+    "cola": GlueTask(
+        folder="CoLA",
+        header=None,  # source, label, original label, sentence; no header row
+        text=3,
+        text_pair=None,
+        label=1,
+        label_names=("unacceptable", "acceptable"),
+        file_labels=_BINARY,
+        metrics=("mcc",),
+        hub_columns=("sentence",),
+    ),
+    "sst2": GlueTask(
+        folder="SST-2",
+        header=("sentence", "label"),
+        text="sentence",
+        text_pair=None,
+        label="label",
+        label_names=("negative", "positive"),
+        file_labels=_BINARY,
+        metrics=("acc",),
+        hub_columns=("sentence",),
+    ),
+    "mrpc": GlueTask(
+        folder="MRPC",
+        header=("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"),
+        text="#1 String",
+        text_pair="#2 String",
+        label="Quality",
+        label_names=("not_equivalent", "equivalent"),
+        file_labels=_BINARY,
+        metrics=("f1", "acc"),
+        hub_columns=("sentence1", "sentence2"),
+    ),
+    "stsb": GlueTask(
+        folder="STS-B",
+        header=(
+            "index",
+            "genre",
+            "filename",
+            "year",
+            "old_index",
+            "source1",
+            "source2",
+            "sentence1",
+            "sentence2",
+            "score",
+        ),
+        text="sentence1",
+        text_pair="sentence2",
+        label="score",
+        label_names=None,
+        file_labels=None,
+        metrics=("pearson", "spearman"),
+        hub_columns=("sentence1", "sentence2"),
+    ),
+    "qqp": GlueTask(
+        folder="QQP",
+        header=("id", "qid1", "qid2", "question1", "question2", "is_duplicate"),
+        text="question1",
+        text_pair="question2",
+        label="is_duplicate",
+        label_names=("not_duplicate", "duplicate"),
+        file_labels=_BINARY,
+        metrics=("f1", "acc"),
+        hub_columns=("question1", "question2"),
+    ),
+    "mnli": GlueTask(
+        folder="MNLI",
+        # train.tsv; the dev files hold label1..label5 before gold_label
+        header=(
+            "index",
+            "promptID",
+            "pairID",
+            "genre",
+            "sentence1_binary_parse",
+            "sentence2_binary_parse",
+            "sentence1_parse",
+            "sentence2_parse",
+            "sentence1",
+            "sentence2",
+            "label1",
+            "gold_label",
+        ),
+        text="sentence1",
+        text_pair="sentence2",
+        label="gold_label",
+        label_names=("entailment", "neutral", "contradiction"),
+        file_labels=("entailment", "neutral", "contradiction"),
+        metrics=("acc",),
+        hub_columns=("premise", "hypothesis"),
+        dev={
+            "test": ("dev_matched.tsv", "validation_matched"),
+            "test_mm": ("dev_mismatched.tsv", "validation_mismatched"),
+        },
+    ),
+    "qnli": GlueTask(
+        folder="QNLI",
+        header=("index", "question", "sentence", "label"),
+        text="question",
+        text_pair="sentence",
+        label="label",
+        label_names=_NLI,
+        file_labels=_NLI,
+        metrics=("acc",),
+        hub_columns=("question", "sentence"),
+    ),
+    "rte": GlueTask(
+        folder="RTE",
+        header=_PAIR,
+        text="sentence1",
+        text_pair="sentence2",
+        label="label",
+        label_names=_NLI,
+        file_labels=_NLI,
+        metrics=("acc",),
+        hub_columns=("sentence1", "sentence2"),
+    ),
+    "wnli": GlueTask(
+        folder="WNLI",
+        header=_PAIR,
+        text="sentence1",
+        text_pair="sentence2",
+        label="label",
+        label_names=("not_entailment", "entailment"),
+        file_labels=_BINARY,
+        metrics=("acc",),
+        hub_columns=("sentence1", "sentence2"),
+    ),
+}
+
+
+def glue_task(name: str) -> GlueTask:
+    """The :data:`GLUE_TASKS` entry of ``name``; ConfigError listing the valid names otherwise."""
+    if name not in GLUE_TASKS:
+        raise ConfigError(f"data.task={name}: unknown GLUE task (valid: {', '.join(GLUE_TASKS)})")
+    return GLUE_TASKS[name]
+
+
+def task_main_metric(name: str) -> str:
+    """``${task_main_metric:${data.task}}``: a GLUE task's main metric, for the config's ``main_metric``."""
+    return glue_task(str(name)).main_metric
+
+
+OmegaConf.register_resolver("task_main_metric", task_main_metric, replace=True)
+
+
+def head_outputs(state: Mapping[str, Any]) -> int | None:
+    """Outputs of the classifier head in a checkpoint's state dict (its last ``classifier`` weight), if any."""
+    weights = [k for k in state if ".classifier" in f".{k}" and k.endswith("weight") and "lora_" not in k]
+    shape = getattr(state[weights[-1]], "shape", None) if weights else None
+    return int(shape[0]) if shape is not None and len(shape) == 2 else None

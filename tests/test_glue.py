@@ -1,0 +1,291 @@
+"""GLUE tasks and the generic folder task: each of the nine GLUE tasks read from a folder in its exact layout and
+trained one step, its metrics.json checked against sklearn/scipy on the same predictions; the folder task's
+label kinds; the hub path; bad input refused in one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+from adls_lightning.app.training import run
+from adls_lightning.build import build
+from adls_lightning.errors import ConfigError
+from tests.glue_layouts import FOLDERS, LABELS, write_glue_task, write_tsv
+from tests.helpers import assert_one_line_error, run_train
+
+GLUE_ORDER = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
+EXPECTED_METRICS = {  # the official metrics per task, written out independently of adls_lightning.data.tasks
+    "cola": {"mcc"}, "sst2": {"acc"}, "mrpc": {"f1", "acc"}, "stsb": {"pearson", "spearman"},
+    "qqp": {"f1", "acc"}, "mnli": {"acc"}, "qnli": {"acc"}, "rte": {"acc"}, "wnli": {"acc"},
+}  # fmt: skip
+REFERENCE = {
+    "acc": accuracy_score,
+    "f1": f1_score,
+    "mcc": matthews_corrcoef,
+    "pearson": lambda y, p: pearsonr(y, p)[0],
+    "spearman": lambda y, p: spearmanr(y, p)[0],
+}
+ONE_STEP = [
+    "data.val_size=20",
+    "trainer.max_epochs=1",
+    "+trainer.limit_train_batches=1",
+    "data.batch_size=16",
+]
+
+
+def glue_overrides(root: Path, task: str) -> list[str]:
+    return ["data=glue", f"data.task={task}", f"data.data_dir={root}", *ONE_STEP]
+
+
+def predictions(cfg, ckpt: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{split: (labels, predictions)}`` of a checkpoint on the task's test splits, computed here."""
+    datamodule = build(cfg.data, "data")
+    datamodule.setup("test")
+    model = build(cfg.model, "model", _convert_="partial", **datamodule.task.model_overrides())
+    model.load_state_dict(torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"])
+    model.eval()
+    loaders = datamodule.test_dataloader()
+    loaders = loaders if isinstance(loaders, list) else [loaders]
+    out = {}
+    with torch.no_grad():
+        for split, loader in zip(datamodule.task.test_splits, loaders):
+            labels, preds = [], []
+            for batch in loader:
+                logits = model(**batch).logits
+                preds.append(logits.squeeze(-1) if datamodule.task.is_regression else logits.argmax(-1))
+                labels.append(batch["labels"])
+            out[split] = torch.cat(labels).numpy(), torch.cat(preds).numpy()
+    return out
+
+
+@pytest.mark.parametrize("task", GLUE_ORDER)
+def test_glue_task_from_its_folder_trains_and_reports_its_official_metrics(compose_cfg, tmp_path, task):
+    root = write_glue_task(tmp_path / "glue", task)
+    cfg = compose_cfg(glue_overrides(root, task))
+    metrics = run(cfg)
+    out = tmp_path / "run"
+    assert json.loads((out / "metrics.json").read_text()) == pytest.approx(metrics)
+    splits = ["val", "test", *(["test_mm"] if task == "mnli" else [])]
+    names = EXPECTED_METRICS[task]
+    assert {k for k in metrics if k.split("/")[0] in splits and k.split("/")[1] != "loss"} == {
+        f"{split}/{name}" for split in splits for name in names
+    }
+    assert (
+        cfg.main_metric
+        == f"val/{ {'cola': 'mcc', 'mrpc': 'f1', 'qqp': 'f1', 'stsb': 'pearson'}.get(task, 'acc') }"
+    )
+    ckpt = next((out / "checkpoints").glob("best-*.ckpt"))
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    heads = [v.shape[0] for k, v in state.items() if k.endswith("classifier.modules_to_save.default.weight")]
+    assert heads == [{"mnli": 3, "stsb": 1}.get(task, 2)]
+    # Same predictions, metrics computed by sklearn/scipy: the test splits hold every dev row (quoting off: the
+    # rows with an unbalanced quote character stay rows of their own).
+    for split, (labels, preds) in predictions(cfg, ckpt).items():
+        assert len(labels) == (46 if split == "test_mm" else 40)
+        if LABELS[task] is not None:
+            assert np.bincount(labels).tolist() == [
+                len(labels) // len(LABELS[task]) + (i < len(labels) % len(LABELS[task]))
+                for i in range(len(LABELS[task]))
+            ]
+        for name in names:
+            assert metrics[f"{split}/{name}"] == pytest.approx(REFERENCE[name](labels, preds), abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("name", "num_labels"),
+    [("acc", 2), ("acc", 3), ("f1", 2), ("mcc", 2), ("mcc", 3), ("pearson", 1), ("spearman", 1)],
+)
+def test_each_metric_matches_sklearn_and_scipy(name, num_labels):
+    from adls_lightning.data.tasks import build_metric
+
+    rng = np.random.default_rng(0)
+    labels = rng.normal(size=300) if num_labels == 1 else rng.integers(0, num_labels, 300)
+    preds = (
+        labels + rng.normal(size=300)
+        if num_labels == 1
+        else np.where(rng.random(300) < 0.6, labels, rng.integers(0, num_labels, 300))
+    )
+    metric = build_metric(name, num_labels)
+    for chunk in range(3):  # accumulated over batches, as in an epoch
+        part = slice(100 * chunk, 100 * (chunk + 1))
+        metric.update(
+            torch.as_tensor(preds[part], dtype=torch.float32 if num_labels == 1 else torch.long),
+            torch.as_tensor(labels[part], dtype=torch.float32 if num_labels == 1 else torch.long),
+        )
+    assert float(metric.compute()) == pytest.approx(REFERENCE[name](labels, preds), abs=1e-5)
+
+
+def test_glue_from_the_hub_renames_columns_and_takes_dev_as_test(monkeypatch, compose_cfg, tmp_path):
+    calls = []
+
+    def fake_load_dataset(name, config=None, **kwargs):
+        calls.append((name, config))
+        split = lambda n: datasets.Dataset.from_dict(  # noqa: E731
+            {
+                "premise": [f"p {i}" for i in range(n)],
+                "hypothesis": [f"h {i}" for i in range(n)],
+                "label": [i % 3 for i in range(n)],
+                "idx": list(range(n)),
+            }  # fmt: skip
+        )
+        return datasets.DatasetDict(
+            {
+                "train": split(90),
+                "validation_matched": split(12),
+                "validation_mismatched": split(15),
+                "test_matched": split(5),
+            }
+        )
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    cfg = compose_cfg(["data=glue", "data.task=mnli", "data.data_dir=null", "data.val_size=10"])
+    datamodule = build(cfg.data, "data")
+    datamodule.setup("fit")
+    assert calls == [("nyu-mll/glue", "mnli")]
+    assert {k: len(v) for k, v in datamodule.splits.items()} == {
+        "train": 80,
+        "val": 10,
+        "test": 12,
+        "test_mm": 15,
+    }
+    assert "token_type_ids" in datamodule.splits["train"].column_names  # tokenized as pairs
+    assert datamodule.task.label_names == ("entailment", "neutral", "contradiction")
+
+
+def test_pairs_are_tokenized_as_pairs(compose_cfg, tmp_path):
+    root = write_glue_task(tmp_path / "glue", "rte")
+    cfg = compose_cfg([*glue_overrides(root, "rte"), "data.max_length=12"])
+    datamodule = build(cfg.data, "data")
+    datamodule.setup("fit")
+    tokenizer = datamodule.tokenizer
+    row = datamodule.splits["test"].with_format(None)[0]
+    first, second = (tmp_path / "glue" / "RTE" / "dev.tsv").read_text().splitlines()[1].split("\t")[1:3]
+    expected = tokenizer(first, second, truncation=True, max_length=12)
+    assert row["input_ids"] == expected["input_ids"] and row["token_type_ids"] == expected["token_type_ids"]
+    assert 1 in row["token_type_ids"] and len(row["input_ids"]) <= 12
+    batch = next(iter(datamodule.train_dataloader()))
+    assert batch["token_type_ids"].shape == batch["input_ids"].shape
+
+
+def test_folder_task_with_pairs_string_labels_and_regression(compose_cfg, tmp_path):
+    import pandas as pd
+
+    folder = tmp_path / "own"
+    folder.mkdir()
+    names = ["neutral", "contradiction", "entailment"]
+    for split, n in (("train", 90), ("test", 30)):
+        pd.DataFrame(
+            {
+                "text": [f"a {i}" for i in range(n)],
+                "text_pair": [f"b {i}" for i in range(n)],
+                "label": [names[i % 3] for i in range(n)],
+            }
+        ).to_json(folder / f"{split}.jsonl", orient="records", lines=True)
+    cfg = compose_cfg(["data=folder", f"data.data_dir={folder}", "data.val_size=15"])
+    datamodule = build(cfg.data, "data")
+    datamodule.setup("fit")
+    assert datamodule.task.label_names == ("contradiction", "entailment", "neutral")  # sorted, recorded
+    assert datamodule.task.metrics == ("acc",)
+    test = datamodule.splits["test"].with_format(None)
+    assert [row["label"] for row in test][:3] == [2, 0, 1]  # neutral, contradiction, entailment
+    # floats: a regression, main metric named by the user
+    reg = tmp_path / "reg"
+    reg.mkdir()
+    for split, n in (("train", 60), ("test", 20)):
+        pd.DataFrame({"text": [f"a {i}" for i in range(n)], "label": [i / 7 for i in range(n)]}).to_parquet(
+            reg / f"{split}.parquet"
+        )
+    cfg = compose_cfg(
+        ["data=folder", f"data.data_dir={reg}", "data.val_size=10", "data.main_metric=spearman"]
+    )
+    datamodule = build(cfg.data, "data")
+    datamodule.setup("fit")
+    assert datamodule.task.is_regression and datamodule.task.metrics == ("spearman", "pearson")
+    assert cfg.main_metric == "val/spearman"
+    with pytest.raises(
+        ConfigError,
+        match=r"data.main_metric=acc: not a metric of this task \(its metrics: pearson, spearman\)",
+    ):
+        build(compose_cfg(["data=folder", f"data.data_dir={reg}", "data.val_size=10"]).data, "data").setup(
+            "fit"
+        )
+
+
+# --------------------------------------------------------------------------------------------------- bad input
+def _bad_cases(base: Path, good: Path, ckpt: Path) -> dict[str, tuple[list[str], str]]:
+    def variant(name: str, task: str, edit) -> Path:
+        root = write_glue_task(base / name, task)
+        edit(root / FOLDERS[task])
+        return root
+
+    def bad_header(folder: Path) -> None:
+        lines = (folder / "train.tsv").read_text().splitlines(keepends=True)
+        (folder / "train.tsv").write_text("index\tpremise\thypothesis\tlabel\n" + "".join(lines[1:]))
+
+    def bad_label(folder: Path) -> None:
+        rows = [line.split("\t") for line in (folder / "dev.tsv").read_text().splitlines()]
+        rows[5][-1] = "maybe"
+        write_tsv(folder / "dev.tsv", None, rows)
+
+    def bad_score(folder: Path) -> None:
+        rows = [line.split("\t") for line in (folder / "train.tsv").read_text().splitlines()]
+        rows[8][-1] = "high"
+        write_tsv(folder / "train.tsv", None, rows)
+
+    no_dev = variant("no_dev", "rte", lambda folder: (folder / "dev.tsv").unlink())
+    return {
+        "unknown_task": (
+            ["data=glue", "data.task=glu", f"data.data_dir={good}"],
+            "data.task=glu: unknown GLUE task (valid: cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli)",
+        ),
+        "missing_file": (["data=glue", "data.task=rte", f"data.data_dir={no_dev}"], "no RTE/dev.tsv"),
+        "bad_header": (
+            ["data=glue", "data.task=rte", f"data.data_dir={variant('header', 'rte', bad_header)}"],
+            "is not GLUE rte's",
+        ),
+        "bad_label": (
+            ["data=glue", "data.task=rte", f"data.data_dir={variant('label', 'rte', bad_label)}"],
+            "line 6 has label 'maybe' (GLUE rte's labels: entailment, not_entailment)",
+        ),
+        "bad_score": (
+            ["data=glue", "data.task=stsb", f"data.data_dir={variant('score', 'stsb', bad_score)}"],
+            "line 9 has score 'high' (GLUE stsb needs a number)",
+        ),
+        "label_count": (
+            [
+                "data=glue",
+                "data.task=mnli",
+                f"data.data_dir={write_glue_task(base / 'mnli', 'mnli')}",
+                f"init_ckpt={ckpt}",
+            ],
+            "its classifier has 2 output(s), task glue/mnli needs 3",
+        ),
+    }
+
+
+def test_bad_glue_input_is_one_line_and_writes_nothing(compose_cfg, tmp_path, tiny_imdb_dir, cache_dir):
+    good = write_glue_task(tmp_path / "good", "rte")
+    run(compose_cfg(glue_overrides(good, "rte")))  # a 2-label checkpoint to start an MNLI run from
+    ckpt = next((tmp_path / "run" / "checkpoints").glob("best-*.ckpt"))
+    cases = _bad_cases(tmp_path / "bad", good, ckpt)
+
+    def attempt(item):
+        name, (args, expected) = item
+        out = tmp_path / f"out_{name}"
+        return name, expected, out, run_train(tiny_imdb_dir, cache_dir, out, *args, "data.val_size=20")
+
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(attempt, cases.items()))
+    for name, expected, out, proc in results:
+        assert_one_line_error(proc, contains=expected)
+        # Hydra may have made the (empty) run folder before the task's checks; nothing is written into it
+        written = [p for p in out.rglob("*") if p.is_file()] if out.exists() else []
+        assert not written, f"{name} wrote {written}"

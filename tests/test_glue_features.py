@@ -1,0 +1,107 @@
+"""Every feature on a regression (STS-B) and a three-class task (MNLI), tiny model, GLUE-layout folders: QAT
+and pruning from a fine-tuned checkpoint, MXINT8 packed evaluation, a 2-trial search scored on the task's main
+metric, export to a Hugging Face folder that reloads with the task's labels and the same predictions, and graph
+capture with pair inputs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from adls_lightning.app.training import run
+from adls_lightning.build import build
+from adls_lightning.lora import merge_lora
+from tests.glue_layouts import write_glue_task
+from tests.test_glue import glue_overrides
+from tests.test_search import TINY_NAS
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN = {"stsb": "pearson", "mnli": "acc"}
+
+
+@pytest.mark.parametrize("task", ["stsb", "mnli"])
+def test_quant_prune_mxint8_search_and_export_on_regression_and_three_classes(
+    compose_cfg, tmp_path, task, cache_dir
+):
+    root = write_glue_task(tmp_path / "glue", task)
+    base = glue_overrides(root, task)
+    main = f"val/{MAIN[task]}"
+
+    fp = run(compose_cfg(base, tmp_path / "fp"))
+    ckpt = next((tmp_path / "fp" / "checkpoints").glob("best-*.ckpt"))
+
+    # int8 QAT + L1 50 % of the fine-tuned model, then MXINT8 packed evaluation
+    compressed = run(compose_cfg([*base, "quant=int8", "prune=l1_0.5", f"init_ckpt={ckpt}"], tmp_path / "qp"))
+    assert compressed["quant/avg_weight_bits"] == pytest.approx(8.0)
+    assert compressed["prune/weight_sparsity"] == pytest.approx(0.5, abs=0.02)
+    assert math.isfinite(compressed[main]) and main in fp
+    packed = run(compose_cfg([*base, "quant=mxint8_packed", f"init_ckpt={ckpt}"], tmp_path / "mx"))
+    assert f"mxint8/{main.replace('/', '_')}_packed" in packed
+
+    # export: the merged folder reloads with AutoModelForSequenceClassification, labels and predictions kept
+    model_overrides = ["model=tiny_random", "data=glue", f"data.task={task}", f"data.data_dir={root}"]
+    out = tmp_path / "hf"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "adls_lightning.export", f"ckpt={ckpt}", f"out={out}", "format=hf", *model_overrides],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reloaded = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    cfg = compose_cfg(base, tmp_path / "unused")
+    datamodule = build(cfg.data, "data")
+    datamodule.setup("test")
+    module = build(cfg.model, "model", _convert_="partial", **datamodule.task.model_overrides())
+    module.load_state_dict(torch.load(ckpt, weights_only=False)["state_dict"])
+    merge_lora(module)
+    batch = next(iter(datamodule.test_dataloader()[0] if task == "mnli" else datamodule.test_dataloader()))
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+    with torch.inference_mode():
+        torch.testing.assert_close(
+            reloaded(**inputs).logits, module.model.eval()(**inputs).logits, rtol=0, atol=1e-5
+        )
+    if task == "mnli":
+        assert reloaded.config.id2label == {0: "entailment", 1: "neutral", 2: "contradiction"}
+    else:
+        assert reloaded.config.num_labels == 1 and reloaded.config.problem_type == "regression"
+
+    # a 2-trial NAS whose objective is the task's main metric (val/pearson, val/acc)
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "search.py"), "search=nas", "hydra.sweeper.n_trials=2", *TINY_NAS,
+         f"hydra.sweep.dir={sweep}", f"paths.cache_dir={cache_dir}", "trainer=cpu",
+         "callbacks.rich_progress_bar=null", "data.max_length=64", *base],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (db,) = sweep.glob("*.db")
+    study = optuna.load_study(study_name=db.stem, storage=f"sqlite:///{db}")
+    trials = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(trials) == 2
+    for trial in trials:
+        metrics = json.loads((sweep / f"trial_{trial.number}" / "metrics.json").read_text())
+        assert trial.values[0] == pytest.approx(metrics[main])
+
+
+def test_graph_capture_with_pair_inputs(tmp_path):
+    out = tmp_path / "graph"
+    proc = subprocess.run(
+        [sys.executable, "-m", "adls_lightning.graph", "model=tiny_random", f"out={out}", "draw.formats=[svg]",
+         "inputs=[input_ids,attention_mask,token_type_ids]", "text=[a cat sat,it rained]",
+         "text_pair=[a dog ran home today,no]"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    graph_files = list(out.glob("graph*"))
+    assert graph_files
+    report = (out / "report.csv").read_text() if (out / "report.csv").exists() else ""
+    assert "token_type_ids" in report or any("token_type_ids" in p.read_text() for p in out.glob("*.svg"))
