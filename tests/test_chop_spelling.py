@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 from test_mase_configs import CHECKS, EXAMPLES, fixed_point, signs, toml_value
-from test_quant_model import LAYER_NAMES, tiny_bert
+from test_quant_model import LAYER_NAMES
 
 from adls_lightning.app.training import run
 from adls_lightning.errors import ConfigError
@@ -42,10 +42,10 @@ INT8_3 = EXAMPLES["integer"]
 
 
 @pytest.mark.parametrize("example", sorted(CHECKS))
-def test_every_format_under_linear_with_an_NA_default(example, tmp_path):
+def test_every_format_under_linear_with_an_NA_default(tiny_bert, example, tmp_path):
     """chop's usual shape: ``default.config.name = "NA"`` and the format under ``linear``."""
     path = chop_file(tmp_path, "type", {"linear": EXAMPLES[example]})
-    model = tiny_bert(init_std=0.2).eval()
+    model = tiny_bert(initializer_range=0.2).eval()
     assert quantize_model(model, path, key="quant.config") == LAYER_NAMES
     layer = quantized_layers(model)[0]
     x = torch.randn(3, 5, layer.in_features, generator=torch.Generator().manual_seed(0))
@@ -53,7 +53,7 @@ def test_every_format_under_linear_with_an_NA_default(example, tmp_path):
         CHECKS[example](layer, x)
 
 
-def test_an_NA_default_alone_quantizes_nothing(tmp_path):
+def test_an_NA_default_alone_quantizes_nothing(tiny_bert, tmp_path):
     path = chop_file(tmp_path, "type", {})
     model = tiny_bert()
     quantize_model(model, path, key="quant.config")
@@ -71,19 +71,19 @@ def test_an_NA_default_alone_quantizes_nothing(tmp_path):
          [f"bert.encoder.layer.1.{p}" for p in ("attention.output.dense", "intermediate.dense", "output.dense")]),
     ],
 )  # fmt: skip
-def test_by_name_and_regex_name_match_both_spellings(by, entries, expected, tmp_path):
-    model = tiny_bert(init_std=0.2)
+def test_by_name_and_regex_name_match_both_spellings(tiny_bert, by, entries, expected, tmp_path):
+    model = tiny_bert(initializer_range=0.2)
     quantize_model(model, chop_file(tmp_path, by, entries), key="quant.config")
     assert quantized_names(model) == expected
     weight = dict(model.named_modules())[expected[0]].weight_quantizer
     assert (weight.width, weight.frac_width) == (8, 3)
 
 
-def test_keys_chop_defines_for_other_formats_are_ignored_with_one_note_each(tmp_path, caplog):
+def test_keys_chop_defines_for_other_formats_are_ignored_with_one_note_each(tiny_bert, tmp_path, caplog):
     ternary = {**EXAMPLES["ternary"], "data_in_frac_width": 4, "floor": True}
     integer = {**INT8_3, "weight_exponent_width": 4, "binary_training": True}
     path = chop_file(tmp_path, "name", {"classifier": ternary, "bert_pooler_dense": integer})
-    model = tiny_bert(init_std=0.2)
+    model = tiny_bert(initializer_range=0.2)
     with caplog.at_level(logging.INFO, logger="adls_lightning"):
         quantize_model(model, path, key="quant.config")
     layers = dict(model.named_modules())
@@ -102,7 +102,7 @@ def test_keys_chop_defines_for_other_formats_are_ignored_with_one_note_each(tmp_
         quantize_model(tiny_bert(), path, key="quant.config")
 
 
-def test_frac_width_above_width_is_fixed_point_as_chop_computes_it(tmp_path):
+def test_frac_width_above_width_is_fixed_point_as_chop_computes_it(tiny_bert, tmp_path):
     keys = {
         "name": "integer",
         "weight_width": 8,
@@ -110,7 +110,7 @@ def test_frac_width_above_width_is_fixed_point_as_chop_computes_it(tmp_path):
         "data_in_width": 8,
         "data_in_frac_width": 4,
     }
-    model = tiny_bert(init_std=0.2)
+    model = tiny_bert(initializer_range=0.2)
     quantize_model(model, chop_file(tmp_path, "type", {"linear": keys}), key="quant.config")
     layer = quantized_layers(model)[0]
     w = layer.weight.detach()
@@ -124,9 +124,9 @@ def test_frac_width_above_width_is_fixed_point_as_chop_computes_it(tmp_path):
     ("stats", "delta"),
     [({"weight_mean": 0.1}, 0.75 * 0.1), ({"weight_max": 1.0}, 0.05), ({"weight_median": 0.2}, 0.15)],
 )
-def test_ternary_statistics_given_as_numbers_set_the_threshold(stats, delta, tmp_path):
+def test_ternary_statistics_given_as_numbers_set_the_threshold(tiny_bert, stats, delta, tmp_path):
     keys = {"name": "ternary", "weight_scaling_factor": False, **stats}
-    model = tiny_bert(init_std=0.2)
+    model = tiny_bert(initializer_range=0.2)
     quantize_model(model, chop_file(tmp_path, "type", {"linear": keys}), key="quant.config")
     w = quantized_layers(model)[0].weight.detach()
     q = quantized_layers(model)[0].weight_quantizer(w)
@@ -134,7 +134,7 @@ def test_ternary_statistics_given_as_numbers_set_the_threshold(stats, delta, tmp
     assert delta != pytest.approx(0.75 * w.abs().mean().item(), rel=0.05)  # not the measured threshold
 
 
-def test_binary_training_NA_is_off(tmp_path):
+def test_binary_training_NA_is_off(tiny_bert, tmp_path):
     keys = {**EXAMPLES["binary_training"], "binary_training": "NA"}
     model = tiny_bert()
     quantize_model(model, chop_file(tmp_path, "type", {"linear": keys}), key="quant.config")
@@ -146,7 +146,7 @@ def test_binary_training_NA_is_off(tmp_path):
     )
 
 
-def test_chop_prune_file_with_NA_values(tmp_path):
+def test_chop_prune_file_with_NA_values(tiny_bert, tmp_path):
     path = tmp_path / "prune.toml"
     path.write_text(
         '[passes.prune]\nactivation = "NA"\n\n[passes.prune.weight]\nsparsity = 0.5\nmethod = "l1-norm"\n'
@@ -156,7 +156,7 @@ def test_chop_prune_file_with_NA_values(tmp_path):
     assert callback.pruner.activation is None
     spec = callback.pruner.weight
     assert (spec.sparsity, spec.method, spec.scope) == (0.5, "l1", "local")  # "NA": chop's defaults
-    model = tiny_bert(init_std=0.2)
+    model = tiny_bert(initializer_range=0.2)
     callback.pruner.prune(model)
     query = model.bert.encoder.layer[0].attention.self.query.weight
     assert int((query == 0).sum()) == query.numel() // 2
@@ -170,7 +170,7 @@ def test_chop_form_file_with_NA_default_and_regex_name_trains(compose_cfg, tmp_p
 
 
 @pytest.mark.parametrize("text", ["", "# nothing\n", "[passes.quantize]\n"])
-def test_an_empty_lab_file_is_refused_in_one_line(text, tmp_path):
+def test_an_empty_lab_file_is_refused_in_one_line(tiny_bert, text, tmp_path):
     path = tmp_path / "empty.toml"
     path.write_text(text)
     with pytest.raises(ConfigError) as info:
