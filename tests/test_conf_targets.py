@@ -22,6 +22,8 @@ NEEDS = {"quant/config": ["quant=int8"], "hydra/sweeper/sampler": ["hydra/sweepe
 NEEDS_OPTION = {("hydra/sweeper/sampler", "motpe"): ["hydra/sweeper=optuna"]}
 # Hydra's own primary config (hydra/config.yaml of hydra-core), listed beside conf/hydra/default.yaml: not an option.
 NOT_OPTIONS = {("hydra", "config")}
+# Groups outside the defaults list, added with `+` (the GLUE table's methods: `+method=int8_qat`)
+ADDED_GROUPS = {"method"}
 
 
 def _groups() -> list[tuple[str, str]]:
@@ -84,7 +86,8 @@ def test_every_option_of_every_group_is_allowed(group, option, monkeypatch, hydr
     # the search groups in search.py's root (train.yaml plus a space), every other group in train.py's
     root = "search" if group.startswith("search") else "train"
     needs = NEEDS_OPTION.get((group, option), NEEDS.get(group, []))
-    cfg = _compose(root, [*needs, f"{group}={option}"])
+    added = "+" if group in ADDED_GROUPS else ""
+    cfg = _compose(root, [*needs, f"{added}{group}={option}"])
     check_config_targets(cfg)  # raises ConfigError naming the first refused target
     if group == "hydra/launcher" and option != "basic":
         assert cfg.hydra.launcher._target_.startswith("hydra_plugins.")
