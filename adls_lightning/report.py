@@ -147,15 +147,25 @@ def sweep_page(sweep: Path, jobs: Sequence[Job], metric: str | None) -> Page:
     return page
 
 
+def parse_command(argv: Sequence[str]) -> dict[str, str]:
+    """The command's arguments, checked (``tests/test_docs.py`` checks the documented ones with it).
+
+    Raises:
+        ConfigError: an unknown or missing argument.
+    """
+    args = parse_args(argv, None, ("sweep", "out", "metric"), USAGE)
+    if not args.get("sweep"):
+        raise ConfigError(f"sweep: missing ({USAGE})")
+    return args
+
+
 def write_report(argv: Sequence[str]) -> Path:
     """The command: parse ``argv``, check ``out``, read the jobs, write the page.
 
     Raises:
         ConfigError: bad arguments, an unwritable ``out``, or no job under ``sweep``.
     """
-    args = parse_args(argv, None, ("sweep", "out", "metric"), USAGE)
-    if not args.get("sweep"):
-        raise ConfigError(f"sweep: missing ({USAGE})")
+    args = parse_command(argv)
     out = check_out_dir(args["out"])
     sweep = Path(args["sweep"]).expanduser().absolute()
     return sweep_page(sweep, read_jobs(sweep), args.get("metric")).write(out)

@@ -17,7 +17,11 @@ from adls_lightning.errors import ConfigError
 
 # Groups whose options are not configs of their own: quant/config holds the labs' TOML-recipe presets that a
 # quant=... config composes into itself (composed with quant=int8 below).
-NEEDS = {"quant/config": ["quant=int8"], "hydra/sweeper/sampler": ["hydra/sweeper=optuna_study"]}
+NEEDS = {
+    "quant/config": ["quant=int8"],
+    "model/backbone": ["model=tiny_bert"],
+    "hydra/sweeper/sampler": ["hydra/sweeper=optuna_study"],
+}
 # hydra-optuna-sweeper keeps a `motpe` leaf only to say Optuna removed it: it composes with its own sweeper
 NEEDS_OPTION = {("hydra/sweeper/sampler", "motpe"): ["hydra/sweeper=optuna"]}
 # Hydra's own primary config (hydra/config.yaml of hydra-core), listed beside conf/hydra/default.yaml: not an option.

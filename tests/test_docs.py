@@ -105,8 +105,8 @@ def placeholders(tmp_path_factory, tiny_imdb_dir):
         "E": "1",
         "S": "0",
         "lab_integer.toml": str(folder / "lab_integer.toml"),
-        "folder": folder,
-        "data": str(tiny_imdb_dir),
+        "_folder": folder,
+        "_data": str(tiny_imdb_dir),
     }
 
 
@@ -144,7 +144,7 @@ def _compose_and_check(command: DocCommand, values: dict, out: Path) -> str:
     overrides = [o.input_line for o in parsed if not o.is_sweep_override()]
     sweeps = len(overrides) < len(parsed)
     root = {"train": "train", "search": "search", "graph": "graph"}[command.entry]
-    tiny = [f"data.data_dir={values['data']}", f"paths.cache_dir={values['folder'] / 'cache'}"]
+    tiny = [f"data.data_dir={values['_data']}", f"paths.cache_dir={values['_folder'] / 'cache'}"]
     if root == "graph":
         tiny = []
     run_dir = "hydra.sweep.dir" if root == "search" or "-m" in command.args else "hydra.run.dir"
@@ -179,6 +179,17 @@ def _check_export(command: DocCommand, values: dict, out: Path) -> str:
     return "validated"
 
 
+def _check_report(command: DocCommand, values: dict, out: Path) -> str:
+    import importlib
+
+    from adls_lightning.html_report import check_out_dir
+
+    module = importlib.import_module(f"adls_lightning.{command.entry}")
+    args = module.parse_command([_fill(a, values, out) for a in command.args])
+    check_out_dir(args["out"])
+    return "arguments checked (needs a study or sweep)"
+
+
 def _check_evaluate(command: DocCommand, values: dict, out: Path) -> str:
     folders = [a for a in command.args if "=" not in a]
     assert folders and all(f.strip("[]") in ("DIR", "...") for f in folders), folders
@@ -199,6 +210,8 @@ def test_documented_command_composes_and_validates(command, placeholders, tmp_pa
         _check_export(command, placeholders, out)
     elif command.entry == "export.evaluate":
         _check_evaluate(command, placeholders, out)
+    elif command.entry in ("report", "search.report"):
+        _check_report(command, placeholders, out)
     else:
         pytest.fail(f"{command}: python -m adls_lightning.{command.entry} is not known to this test")
     assert not out.exists() or not any(out.iterdir()), "validation writes nothing"

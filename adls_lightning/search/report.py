@@ -170,13 +170,22 @@ def study_page(study: optuna.Study, shown_storage: str) -> Page:
     return page
 
 
+def parse_command(argv: Sequence[str]) -> dict[str, str]:
+    """The command's arguments, checked (``tests/test_docs.py`` checks the documented ones with it).
+
+    Raises:
+        ConfigError: an unknown or missing argument.
+    """
+    return parse_args(argv, "source", ("out", "study"), USAGE)
+
+
 def write_report(argv: Sequence[str]) -> Path:
     """The command: parse ``argv``, check the output folder, read the study, write the page.
 
     Raises:
         ConfigError: bad arguments, an unwritable ``out``, or no such study.
     """
-    args = parse_args(argv, "source", ("out", "study"), USAGE)
+    args = parse_command(argv)
     out = check_out_dir(args["out"])
     study, shown = load_study(args["source"], args.get("study"))
     return study_page(study, shown).write(out)
