@@ -135,7 +135,7 @@ def check_config_targets(cfg: Any) -> None:
 
 def resolve_target(target: str) -> Any:
     """The object a dotted ``_target_`` names, found as Hydra finds it: the longest importable module prefix, then
-    attributes. None when it names nothing (Hydra then says so, naming the key)."""
+    attributes. None when it names nothing."""
     parts = target.split(".")
     for split in range(len(parts), 0, -1):
         try:
@@ -152,8 +152,9 @@ def resolve_target(target: str) -> Any:
 
 def check_resolved_target(where: str, target: Any) -> None:
     """Refuse a ``_target_`` whose name is inside an allowed package but that reaches, through an attribute, an
-    object defined elsewhere (``adls_lightning.data.os.system`` is ``os.system``): the object's own module and
-    name must be allowed too. Called when building, where the modules are imported anyway.
+    object defined elsewhere (``adls_lightning.io_utils.os.system`` is ``os.system``): the object's own module and
+    name must be allowed too; and one that names nothing (Hydra's answer would be a traceback). Called when
+    building, where the modules are imported anyway.
 
     Raises:
         ConfigError: naming ``where`` and where the object really comes from.
@@ -162,7 +163,7 @@ def check_resolved_target(where: str, target: Any) -> None:
         return
     obj = resolve_target(target)
     if obj is None:
-        return
+        raise ConfigError(f"{where}={target}: names no importable object (check the module path and the name)")
     if inspect.ismodule(obj):
         home = obj.__name__
     else:
