@@ -163,7 +163,9 @@ def check_resolved_target(where: str, target: Any) -> None:
         return
     obj = resolve_target(target)
     if obj is None:
-        raise ConfigError(f"{where}={target}: names no importable object (check the module path and the name)")
+        raise ConfigError(
+            f"{where}={target}: names no importable object (check the module path and the name)"
+        )
     if inspect.ismodule(obj):
         home = obj.__name__
     else:

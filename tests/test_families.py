@@ -186,7 +186,7 @@ def test_family_export_round_trip(preset, fine_tuned, tmp_path):
 @pytest.mark.parametrize("preset", FAMILIES)
 def test_family_graph_capture_and_remove_dropout_keep_eval_logits(preset):
     torch.manual_seed(0)
-    model = build_module([f"model={preset}", "model/lora=none"]).model.eval()
+    model = build_module([f"model={preset}", "model/lora=none", "model.fast_dropout=false"]).model.eval()
     names = ["input_ids", "attention_mask"]
     probe = example_inputs(names, vocab_size=model.config.vocab_size, seed=7)
     graph_module = capture(model, names)
