@@ -143,7 +143,10 @@ def test_compression_accuracies_match_independent_evaluations(compose_cfg, tmp_p
             "compress.prune.weight.sparsity=1: must",
         ),
         (["compress=int8_l1_0.5", "compress.at_epoch=0"], "compress.at_epoch=0: must be an integer >= 1"),
-        (["compress=int8_l1_0.5", "compress.quant.default.weight.format=int"], "compress.quant.default.weight"),
+        (
+            ["compress=int8_l1_0.5", "compress.quant.default.weight.format=int"],
+            "compress.quant.default.weight",
+        ),
     ],
 )
 def test_bad_preset_overrides_fail_on_construction(compose_cfg, overrides, message):
