@@ -35,6 +35,19 @@ class Job:
     optimized_metric: str | None
 
 
+def _optimized_metric(config_file: Path) -> str | None:
+    """The job's ``optimized_metric``, resolved: Hydra saves the config unresolved (``${main_metric}``)."""
+    if not config_file.is_file():
+        return None
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.select(OmegaConf.load(config_file), "optimized_metric", default=None)
+    except OmegaConfBaseException:  # an interpolation this process cannot resolve: fall back to the default
+        return None
+
+
 def read_jobs(sweep: Path) -> list[Job]:
     """The jobs under ``sweep`` (any depth), in folder order (Hydra's job numbers sort numerically).
 
@@ -55,8 +68,7 @@ def read_jobs(sweep: Path) -> list[Job]:
         metrics_file = folder / METRICS_FILE
         metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
         config_file = folder / RECORD / "config.yaml"
-        config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
-        jobs.append(Job(folder, overrides, metrics, (config or {}).get("optimized_metric")))
+        jobs.append(Job(folder, overrides, metrics, _optimized_metric(config_file)))
     if not jobs:
         raise ConfigError(f"sweep={sweep}: no job folder with a run record (.hydra/overrides.yaml) under it")
     return sorted(
