@@ -163,7 +163,7 @@ def test_load_packed_names_a_missing_file(tmp_path):
         (["out=X"], "ckpt: required"),
         (["ckpt=/nonexistent.ckpt", "out=X"], "ckpt=/nonexistent.ckpt: no such checkpoint file"),
         (["ckpt=CKPT", "out=FILE"], "is a file, expected a folder"),
-        (["ckpt=CKPT", "out=X", "format=onnx"], "format=onnx: must be mxint8 or hf"),
+        (["ckpt=CKPT", "out=X", "format=onnx2"], "format=onnx2: must be one of mxint8, hf, onnx"),
         (["ckpt=CKPT", "out=FULL"], "folder is not empty"),
         (["ckpt=CKPT", "out=X", "group_size=abc"], "group_size=abc: must be a positive integer"),
         (["ckpt=CKPT", "out=X", "pack_embeddings=maybe"], "pack_embeddings=maybe: must be true or false"),

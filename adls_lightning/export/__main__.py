@@ -1,10 +1,13 @@
-"""``python -m adls_lightning.export ckpt=PATH out=DIR [format=mxint8|hf] [options] [model overrides]``.
+"""``python -m adls_lightning.export ckpt=PATH out=DIR [format=mxint8|hf|onnx] [options] [model overrides]``.
 
 Options: ``group_size=32``, ``exclude=classifier`` (comma-separated module names left float),
-``pack_embeddings=false`` (also pack the word embeddings), ``overwrite=false`` (allow a non-empty ``out``).
+``pack_embeddings=false`` (also pack the word embeddings), ``int8=false`` (``format=onnx`` only: also write
+ONNX Runtime's dynamic int8 model), ``overwrite=false`` (allow a non-empty ``out``).
 Every other ``key=value`` is a Hydra override of ``conf/train.yaml`` that builds the model the checkpoint was
 trained with (default: the MiniLM + LoRA of ``train.py``), e.g. ``model=tiny_random``. LoRA adapters are
-merged before anything is written. Bad input: one line naming the key, exit code 2, nothing written.
+merged before anything is written, pruning masks are baked into the weights; checkpoints of fake-quantized
+layers are refused. Bad input: one line naming the key, exit code 2, nothing written. An ONNX file whose ONNX
+Runtime logits miss PyTorch's: one line, exit code 1 (the file is kept for inspection).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+
+import torch
 
 from adls_lightning.errors import ConfigError
 
@@ -27,8 +32,13 @@ OPTIONS = {
     "group_size": "32",
     "exclude": "classifier",
     "pack_embeddings": "false",
+    "int8": "false",
     "overwrite": "false",
 }
+FORMATS = ("mxint8", "hf", "onnx")
+# the state keys of a linear layer pruned through torch.nn.utils.parametrize (adls_lightning.prune.WeightMask)
+PRUNED_WEIGHT = ".parametrizations.weight.original"
+PRUNING_MASK = ".parametrizations.weight.0.mask"
 BOOLEANS = {"true": True, "false": False}
 
 
@@ -62,8 +72,8 @@ def check_options(options: dict[str, str | None]) -> dict:
     ckpt, out = Path(options["ckpt"]), Path(options["out"])
     if not ckpt.is_file():
         raise ConfigError(f"ckpt={ckpt}: no such checkpoint file")
-    if options["format"] not in ("mxint8", "hf"):
-        raise ConfigError(f"format={options['format']}: must be mxint8 or hf")
+    if options["format"] not in FORMATS:
+        raise ConfigError(f"format={options['format']}: must be one of {', '.join(FORMATS)}")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out={out}: is a file, expected a folder (new or empty)")
     overwrite = _boolean(options, "overwrite")
@@ -76,6 +86,12 @@ def check_options(options: dict[str, str | None]) -> dict:
     if group_size <= 0:
         raise ConfigError(f"group_size={options['group_size']}: must be a positive integer, e.g. 32")
     exclude = tuple(name for name in str(options["exclude"]).split(",") if name)
+    int8 = _boolean(options, "int8")
+    if int8 and options["format"] != "onnx":
+        raise ConfigError(
+            f"int8=true: only with format=onnx (ONNX Runtime's dynamic int8); format={options['format']} "
+            "takes int8=false"
+        )
     return {
         "ckpt": ckpt,
         "out": out,
@@ -83,7 +99,32 @@ def check_options(options: dict[str, str | None]) -> dict:
         "group_size": group_size,
         "exclude": exclude,
         "pack_embeddings": _boolean(options, "pack_embeddings"),
+        "int8": int8,
     }
+
+
+def fake_quantized_key(state: dict, model_keys: set[str]) -> str | None:
+    """The first state key of a fake-quantized layer (``QuantLinear``: the wrapped ``linear``, quantizer state)
+    that the float model lacks, or None."""
+    for key in state:
+        if key not in model_keys and ("_quantizer." in key or ".linear." in key):
+            return key
+    return None
+
+
+def bake_pruning_masks(state: dict) -> int:
+    """Replace each pruned layer's ``parametrizations.weight.{original, 0.mask}`` by its effective ``weight``
+    (zeros where masked), in place; returns the layers baked.
+
+    The float model the export builds has plain linear layers, and this is exactly what ``WeightMask`` computes on
+    every read, so the exported weights are the ones the run evaluated.
+    """
+    layers = [key.removesuffix(PRUNED_WEIGHT) for key in state if key.endswith(PRUNED_WEIGHT)]
+    for layer in layers:
+        original = state.pop(layer + PRUNED_WEIGHT)
+        mask = state.pop(layer + PRUNING_MASK, None)
+        state[layer + ".weight"] = original if mask is None else torch.where(mask, original, 0.0)
+    return len(layers)
 
 
 def load_checkpoint_model(ckpt: Path, overrides: Sequence[str]):
@@ -91,6 +132,7 @@ def load_checkpoint_model(ckpt: Path, overrides: Sequence[str]):
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
+    from peft import PeftModel
 
     from adls_lightning.build import build
     from adls_lightning.checkpoints import read_checkpoint
@@ -107,7 +149,19 @@ def load_checkpoint_model(ckpt: Path, overrides: Sequence[str]):
     # the data's task shapes the head (labels, regression) as in the run that wrote the checkpoint
     task = build(cfg.data, "data").task
     module = build(cfg.model, "model", _convert_="partial", **task.model_overrides())
-    state = read_checkpoint(ckpt, "ckpt")["state_dict"]  # a damaged or foreign file: one line naming it
+    state = dict(read_checkpoint(ckpt, "ckpt")["state_dict"])  # a damaged or foreign file: one line naming it
+    quantized = fake_quantized_key(state, set(module.state_dict()))
+    if quantized is not None:
+        raise ConfigError(
+            f"ckpt={ckpt}: {quantized} is the state of a fake-quantized layer, which no export format reproduces "
+            "faithfully; valid: float checkpoints (plain, LoRA, pruned), e.g. the run's checkpoint from before "
+            "quantization"
+        )
+    bake_pruning_masks(state)
+    if isinstance(module.model, PeftModel) and not any(".lora_" in key for key in state):
+        # Compression runs merge LoRA before they prune (merge_lora_before_compress): their checkpoints hold the
+        # merged layout, which loads into the merged model.
+        merge_lora(module)
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as error:
@@ -140,7 +194,10 @@ def export(options: dict, overrides: Sequence[str]) -> None:
     with tempfile.TemporaryDirectory() as fp32_dir:
         model.save_pretrained(fp32_dir)
         fp32_bytes = folder_bytes(Path(fp32_dir), [WEIGHTS_FILE])
-    if options["format"] == "hf":
+    if options["format"] == "onnx":
+        out.mkdir(parents=True, exist_ok=True)
+        summary = export_onnx_files(model, out, options["int8"])
+    elif options["format"] == "hf":
         out.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out)
         summary = f"save_pretrained (merged, fp32): {fp32_bytes / 1e6:.1f} MB"
@@ -165,13 +222,41 @@ def export(options: dict, overrides: Sequence[str]) -> None:
     )
 
 
+def export_onnx_files(model, out: Path, int8: bool) -> str:
+    """``model.onnx`` (and with ``int8`` ``model_int8.onnx``) in ``out``, each run in ONNX Runtime against
+    ``model``; the summary of what was written and how close it came."""
+    from adls_lightning.export import onnx as onnx_export
+
+    fp32_path = out / onnx_export.ONNX_FILE
+    onnx_export.export_onnx(model, fp32_path)
+    check = onnx_export.check_against_torch(fp32_path, model)
+    summary = (
+        f"{fp32_path.name} {fp32_path.stat().st_size / 1e6:.1f} MB (opset {onnx_export.ONNX_OPSET}, "
+        f"dynamic {' × '.join(onnx_export.DYNAMIC_AXES)}); ONNX Runtime vs PyTorch on "
+        f"{onnx_export.SAMPLE_ROWS}×{onnx_export.SAMPLE_TOKENS} tokens: {check.describe()} "
+        f"(tolerance {onnx_export.FP32_ATOL:g} + {onnx_export.FP32_RTOL:g}·|logit|)"
+    )
+    if int8:
+        int8_path = out / onnx_export.ONNX_INT8_FILE
+        onnx_export.quantize_int8(fp32_path, int8_path)
+        # int8 is an approximation: reported, not held to the fp32 tolerance
+        int8_check, _ = onnx_export.compare(int8_path, model, onnx_export.sample_inputs(model))
+        summary += f"; {int8_path.name} {int8_path.stat().st_size / 1e6:.1f} MB: {int8_check.describe()}"
+    return summary
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from adls_lightning.export.onnx import ExportCheckError
+
     try:
         options, overrides = parse_arguments(sys.argv[1:] if argv is None else argv)
         export(check_options(options), overrides)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except ExportCheckError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
