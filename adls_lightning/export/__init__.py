@@ -1,6 +1,6 @@
 """Save a fine-tuned (or compressed) checkpoint as a folder that serves without the project's training setup.
 
-Two formats (``python -m adls_lightning.export ckpt=PATH out=DIR [format=mxint8|hf]``):
+Three formats (``python -m adls_lightning.export ckpt=PATH out=DIR [format=mxint8|hf|onnx]``):
 
 * ``mxint8``: the Hugging Face model with its linear layers (LoRA merged first, the classifier excluded) packed
   as :class:`~adls_lightning.mxint8.QLinearPacked`, optionally its word embeddings as
@@ -9,8 +9,9 @@ Two formats (``python -m adls_lightning.export ckpt=PATH out=DIR [format=mxint8|
   config and which modules are packed with which group size. :func:`load_packed` rebuilds the model from the
   folder alone (``from_config``, no network, no checkpoint) and loads the tensors strictly.
 * ``hf``: the merged model's ``save_pretrained`` (safetensors), loadable by ``transformers`` anywhere.
+* ``onnx``: the merged model as ``model.onnx``, checked in ONNX Runtime (:mod:`adls_lightning.export.onnx`).
 
-Both also write the tokenizer when it can be loaded offline.
+All also write the tokenizer when it can be loaded offline.
 """
 
 from __future__ import annotations
