@@ -44,6 +44,12 @@ def require_fraction(key: str, value: Any, *, low: float = 0.0, high: float = 1.
         raise ConfigError(f"{key}={value!r}: must be a number in [{low}, {high})")
 
 
+def require_choice(key: str, value: Any, choices: typing.Sequence[str]) -> None:
+    """Raise ConfigError unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r}: must be one of {', '.join(choices)}")
+
+
 def exit_with(message: str) -> typing.NoReturn:
     """The one-line refusal: ``error: <message>`` on stderr, exit code 2."""
     print(f"error: {' '.join(message.split())}", file=sys.stderr)

@@ -10,6 +10,9 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _KEEP_BYTES = 1 << 30
 
+#: ``runtime.gemm``'s values (here, not in :mod:`adls_lightning.gemm`, so the pre-flight check needs no torch).
+GEMM_BACKENDS = ("auto", "aten", "onednn")
+
 
 def keep_freed_memory() -> bool:
     """Make glibc malloc serve large blocks from its heap and keep freed ones for reuse.

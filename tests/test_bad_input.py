@@ -119,6 +119,7 @@ CASES = [
     Case("lora-r-zero", ("model.lora.r=0",), "model.lora.r"),
     Case("lora-dropout", ("model.lora.lora_dropout=1.5",), "model.lora.lora_dropout"),
     Case("warmup-ratio", ("model.warmup_ratio=2",), "model.warmup_ratio"),
+    Case("gemm-backend", ("runtime.gemm=mkl",), "runtime.gemm"),
     Case("typo-key", ("data.batchsize=3",), "data.batchsize"),
     Case("unknown-preset", ("quant=int7",), "quant"),
     Case("missing-ckpt", ("ckpt_path=/no/such.ckpt",), "ckpt_path"),

@@ -18,6 +18,7 @@ from typing import Any
 
 from adls_lightning.errors import (
     ConfigError,
+    require_choice,
     require_fraction,
     require_positive_int,
     require_positive_number,
@@ -25,6 +26,7 @@ from adls_lightning.errors import (
 from adls_lightning.errors import exit_with as exit_with
 from adls_lightning.run_dir import METRICS_FILE as METRICS_FILE
 from adls_lightning.run_dir import check_output_dir as check_output_dir
+from adls_lightning.runtime import GEMM_BACKENDS
 
 
 def _get(cfg: Mapping, dotted: str, default: Any = None) -> Any:
@@ -129,6 +131,8 @@ def validate_run_config(cfg: Mapping) -> None:
             problems.found.append(f"{flag}={value!r}: must be true or false")
     with problems.check():
         require_fraction("model.warmup_ratio", _get(cfg, "model.warmup_ratio", 0.0))
+    with problems.check():
+        require_choice("runtime.gemm", _get(cfg, "runtime.gemm", "auto"), GEMM_BACKENDS)
     for key in ("init_ckpt", "ckpt_path"):
         path = cfg.get(key)
         if path is None or (key == "ckpt_path" and path in ("last", "best")):

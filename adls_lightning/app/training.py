@@ -27,6 +27,8 @@ from adls_lightning.build import build
 from adls_lightning.checkpoints import check_shapes, find_last_checkpoint, read_checkpoint
 from adls_lightning.data.tasks import Task, head_outputs
 from adls_lightning.errors import ConfigError
+from adls_lightning.gemm import choose as choose_gemm
+from adls_lightning.gemm import gemm_backend
 from adls_lightning.io_utils import AtomicCheckpointIO, atomic_write_json
 from adls_lightning.logs import drop_unset_wandb_settings
 from adls_lightning.module import parameter_metrics
@@ -237,43 +239,58 @@ def _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_pa
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
-    try:
-        start = time.perf_counter()
-        if cfg.get("train", True):
-            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    # Every linear layer of fit, validation and test on the chosen GEMM backend (docs/gemm.md).
+    with gemm_backend(_gemm_choice(cfg, model, trainer)):
+        try:
+            start = time.perf_counter()
+            if cfg.get("train", True):
+                trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+                metrics.update(_float_metrics(trainer.callback_metrics))
+            metrics["time/fit_s"] = time.perf_counter() - start
+            if cfg.get("train", True):
+                best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+                if not best:
+                    log.warning("No best checkpoint found: evaluating the current weights")
+            else:  # evaluation only: the given checkpoint, or the initial weights
+                best = ckpt_path or ""
+            ckpt = best or None
+            log.info("Evaluating %s", f"the checkpoint {ckpt}" if ckpt else "the current weights")
+            trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
             metrics.update(_float_metrics(trainer.callback_metrics))
-        metrics["time/fit_s"] = time.perf_counter() - start
-        if cfg.get("train", True):
-            best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-            if not best:
-                log.warning("No best checkpoint found: evaluating the current weights")
-        else:  # evaluation only: the given checkpoint, or the initial weights
-            best = ckpt_path or ""
-        ckpt = best or None
-        log.info("Evaluating %s", f"the checkpoint {ckpt}" if ckpt else "the current weights")
-        trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
-        metrics.update(_float_metrics(trainer.callback_metrics))
-        # Counted now, after the callbacks' setup (quantization, LoRA merge, train_base) shaped the model.
-        metrics.update(parameter_metrics(model))
-        if cfg.get("test", True):
-            trainer.test(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
-            metrics.update(_float_metrics(trainer.callback_metrics))
-        for callback in callbacks:
-            if isinstance(callback, Reporter):
-                metrics.update(_float_metrics(callback.report()))
-        metrics["time/total_s"] = time.perf_counter() - start
-        metrics.pop("train/loss_step", None)
-        if trainer.is_global_zero:  # DDP: one metrics.json (metrics are synced across ranks by torchmetrics)
-            atomic_write_json(output_dir / METRICS_FILE, metrics)
-        for logger in loggers:
-            logger.log_metrics({f"final/{k}": v for k, v in metrics.items()})
-    finally:
-        for logger in loggers:
-            if isinstance(logger, WandbLogger):
-                logger.experiment.finish()
+            # Counted now, after the callbacks' setup (quantization, LoRA merge, train_base) shaped the model.
+            metrics.update(parameter_metrics(model))
+            if cfg.get("test", True):
+                trainer.test(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
+                metrics.update(_float_metrics(trainer.callback_metrics))
+            for callback in callbacks:
+                if isinstance(callback, Reporter):
+                    metrics.update(_float_metrics(callback.report()))
+            metrics["time/total_s"] = time.perf_counter() - start
+            metrics.pop("train/loss_step", None)
+            if (
+                trainer.is_global_zero
+            ):  # DDP: one metrics.json (metrics are synced across ranks by torchmetrics)
+                atomic_write_json(output_dir / METRICS_FILE, metrics)
+            for logger in loggers:
+                logger.log_metrics({f"final/{k}": v for k, v in metrics.items()})
+        finally:
+            for logger in loggers:
+                if isinstance(logger, WandbLogger):
+                    logger.experiment.finish()
     if trainer.is_global_zero:
         print_summary(metrics, output_dir, datamodule.task)
     return metrics
+
+
+def _gemm_choice(cfg: DictConfig, model: torch.nn.Module, trainer: L.Trainer) -> str:
+    """``runtime.gemm`` resolved for this run: ``auto`` times the backends on a CPU run only (the routing touches
+    CPU tensors only) and keeps aten under ``torch.compile`` (it traces aten's linear and fuses around it)."""
+    backend = OmegaConf.select(cfg, "runtime.gemm", default="auto")
+    compiled = isinstance(cfg.get("compile"), Mapping) and "_target_" in cfg.compile
+    if backend == "auto" and (trainer.strategy.root_device.type != "cpu" or compiled):
+        return "aten"
+    rows = (cfg.data.get("batch_size") or 1) * (cfg.data.get("max_length") or 128)
+    return choose_gemm(backend, model, rows, cfg.paths.get("cache_dir"))
 
 
 def print_summary(metrics: Mapping[str, float], output_dir: Path, task: Task | None = None) -> None:

@@ -1,0 +1,315 @@
+"""The GEMM backend of linear layers on CPU (``runtime.gemm=auto|aten|onednn``): torch's own (aten, MKL's sgemm
+on x86) or oneDNN's, through ``torch.ops.mkldnn._linear_pointwise`` of the same torch wheel.
+
+MKL takes its AVX2 code on AMD processors, so on an AVX-512 AMD CPU oneDNN's kernels compute a linear layer about
+twice as fast (issue 36); on an AVX2-only CPU, or an Intel one, the two are about level and aten stays.
+
+:func:`gemm_backend` routes every ``F.linear`` of the code run inside it -- ``nn.Linear``, PEFT's LoRA layers (base
+and adapters), :class:`~adls_lightning.quant.linear.QuantLinear` after its fake quantization, a pruned linear after
+its mask (a parametrization feeds ``F.linear`` the masked weight) -- through :class:`OneDNNLinear`, by a
+``TorchFunctionMode``: one interception point covers every layer type without touching modules or checkpoints.
+Only fp32 CPU dense tensors outside autocast and ``torch.compile`` are routed; anything else calls ``F.linear``.
+
+:func:`choose` resolves ``auto``: it times both backends on the model's own linear shapes (forward, grad input,
+grad weight where the weight trains) and takes oneDNN only when it is faster by more than ``MARGIN``, so ``auto``
+never makes a run slower than torch's default. The answer is cached per CPU model, thread count, torch version
+and shapes in a small JSON file.
+
+Library code: no Lightning imports.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from adls_lightning.errors import ConfigError, require_choice
+from adls_lightning.runtime import GEMM_BACKENDS as BACKENDS
+
+log = logging.getLogger(__name__)
+
+# oneDNN must beat aten by more than this on the model's shapes for `auto` to take it: below it the difference is
+# within the timing noise of a shared machine, and aten (torch's default) is the safe side.
+MARGIN = 1.05
+# `auto` times at most this many rows (tokens): GEMM rates have levelled off well before, and it keeps the start-up
+# measurement to milliseconds per shape.
+TIMING_ROWS = 512
+CACHE_FILE = "gemm_choice.json"
+
+
+def validate(value: object) -> None:
+    """Raise ConfigError unless ``value`` is one of :data:`BACKENDS` (and oneDNN exists where it is asked for)."""
+    require_choice("runtime.gemm", value, BACKENDS)
+    if value == "onednn" and not onednn_available():
+        raise ConfigError(
+            "runtime.gemm=onednn: this torch build has no oneDNN (torch.backends.mkldnn.is_available() is "
+            "false); give runtime.gemm=aten or auto"
+        )
+
+
+def onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` by oneDNN (no autograd): ``x`` (..., in), ``weight`` (out, in) dense or prepacked."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+class OneDNNLinear(torch.autograd.Function):
+    """``F.linear`` with its three GEMMs through oneDNN: forward, grad input (``g @ W``) and grad weight
+    (``g.T @ x``, only when the weight requires grad: a frozen LoRA base weight costs no third GEMM)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        # x is saved only when the weight's gradient needs it (frozen base weights: W alone).
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight)
+        return onednn_linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            # g @ W as a linear: weight operand W.T (in, out), made contiguous: oneDNN on the strided view was
+            # slower than the copy plus the GEMM (66 vs 76 GFLOP/s at 4096 x 1536 -> 384 on this project's CPU).
+            grad_x = onednn_linear(grad, weight.t().contiguous())
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            grad_2d = grad.reshape(-1, grad.shape[-1])
+            if ctx.needs_input_grad[1]:
+                x_2d = x.reshape(-1, x.shape[-1])
+                # g.T @ x as a linear: input g.T (out, rows), weight operand x.T (in, rows)
+                grad_w = onednn_linear(grad_2d.t().contiguous(), x_2d.t().contiguous())
+            if ctx.needs_input_grad[2]:
+                grad_b = grad_2d.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+def _routable(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """fp32 dense CPU tensors outside autocast and torch.compile (which traces aten's linear and fuses around it)."""
+    for t in (x, weight) if bias is None else (x, weight, bias):
+        # tensor subclasses (DTensor, fake tensors) keep their own dispatch
+        if (
+            type(t) not in _PLAIN
+            or t.dtype != torch.float32
+            or t.device.type != "cpu"
+            or t.is_mkldnn
+            or t.is_sparse
+        ):
+            return False
+    return (
+        x.dim() >= 2
+        and x.numel() > 0
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+    )
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def routed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` through oneDNN where :func:`_routable`, else ``F.linear`` itself."""
+    if not _routable(x, weight, bias):
+        return F.linear(x, weight, bias)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        return OneDNNLinear.apply(x, weight, bias)
+    return onednn_linear(x, weight, bias)
+
+
+class OneDNNLinearMode(TorchFunctionMode):
+    """Sends every ``F.linear`` called inside it to :func:`routed_linear`; every other function runs unchanged."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            return routed_linear(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def gemm_backend(backend: str):
+    """A context manager running linear layers on ``backend`` (``aten`` or ``onednn``; resolve ``auto`` first
+    with :func:`choose`). Torch function modes are per thread: enter it in the thread that runs the model."""
+    if backend == "onednn":
+        return OneDNNLinearMode()
+    if backend == "aten":
+        return nullcontext()
+    raise ConfigError(f"runtime.gemm={backend!r}: resolve it with gemm.choose() first (aten or onednn)")
+
+
+# --- auto: timing both backends on the model's shapes ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinearShape:
+    """One linear layer's GEMMs: ``rows`` tokens, ``in_features`` -> ``out_features``; ``train_weight``: the weight
+    gets a gradient (a third GEMM)."""
+
+    in_features: int
+    out_features: int
+    train_weight: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.in_features}x{self.out_features}{'w' if self.train_weight else ''}"
+
+
+def model_linear_shapes(model: torch.nn.Module) -> Counter[LinearShape]:
+    """The distinct linear shapes of a model and how often each occurs (wrappers counted once: by their inner
+    ``nn.Linear``, which PEFT's LoRA, QuantLinear and pruning keep)."""
+    shapes: Counter[LinearShape] = Counter()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            weight = module.weight
+            shapes[LinearShape(module.in_features, module.out_features, bool(weight.requires_grad))] += 1
+    return shapes
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), the cache key's machine part."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gemm_calls(shape: LinearShape, rows: int, backend: str) -> list[Callable[[], object]]:
+    """The GEMMs one training step of this layer runs on ``backend``: forward, grad input, [grad weight]."""
+    x = torch.randn(rows, shape.in_features)
+    w = torch.randn(shape.out_features, shape.in_features)
+    g = torch.randn(rows, shape.out_features)
+    if backend == "aten":
+        calls = [lambda: F.linear(x, w), lambda: torch.mm(g, w)]
+        if shape.train_weight:
+            calls.append(lambda: torch.mm(g.t(), x))
+        return calls
+    calls = [lambda: onednn_linear(x, w), lambda: onednn_linear(g, w.t().contiguous())]
+    if shape.train_weight:
+        calls.append(lambda: onednn_linear(g.t().contiguous(), x.t().contiguous()))
+    return calls
+
+
+def measure(shapes: Counter[LinearShape], rows: int, repeats: int = 5) -> dict[str, float]:
+    """Seconds per step of all the model's linear GEMMs on each backend (each shape x its count): the best of
+    ``repeats`` rounds per GEMM, the two backends alternating within each round, so load from other processes
+    falls on both alike."""
+    total = {"aten": 0.0, "onednn": 0.0}
+    for shape, count in shapes.items():
+        calls = {backend: _gemm_calls(shape, rows, backend) for backend in total}
+        best = {backend: [float("inf")] * len(backend_calls) for backend, backend_calls in calls.items()}
+        for backend_calls in calls.values():  # warm-up: first-touch pages, oneDNN's primitive cache
+            for call in backend_calls:
+                call()
+        for _ in range(repeats):
+            for backend, backend_calls in calls.items():
+                for i, call in enumerate(backend_calls):
+                    start = time.perf_counter()
+                    call()
+                    best[backend][i] = min(best[backend][i], time.perf_counter() - start)
+        for backend in total:
+            total[backend] += count * sum(best[backend])
+    return total
+
+
+def _flops(shapes: Counter[LinearShape], rows: int) -> float:
+    return sum(
+        count * 2.0 * rows * s.in_features * s.out_features * (3 if s.train_weight else 2)
+        for s, count in shapes.items()
+    )
+
+
+def choose(
+    backend: str,
+    model: torch.nn.Module,
+    rows: int,
+    cache_dir: str | os.PathLike | None = None,
+    measure_fn: Callable[[Counter[LinearShape], int], dict[str, float]] | None = None,
+) -> str:
+    """Resolve ``runtime.gemm``: ``aten``/``onednn`` as given; ``auto`` -> the faster of the two on the model's linear
+    shapes at ``rows`` tokens (capped at :data:`TIMING_ROWS`), oneDNN only when faster by more than
+    :data:`MARGIN`. ``auto``'s answer is cached in ``cache_dir/gemm_choice.json`` and logged in one line."""
+    validate(backend)
+    if backend != "auto":
+        return backend
+    if not onednn_available():
+        log.info("runtime.gemm=auto: aten (this torch build has no oneDNN)")
+        return "aten"
+    shapes = model_linear_shapes(model)
+    if not shapes:
+        return "aten"
+    rows = max(1, min(rows, TIMING_ROWS))
+    key = "|".join(
+        [
+            cpu_name(),
+            f"threads={torch.get_num_threads()}",
+            f"torch={torch.__version__}",
+            f"rows={rows}",
+            *sorted(f"{s.key}:{n}" for s, n in shapes.items()),
+        ]
+    )
+    cache = Path(cache_dir) / CACHE_FILE if cache_dir is not None else None
+    entries = _read_cache(cache)
+    times = entries.get(key)
+    source = "cached"
+    if times is None:
+        times = (measure_fn or measure)(shapes, rows)
+        source = "measured"
+        if cache is not None:
+            entries[key] = times
+            _write_cache(cache, entries)
+    choice = "onednn" if times["aten"] > MARGIN * times["onednn"] else "aten"
+    flops = _flops(shapes, rows)
+    log.info(
+        "runtime.gemm=auto: %s (%s on this model's %d linear shapes: aten %.1f GFLOP/s, oneDNN %.1f GFLOP/s; "
+        "oneDNN is taken when > %d%% faster)",
+        choice,
+        source,
+        len(shapes),
+        flops / times["aten"] / 1e9,
+        flops / times["onednn"] / 1e9,
+        round((MARGIN - 1) * 100),
+    )
+    return choice
+
+
+def _read_cache(path: Path | None) -> dict[str, dict[str, float]]:
+    if path is None or not path.is_file():
+        return {}
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # a damaged cache is re-measured, never an error
+    return entries if isinstance(entries, dict) else {}
+
+
+def _write_cache(path: Path, entries: dict[str, dict[str, float]]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
+        os.replace(tmp, path)  # atomic: concurrent runs (a search's workers) never read half a file
+    except OSError as err:
+        log.debug("runtime.gemm: cache %s not written (%s)", path, err)
+
+
+@contextmanager
+def gemm_for(backend: str, model: torch.nn.Module, rows: int, cache_dir=None) -> Iterator[str]:
+    """:func:`choose` then :func:`gemm_backend` in one: ``with gemm_for(cfg_value, model, rows) as chosen: ...``."""
+    chosen = choose(backend, model, rows, cache_dir)
+    with gemm_backend(chosen):
+        yield chosen

@@ -1,0 +1,221 @@
+"""``runtime.gemm``: the oneDNN linear's numerics against an independent float64 computation, every linear type routed,
+a short training run identical (fp32 tolerance) on either backend, bad values in one line, ``auto``'s choice and
+its cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from adls_lightning import gemm
+from adls_lightning.app.preflight import validate_run_config
+from adls_lightning.app.training import run
+from adls_lightning.errors import ConfigError
+from tests.helpers import assert_one_line_error
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(not gemm.onednn_available(), reason="this torch build has no oneDNN")
+SMALL = ["data.train_size=48", "data.val_size=16", "data.test_size=16", "data.max_length=32"]
+
+
+def reference(x, w, b):
+    """``F.linear`` in float64: an independent computation, exact to far below fp32's tolerance."""
+    return F.linear(x.double(), w.double(), None if b is None else b.double())
+
+
+@pytest.mark.parametrize("shape", [(5, 24), (3, 7, 24)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_onednn_linear_forward_and_gradients_match_float64(shape, bias):
+    torch.manual_seed(0)
+    x = torch.randn(shape, requires_grad=True)
+    w = torch.randn(40, 24, requires_grad=True)
+    b = torch.randn(40, requires_grad=True) if bias else None
+    grad = torch.randn(*shape[:-1], 40)
+    out = gemm.OneDNNLinear.apply(x, w, b)
+    out.backward(grad)
+    leaves = [t for t in (x, w, b) if t is not None]
+    expected_grads = torch.autograd.grad(reference(x, w, b), leaves, grad.double())
+    torch.testing.assert_close(out.double(), reference(x, w, b), rtol=1e-5, atol=1e-5)
+    for leaf, expected in zip(leaves, expected_grads):
+        torch.testing.assert_close(leaf.grad.double(), expected.double(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_frozen_weight_gets_no_gradient_and_its_input_is_not_kept():
+    x = torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(6, 8)  # frozen (a LoRA base weight)
+    out = gemm.OneDNNLinear.apply(x, w, None)
+    assert out.grad_fn.saved_tensors[0] is None  # no grad-weight GEMM, so x need not be saved
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, w.sum(0).expand(4, 8))
+
+
+def test_every_linear_type_is_routed_and_matches_aten(monkeypatch, tiny_bert):
+    """nn.Linear, PEFT's LoRA (base and adapters), QuantLinear after its fake quantization, a pruned linear after
+    its mask: one model holding all of them, its forward and backward on oneDNN equal to aten's."""
+    from peft import LoraConfig, get_peft_model
+    from torch.nn.utils import parametrize
+
+    from adls_lightning.prune import WeightMask
+    from adls_lightning.quant.linear import QuantLinear
+    from adls_lightning.quant.quantizers import IntegerQuantizer
+
+    model = get_peft_model(tiny_bert(), LoraConfig(r=4, target_modules=["query", "value"]))
+    layer = model.base_model.model.bert.encoder.layer[0]
+    layer.intermediate.dense = QuantLinear(
+        layer.intermediate.dense, weight_quantizer=IntegerQuantizer(width=8, frac_width=4)
+    )
+    dense = layer.output.dense
+    parametrize.register_parametrization(dense, "weight", WeightMask(torch.rand_like(dense.weight) > 0.5))
+    calls = Counter()
+    real = gemm.onednn_linear
+    monkeypatch.setattr(
+        gemm, "onednn_linear", lambda x, w, b=None: calls.update([tuple(w.shape)]) or real(x, w, b)
+    )
+    ids = torch.randint(0, 100, (2, 12))
+
+    def step(backend):
+        model.zero_grad()
+        with gemm.gemm_backend(backend):
+            logits = model(input_ids=ids).logits
+            logits.square().sum().backward()
+        return logits, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    logits, grads = step("aten")
+    assert not calls
+    logits_dnn, grads_dnn = step("onednn")
+    torch.testing.assert_close(logits_dnn, logits, rtol=1e-5, atol=1e-5)
+    assert grads_dnn.keys() == grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads_dnn[name], grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    # forward GEMMs by weight shape: LoRA A (4, 32) and B (32, 4), the FFN's (64, 32) and (32, 64)
+    assert {(4, 32), (32, 4), (64, 32), (32, 64), (32, 32)} <= set(calls)
+
+
+@pytest.mark.slow  # a training run: `make test-fast` skips it
+def test_short_training_is_the_same_on_both_backends(compose_cfg, tmp_path, monkeypatch):
+    """LoRA + QAT int8 + 50 % pruning, one epoch: losses, metrics and every weight as aten's (fp32 tolerance)."""
+    calls = Counter()
+    real = gemm.onednn_linear
+    monkeypatch.setattr(gemm, "onednn_linear", lambda x, w, b=None: calls.update(["gemm"]) or real(x, w, b))
+    results = {}
+    for backend in ("aten", "onednn"):
+        out = tmp_path / backend
+        cfg = compose_cfg([*SMALL, f"runtime.gemm={backend}", "quant=int8", "prune=l1_0.5"], output_dir=out)
+        metrics = run(cfg)
+        assert (calls["gemm"] > 0) == (backend == "onednn")  # the run really went through oneDNN
+        last = next((out / "checkpoints").glob("last*.ckpt"))
+        results[backend] = metrics, torch.load(last, map_location="cpu", weights_only=True)["state_dict"]
+    (m_aten, s_aten), (m_dnn, s_dnn) = results["aten"], results["onednn"]
+    assert {"train/loss", "val/loss", "test/loss"} <= m_aten.keys(), sorted(m_aten)
+    for key in ("train/loss", "val/loss", "test/loss", "val/acc", "test/acc"):
+        assert m_dnn[key] == pytest.approx(m_aten[key], rel=1e-4, abs=1e-5), key
+    assert s_dnn.keys() == s_aten.keys()
+    for name, value in s_aten.items():
+        if value.is_floating_point():
+            torch.testing.assert_close(s_dnn[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow  # a training run: `make test-fast` skips it
+def test_auto_in_a_run_logs_its_choice_and_routes_the_evaluation(compose_cfg, monkeypatch, caplog, tmp_path):
+    """The default ``auto`` in a real run (evaluation only, for speed): one log line, then oneDNN in use when the
+    (mocked) timing says it is faster; the choice is cached under ``paths.cache_dir``."""
+    calls = Counter()
+    real = gemm.onednn_linear
+    monkeypatch.setattr(gemm, "onednn_linear", lambda x, w, b=None: calls.update(["gemm"]) or real(x, w, b))
+    monkeypatch.setattr(gemm, "measure", lambda shapes, rows: {"aten": 2.0, "onednn": 1.0})
+    cache = tmp_path / "cache"
+    with caplog.at_level("INFO", logger="adls_lightning.gemm"):
+        run(compose_cfg([*SMALL, "train=false", f"paths.cache_dir={cache}"]))
+    lines = [r.getMessage() for r in caplog.records if r.name == "adls_lightning.gemm"]
+    assert len(lines) == 1 and lines[0].startswith("runtime.gemm=auto: onednn (measured"), lines
+    assert calls["gemm"] > 0
+    assert (cache / gemm.CACHE_FILE).is_file()
+
+
+def test_bad_value_is_one_config_error_naming_the_key():
+    with pytest.raises(ConfigError) as err:
+        validate_run_config({"runtime": {"gemm": "mkl"}, "trainer": {"max_epochs": 1}})
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("runtime.gemm='mkl'") and "auto, aten, onednn" in message
+
+
+@pytest.mark.slow
+def test_bad_value_on_the_command_line_is_one_line(tmp_path):
+    env = {**os.environ, "PROJECT_ROOT": str(ROOT), "WANDB_MODE": "offline"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "runtime.gemm=mkl", f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert_one_line_error(proc, contains="runtime.gemm='mkl': must be one of auto, aten, onednn")
+    assert not (tmp_path / "run").exists()
+
+
+def fake_measure(times):
+    """A stand-in for the timing: returns ``times`` and records each call."""
+    calls = []
+
+    def measure(shapes, rows):
+        calls.append((shapes, rows))
+        return dict(times)
+
+    return measure, calls
+
+
+@pytest.mark.parametrize(
+    ("times", "expected"),
+    [
+        ({"aten": 1.0, "onednn": 1.0}, "aten"),  # level
+        ({"aten": 1.0, "onednn": 0.97}, "aten"),  # 3 % faster: within the margin
+        ({"aten": 1.0, "onednn": 1.2}, "aten"),  # slower (this AVX2 machine)
+        ({"aten": 1.0, "onednn": 0.5}, "onednn"),  # twice as fast (AVX-512 AMD)
+    ],
+)
+def test_auto_takes_onednn_only_when_measurably_faster(tmp_path, caplog, times, expected):
+    measure, calls = fake_measure(times)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8))
+    with caplog.at_level("INFO", logger="adls_lightning.gemm"):
+        assert gemm.choose("auto", model, rows=64, cache_dir=tmp_path, measure_fn=measure) == expected
+    assert len(calls) == 1
+    lines = [r.getMessage() for r in caplog.records if r.name == "adls_lightning.gemm"]
+    assert len(lines) == 1 and lines[0].startswith(f"runtime.gemm=auto: {expected} (measured")
+    assert "aten" in lines[0] and "oneDNN" in lines[0] and "GFLOP/s" in lines[0]
+
+
+def test_auto_uses_its_cache_on_the_second_call(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8))
+    measure, calls = fake_measure({"aten": 1.0, "onednn": 0.5})
+    assert gemm.choose("auto", model, 64, tmp_path, measure_fn=measure) == "onednn"
+    assert gemm.choose("auto", model, 64, tmp_path, measure_fn=measure) == "onednn"
+    assert len(calls) == 1
+    (key,) = json.loads((tmp_path / gemm.CACHE_FILE).read_text())
+    assert gemm.cpu_name() in key and "8x16w:1" in key
+    # another model's shapes are measured afresh
+    gemm.choose("auto", torch.nn.Linear(8, 4), 64, tmp_path, measure_fn=measure)
+    assert len(calls) == 2
+
+
+def test_forced_backends_need_no_timing(tmp_path):
+    measure, calls = fake_measure({"aten": 9.0, "onednn": 1.0})
+    model = torch.nn.Linear(4, 4)
+    assert gemm.choose("aten", model, 64, tmp_path, measure_fn=measure) == "aten"
+    assert gemm.choose("onednn", model, 64, tmp_path, measure_fn=measure) == "onednn"
+    assert not calls and not (tmp_path / gemm.CACHE_FILE).exists()
+
+
+def test_real_measurement_is_quick_and_positive():
+    shapes = gemm.model_linear_shapes(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)))
+    times = gemm.measure(shapes, rows=64, repeats=2)
+    assert set(times) == {"aten", "onednn"} and all(0 < t < 1 for t in times.values())
