@@ -33,6 +33,7 @@ LIGHTNING_NOTICES: tuple[tuple[str, str], ...] = (
     # Both said twice (validation, then test); training.py says once which checkpoint is evaluated.
     ("Restoring states from the checkpoint path", "training.py names the evaluated checkpoint once"),
     ("Loaded model weights from the checkpoint at", "training.py names the evaluated checkpoint once"),
+    ("`Trainer.fit` stopped:", "the last progress line already shows the final step and epoch"),
 )
 # Lightning logs its notices through these loggers (``rank_zero_info`` / ``rank_zero_warn``).
 LIGHTNING_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")

@@ -162,10 +162,10 @@ class TextDataModule(LightningDataModule):
         """Rows ``rows`` of ``raw``, tokenized: from the cache when an identical request was made before."""
         path = Path(self.hparams.cache_dir) / "tokenized" / self._cache_key(source_identity, split, rows)
         if (path / "dataset_info.json").is_file():
-            log.info("Tokenized cache hit for '%s': %s", split, path)
+            log.debug("Tokenized cache hit for '%s': %s", split, path)
             self.cache_hits[split] = True
             return datasets.load_from_disk(str(path))
-        log.info(
+        log.debug(
             "Tokenizing '%s' (%d rows, max_length=%d) -> %s", split, len(rows), self.hparams.max_length, path
         )
         self.cache_hits[split] = False
@@ -232,7 +232,18 @@ class TextDataModule(LightningDataModule):
                 "torch",
                 columns=[c for c in ("input_ids", "token_type_ids", "label") if c in split.column_names],
             )
-        log.info("Splits: %s", {k: len(v) for k, v in self.splits.items()})
+        # one line for the whole data set (the per-split detail is at DEBUG): a run's log stays short
+        sources = {
+            "from the cache" if hit else "tokenized now": [k for k, h in self.cache_hits.items() if h == hit]
+            for hit in (False, True)
+        }
+        log.info(
+            "Data: %s rows, max_length=%d (%s; cache %s)",
+            ", ".join(f"{k} {len(v)}" for k, v in self.splits.items()),
+            hp.max_length,
+            "; ".join(f"{how}: {', '.join(names)}" for how, names in sources.items() if names),
+            Path(hp.cache_dir) / "tokenized",
+        )
 
     def _collate(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         keys = [k for k in ("input_ids", "token_type_ids") if k in rows[0]]
