@@ -45,6 +45,16 @@ class LineProgressBar(ProgressBar):
         self._eval: StageClock | None = None  # the running validation's or test's clock
         self._train_metrics: dict[str, Any] = {}  # the last batch's, for a line between batches
         self._heartbeat: Heartbeat | None = None
+        # when the run's last progress line was written (the clocks' time), whichever stage wrote it
+        self._last_line: float | None = None
+
+    def _clock(self, stage: str, total: float | None) -> StageClock:
+        # A new stage's interval runs from the run's last line, not from the stage's start: a validation or a test
+        # after a quiet stretch still speaks up within interval_s.
+        clock = StageClock(stage, total, self.interval_s)
+        if self._last_line is not None:
+            clock.last_line = self._last_line
+        return clock
 
     def disable(self) -> None:
         self._enabled = False
@@ -62,6 +72,7 @@ class LineProgressBar(ProgressBar):
         return {k: v for k, v in metrics.items() if k != "v_num" and k.startswith(prefix)}
 
     def _line(self, clock: StageClock, epoch: str = "", metrics: dict | None = None) -> None:
+        clock.last_line = self._last_line = clock.clock()  # a line at an epoch's end counts too
         if self._enabled:
             log.info(progress_line(clock, epoch, metrics))
 
@@ -87,7 +98,7 @@ class LineProgressBar(ProgressBar):
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._train = StageClock("train", self.total_train_batches, self.interval_s)
+        self._train = self._clock("train", self.total_train_batches)
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -103,7 +114,7 @@ class LineProgressBar(ProgressBar):
     @override
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
-            self._eval = StageClock("val", self.total_val_batches, self.interval_s)
+            self._eval = self._clock("val", self.total_val_batches)
 
     @override
     def on_validation_batch_end(
@@ -114,6 +125,8 @@ class LineProgressBar(ProgressBar):
 
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._train is not None and self._last_line is not None:
+            self._train.last_line = self._last_line
         self._eval = None  # the heartbeat goes back to the training clock
 
     @override
@@ -126,7 +139,7 @@ class LineProgressBar(ProgressBar):
 
     @override
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._eval = StageClock("test", sum(trainer.num_test_batches), self.interval_s)
+        self._eval = self._clock("test", sum(trainer.num_test_batches))
 
     @override
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:

@@ -158,3 +158,19 @@ def test_heartbeat_writes_lines_while_a_step_runs_longer_than_the_interval(caplo
     lines = [r.getMessage() for r in caplog.records]
     assert 3 <= len(lines) <= 6, lines  # one per 0.2 s, checked every 0.05 s
     assert all(line.startswith("train epoch 1/1 step 0/10 (0%) | ") for line in lines), lines
+
+
+def test_a_new_stage_counts_the_interval_from_the_runs_last_line():
+    """A validation or test that starts long after training's last line writes its first line one interval after
+    that line, not one interval after its own start (the gap a user sees never exceeds the interval)."""
+    import time as real_time
+
+    from callbacks.progress import LineProgressBar
+
+    bar = LineProgressBar(interval_s=1.0)
+    bar._line(bar._clock("train", 10), "1/1", {})  # training's last line, now
+    real_time.sleep(0.5)
+    val = bar._clock("val", 5)
+    assert not val.due()  # 0.5 s since the last line
+    real_time.sleep(0.6)
+    assert val.due()  # 1.1 s since training's line, 0.6 s into the validation
