@@ -1,0 +1,425 @@
+"""CPU inference of one checkpoint, every way this project (or a user instead of it) can run it, in one table.
+
+Variants (all the same merged model: LoRA folded in, pruning masks baked, by the export's own
+``load_checkpoint_model``):
+
+* ``torch eager fp32``: the Hugging Face model as ``from_pretrained`` gives it (SDPA attention, HF's default),
+  ``torch.no_grad()``, torch's default GEMMs (aten) -- the baseline of the speed-ups;
+* ``ours fp32``: what the project runs at evaluation: ``runtime.gemm=auto`` resolved by ``gemm.choose`` on this
+  model's shapes at this batch's rows and thread count (the chosen backend is printed), ``torch.inference_mode()``;
+* ``torch int8 (dynamic)``: ``torch.ao.quantization.quantize_dynamic`` of every ``nn.Linear`` (qint8 weights);
+* ``ORT fp32`` / ``ORT int8``: ``model.onnx`` / ``model_int8.onnx`` as ``python -m adls_lightning.export
+  format=onnx int8=true`` writes them (:mod:`adls_lightning.export.onnx`), sessions with ``intra_op_num_threads``
+  = the row's thread count;
+* ``MXINT8 packed``: the ``format=mxint8`` folder (``pack_for_export`` + ``save_packed``, group 32, classifier
+  float) rebuilt by ``load_packed``, ``torch.inference_mode()``.
+
+The project has no real int8 path of its own yet (its quantization is fake-quant for QAT), so no row for one.
+
+Timing: random token ids, no padding, ``batch x tokens``; each variant warmed up, then ``--repeats`` rounds in
+which every variant runs once in turn (so load from other processes hits all alike); the median round is kept.
+Accuracy: the test split the run's data config gives (``evaluation_loader`` of ``adls_lightning.export.evaluate``:
+same files, tokenizer, ``max_length``, truncation side; the first ``--accuracy-rows`` of its seeded stratified
+subset, so 2,000 with ``experiment=cpu`` is exactly the run's test set), with ``agree`` = share of predictions equal
+to torch eager's. Before the table: the GEMM rate of aten and oneDNN on MiniLM's 384->1536 forward at the first
+batch's rows (``bench_gemm.methods``) and the machine's peak estimate (``bench_gemm.peak``).
+
+    python benchmarks/bench_inference.py --ckpt outputs/cpu/runs/2026-11-25_18-44-40/checkpoints/best-epoch00-step125.ckpt \\
+        --figure docs/figures/inference.png                  # batch 1 8, tokens 128 256, threads 1 2
+    python benchmarks/bench_inference.py --tiny --batch 1 --tokens 16 --threads 1 --repeats 2 --accuracy-rows 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_gemm import methods as gemm_methods  # noqa: E402
+from bench_gemm import peak  # noqa: E402
+
+from adls_lightning.gemm import choose, cpu_name, gemm_backend, onednn_available  # noqa: E402
+
+BASELINE = "torch eager fp32"
+VARIANTS = (BASELINE, "ours fp32", "torch int8 (dynamic)", "ORT fp32", "ORT int8", "MXINT8 packed")
+# the shape whose GEMM rate is printed: MiniLM's FFN up-projection, the layer with the most multiply-adds
+GEMM_SHAPE = "384->1536"
+# --tiny: the project's tiny random BERT (hidden 32, 2 layers, MiniLM tokenizer), no checkpoint needed
+TINY_OVERRIDES = ["model=tiny_random"]
+DEFAULT_OVERRIDES = ["experiment=cpu"]
+
+Runner = Callable[[torch.Tensor, torch.Tensor], np.ndarray]
+
+
+@dataclass
+class Variant:
+    """One way to run the model: ``make()`` builds its runner for the current thread count and ``rows``."""
+
+    name: str
+    make: Callable[[int], Runner]
+    note: str = ""
+    accuracy: float | None = None
+    agree: float | None = None
+    # share of the reviews given the most frequent label: 1.0 means "agree" compared constant predictions
+    top_label_share: float | None = None
+    ms: dict[str, float] = field(default_factory=dict)
+
+
+def torch_runner(model, context: Callable[[], object]) -> Runner:
+    def run(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> np.ndarray:
+        with context():
+            return model(input_ids=input_ids, attention_mask=attention_mask).logits.float().numpy()
+
+    return run
+
+
+def build_variants(model, work: Path) -> list[Variant]:
+    """Every variant of the merged float ``model``; exported files go to ``work``."""
+    from adls_lightning.export import load_packed, pack_for_export, save_packed
+    from adls_lightning.export import onnx as onnx_export
+    from adls_lightning.models import set_attn_implementation
+
+    eager = copy.deepcopy(model).eval()
+    # HF's own SDPA, what from_pretrained gives a user; the project's model keeps its registered variant (the
+    # same fused SDPA at evaluation; it differs only in training's dropout)
+    set_attn_implementation(eager, "sdpa")
+    ours = copy.deepcopy(model).eval()
+    variants = [Variant(BASELINE, lambda rows: torch_runner(eager, torch.no_grad), "aten, no_grad")]
+
+    ours_variant = Variant("ours fp32", lambda rows: None)  # make() below records the backends auto chose
+    chosen: set[str] = set()
+
+    def make_ours(rows: int) -> Runner:
+        backend = choose(
+            "auto", ours, rows
+        )  # what the project's eval does (app.training._gemm_choice), uncached
+        chosen.add(backend)
+        ours_variant.note = f"gemm=auto→{'/'.join(sorted(chosen))}, inference_mode"
+
+        def context():
+            return _Both(gemm_backend(backend), torch.inference_mode())
+
+        return torch_runner(ours, context)
+
+    ours_variant.make = make_ours
+    variants.append(ours_variant)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter(
+            "ignore"
+        )  # torch.ao.quantization's deprecation notice: the API is what users call
+        int8 = torch.ao.quantization.quantize_dynamic(
+            copy.deepcopy(eager), {torch.nn.Linear}, dtype=torch.qint8
+        )
+    variants.append(Variant("torch int8 (dynamic)", lambda rows: torch_runner(int8, torch.no_grad), "qint8"))
+
+    fp32_path, int8_path = work / onnx_export.ONNX_FILE, work / onnx_export.ONNX_INT8_FILE
+    onnx_export.export_onnx(model, fp32_path)
+    onnx_export.check_against_torch(fp32_path, model)  # the export's own check: a wrong file fails here
+    onnx_export.quantize_int8(fp32_path, int8_path)
+
+    def ort_runner(path: Path) -> Callable[[int], Runner]:
+        def make(rows: int) -> Runner:
+            session = onnx_export.onnx_session(path)  # intra_op_num_threads = torch's current thread count
+
+            def run(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> np.ndarray:
+                inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+                return onnx_export.onnx_logits(session, inputs)
+
+            return run
+
+        return make
+
+    variants.append(Variant("ORT fp32", ort_runner(fp32_path), f"opset {onnx_export.ONNX_OPSET}"))
+    variants.append(Variant("ORT int8", ort_runner(int8_path), "quantize_dynamic, QInt8 weights"))
+
+    packed_model = copy.deepcopy(model).eval()
+    packed = pack_for_export(packed_model, group_size=32)
+    save_packed(packed_model, packed, work / "mxint8")
+    mxint8 = load_packed(work / "mxint8")
+    variants.append(
+        Variant(
+            "MXINT8 packed",
+            lambda rows: torch_runner(mxint8, torch.inference_mode),
+            f"{len(packed.linear)} linears, group 32",
+        )
+    )
+    return variants
+
+
+class _Both:
+    """Two context managers as one (the GEMM backend's mode and inference mode, entered per call)."""
+
+    def __init__(self, first, second) -> None:
+        self.first, self.second = first, second
+
+    def __enter__(self):
+        self.first.__enter__()
+        self.second.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        self.second.__exit__(*exc)
+        self.first.__exit__(*exc)
+
+
+def tiny_checkpoint(path: Path, overrides: list[str]) -> None:
+    """A Lightning-style checkpoint of a freshly built (random) ``overrides`` model, so ``--tiny`` goes through
+    the same ``load_checkpoint_model`` as a real checkpoint."""
+    import lightning
+    from hydra import compose, initialize_config_dir
+
+    from adls_lightning.build import build
+    from adls_lightning.export.__main__ import CONF_DIR
+
+    os.environ.setdefault("PROJECT_ROOT", str(ROOT))
+    torch.manual_seed(0)
+    with warnings.catch_warnings(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        warnings.simplefilter("ignore")
+        cfg = compose("train", overrides=overrides)
+    module = build(cfg.model, "model", _convert_="partial", **build(cfg.data, "data").task.model_overrides())
+    # At its init (std 0.02) a random model gives every review the same label, so "same predictions" would
+    # compare nothing: weights of std 1/sqrt(fan_in) (LoRA B included, so the merge matters) make the labels
+    # depend on the input.
+    with torch.no_grad():
+        for name, parameter in module.named_parameters():
+            if parameter.dim() == 2 and "embeddings" not in name:
+                parameter.normal_(0, parameter.shape[1] ** -0.5)
+    torch.save({"state_dict": module.state_dict(), "pytorch-lightning_version": lightning.__version__}, path)
+
+
+def time_shape(
+    variants: list[Variant], batch: int, tokens: int, vocab: int, repeats: int
+) -> dict[str, float]:
+    """Median ms per batch of each variant at ``batch x tokens`` (current thread count), rounds interleaved."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (batch, tokens), generator=generator)
+    mask = torch.ones_like(ids)
+    runners = {v.name: v.make(batch * tokens) for v in variants}
+    for run in runners.values():
+        for _ in range(2):  # warm-up: first-call allocations, oneDNN primitive creation, ORT arena
+            run(ids, mask)
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, run in runners.items():
+            start = time.perf_counter()
+            run(ids, mask)
+            times[name].append(time.perf_counter() - start)
+    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
+
+
+def accuracy(variants: list[Variant], overrides: list[str], rows: int) -> int:
+    """Each variant's accuracy (and agreement with the baseline) on the first ``rows`` test reviews."""
+    from adls_lightning.export.evaluate import evaluation_loader
+
+    # train and val sizes 8: the data module tokenizes those splits too (carved from the train file, independent
+    # of the test subset, which depends only on test_size and the seed); the benchmark reads the test split only
+    sizes = [f"data.test_size={rows}", "data.train_size=8", "data.val_size=8"]
+    loader = evaluation_loader([*overrides, *sizes])
+    batches = list(loader)
+    labels = torch.cat([b["labels"] for b in batches]).numpy()
+    baseline = None
+    for variant in variants:
+        run = variant.make(loader.batch_size * max(b["input_ids"].shape[1] for b in batches))
+        predicted = np.concatenate([run(b["input_ids"], b["attention_mask"]).argmax(-1) for b in batches])
+        baseline = predicted if baseline is None else baseline
+        variant.accuracy = float((predicted == labels).mean())
+        variant.agree = float((predicted == baseline).mean())
+        variant.top_label_share = float(np.bincount(predicted).max() / len(predicted))
+    return len(labels)
+
+
+def gemm_rates(rows: int, repeats: int) -> dict[str, float]:
+    """GFLOP/s of aten, oneDNN and oneDNN with a prepacked weight on ``GEMM_SHAPE``'s forward at ``rows``."""
+    from bench_gemm import SHAPES
+
+    flops, calls = gemm_methods(SHAPES[GEMM_SHAPE], rows, "fwd")
+    if not onednn_available():
+        calls = {"aten": calls["aten"]}
+    best = dict.fromkeys(calls, float("inf"))
+    for call in calls.values():
+        call()
+    for _ in range(max(3, repeats)):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: flops / t / 1e9 for name, t in best.items()}
+
+
+def column(threads: int, batch: int, tokens: int) -> str:
+    return f"b{batch}×{tokens} t{threads}"
+
+
+def markdown(variants: list[Variant], columns: list[str], accuracy_rows: int) -> str:
+    base = next(v for v in variants if v.name == BASELINE)
+    head = ["variant", *(f"{c} ms (×)" for c in columns)]
+    if accuracy_rows:
+        head += [f"acc ({accuracy_rows})", "agree"]
+    lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    for v in variants:
+        cells = [v.name + (f" ({v.note})" if v.note else "")]
+        cells += [f"{v.ms[c]:.1f} ({base.ms[c] / v.ms[c]:.2f}×)" for c in columns]
+        if accuracy_rows:
+            cells += [f"{v.accuracy:.4f}", f"{v.agree:.1%}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def figure(variants: list[Variant], columns: list[str], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = next(v for v in variants if v.name == BASELINE)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(columns) + 2), 4.5))
+    width = 0.8 / len(variants)
+    x = np.arange(len(columns))
+    for i, v in enumerate(variants):
+        speedups = [base.ms[c] / v.ms[c] for c in columns]
+        bars = ax.bar(x + (i - (len(variants) - 1) / 2) * width, speedups, width, label=v.name)
+        ax.bar_label(bars, fmt="%.2f", fontsize=6)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(x, columns)
+    ax.set_ylabel(f"speed-up vs {BASELINE}")
+    ax.set_title(title, fontsize=9)
+    # below the axes: inside, the legend hides the tallest bars
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--ckpt", type=Path, help="a train.py checkpoint (float: plain, LoRA or pruned)")
+    source.add_argument("--tiny", action="store_true", help="a tiny random BERT instead (smoke test)")
+    parser.add_argument(
+        "--overrides",
+        nargs="*",
+        default=None,
+        help=f"Hydra overrides the checkpoint was trained with (default {DEFAULT_OVERRIDES}; --tiny: "
+        f"{TINY_OVERRIDES})",
+    )
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[128, 256])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=10, help="timed rounds per shape (median kept)")
+    parser.add_argument("--accuracy-rows", type=int, default=500, help="test reviews (0: skip accuracy)")
+    parser.add_argument("--data-dir", default=None, help="data.data_dir (default: the data config's)")
+    parser.add_argument("--cache-dir", default=None, help="paths.cache_dir for the tokenized test split")
+    parser.add_argument("--figure", type=Path, default=None, help="PNG of the speed-ups")
+    parser.add_argument("--json", type=Path, default=None, help="the results as JSON")
+    args = parser.parse_args()
+    # deprecation notices of Hydra and transformers, and the data set's progress bars: not this table's concern
+    warnings.simplefilter("ignore", FutureWarning)
+    warnings.simplefilter("ignore", UserWarning)
+    import datasets
+
+    datasets.disable_progress_bars()
+
+    from adls_lightning.export.__main__ import load_checkpoint_model
+
+    overrides = list(
+        args.overrides if args.overrides is not None else TINY_OVERRIDES if args.tiny else DEFAULT_OVERRIDES
+    )
+    if args.data_dir:
+        overrides.append(f"data.data_dir={args.data_dir}")
+    if args.cache_dir:
+        overrides.append(f"paths.cache_dir={args.cache_dir}")
+    per_core, how = peak(None)
+    print(
+        f"{cpu_name()}, {os.cpu_count()} logical CPU(s), torch {torch.__version__}, load average "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}"
+    )
+    print(f"peak estimate: {per_core:.0f} GFLOP/s per core; {how}")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        ckpt = args.ckpt
+        if args.tiny:
+            ckpt = work / "tiny.ckpt"
+            tiny_checkpoint(ckpt, overrides)
+        model, _ = load_checkpoint_model(ckpt, overrides)
+        vocab = model.config.vocab_size
+        max_tokens = model.config.max_position_embeddings
+        if max(args.tokens) > max_tokens:
+            sys.exit(f"error: --tokens {max(args.tokens)}: the model takes at most {max_tokens}")
+        variants = build_variants(model, work)
+        columns = []
+        gemm = {}
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            rows = args.batch[-1] * args.tokens[0]
+            gemm[threads] = gemm_rates(rows, args.repeats)
+            rates = ", ".join(f"{name} {rate:.1f}" for name, rate in gemm[threads].items())
+            print(
+                f"GEMM {GEMM_SHAPE} forward, {rows} rows, {threads} thread(s): {rates} GFLOP/s "
+                f"(peak estimate {per_core * threads:.0f})"
+            )
+            for batch in args.batch:
+                for tokens in args.tokens:
+                    name = column(threads, batch, tokens)
+                    columns.append(name)
+                    for variant_name, ms in time_shape(variants, batch, tokens, vocab, args.repeats).items():
+                        next(v for v in variants if v.name == variant_name).ms[name] = ms
+        rows_used = 0
+        if args.accuracy_rows:
+            torch.set_num_threads(max(args.threads))
+            rows_used = accuracy(variants, overrides, args.accuracy_rows)
+    print(
+        f"\nms per batch, median of {args.repeats} after warm-up (× = speed-up vs {BASELINE}); "
+        f"accuracy on {rows_used} test reviews, agree = same prediction as {BASELINE}\n"
+    )
+    table = markdown(variants, columns, rows_used)
+    print(table)
+    if args.figure:
+        title = f"{ckpt.name if args.ckpt else 'tiny random BERT'}; {cpu_name()}; median of {args.repeats}"
+        figure(variants, columns, args.figure, title)
+        print(f"\nfigure: {args.figure}")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "columns": columns,
+                    "accuracy_rows": rows_used,
+                    "gemm_gflops": gemm,
+                    "peak_gflops_per_core": per_core,
+                    "variants": [
+                        {
+                            "name": v.name,
+                            "note": v.note,
+                            "ms": v.ms,
+                            "accuracy": v.accuracy,
+                            "agree": v.agree,
+                            "top_label_share": v.top_label_share,
+                        }
+                        for v in variants
+                    ],
+                },
+                indent=1,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

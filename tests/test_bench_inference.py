@@ -1,0 +1,49 @@
+"""``benchmarks/bench_inference.py --tiny``, smallest sizes, in a subprocess (as a user runs it): every variant has
+a row, and the fp32 variants (torch eager, ours, ONNX Runtime) predict the same labels on the test reviews -- ONNX
+Runtime's is a separate runtime executing the exported graph, so this checks the benchmark compares like with like.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "bench_inference.py"
+VARIANTS = ("torch eager fp32", "ours fp32", "torch int8 (dynamic)", "ORT fp32", "ORT int8", "MXINT8 packed")
+FP32 = ("torch eager fp32", "ours fp32", "ORT fp32")
+ROWS = 60  # enough reviews that a tiny random model's labels are mixed (it is tuned to give input-dependent ones)
+
+
+def test_tiny_run_has_every_variant_and_fp32_agrees(tmp_path, tiny_imdb_dir, cache_dir):
+    out = tmp_path / "result.json"
+    figure = tmp_path / "inference.png"
+    command = [sys.executable, str(SCRIPT), "--tiny", "--batch", "2", "--tokens", "16", "--threads", "1"]
+    command += ["--repeats", "2", "--accuracy-rows", str(ROWS), "--data-dir", str(tiny_imdb_dir)]
+    command += ["--cache-dir", str(cache_dir), "--json", str(out), "--figure", str(figure)]
+    result = subprocess.run(command, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    table = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| variant | b2×16 t1 ms (×) | acc (60) | agree |")
+    for name in VARIANTS:
+        assert sum(line.startswith(f"| {name}") for line in table) == 1, name
+    assert "GEMM 384->1536 forward, 32 rows, 1 thread(s): aten" in result.stdout
+    assert "peak estimate" in result.stdout
+    assert figure.stat().st_size > 0
+
+    data = json.loads(out.read_text())
+    variants = {v["name"]: v for v in data["variants"]}
+    assert set(variants) == set(VARIANTS)
+    assert data["accuracy_rows"] == ROWS
+    for name in VARIANTS:
+        assert variants[name]["ms"]["b2×16 t1"] > 0
+    for name in FP32:
+        assert variants[name]["agree"] == 1.0, name  # same label as torch eager on every review
+        assert variants[name]["accuracy"] == variants["torch eager fp32"]["accuracy"]
+    # the labels are input-dependent, else "agree" would hold trivially
+    assert variants["torch eager fp32"]["top_label_share"] < 1.0
