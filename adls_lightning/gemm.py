@@ -190,9 +190,12 @@ def cpu_name() -> str:
 
 def _gemm_calls(shape: LinearShape, rows: int, backend: str) -> list[Callable[[], object]]:
     """The GEMMs one training step of this layer runs on ``backend``: forward, grad input, [grad weight]."""
-    x = torch.randn(rows, shape.in_features)
-    w = torch.randn(shape.out_features, shape.in_features)
-    g = torch.randn(rows, shape.out_features)
+    # A private generator: timing must not draw from the global one, or a run's data order and dropout masks would
+    # depend on whether the choice was already cached (same seed, different results).
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, shape.in_features, generator=gen)
+    w = torch.randn(shape.out_features, shape.in_features, generator=gen)
+    g = torch.randn(rows, shape.out_features, generator=gen)
     if backend == "aten":
         calls = [lambda: F.linear(x, w), lambda: torch.mm(g, w)]
         if shape.train_weight:

@@ -219,3 +219,14 @@ def test_real_measurement_is_quick_and_positive():
     shapes = gemm.model_linear_shapes(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)))
     times = gemm.measure(shapes, rows=64, repeats=2)
     assert set(times) == {"aten", "onednn"} and all(0 < t < 1 for t in times.values())
+
+
+def test_measuring_leaves_the_global_random_stream_alone():
+    """The timing at start-up must not move the seeded generator: a run's data order and dropout masks would
+    otherwise differ between its first run (choice measured) and later ones (choice cached)."""
+    shapes = gemm.model_linear_shapes(torch.nn.Linear(16, 16))
+    torch.manual_seed(7)
+    expected = torch.rand(4)
+    torch.manual_seed(7)
+    gemm.measure(shapes, rows=16, repeats=1)
+    torch.testing.assert_close(torch.rand(4), expected, rtol=0, atol=0)
