@@ -111,7 +111,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
         if trainer.is_global_zero:
             write_run_record(Path(cfg.paths.output_dir), cfg)
         release_log()
-    return _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_path)
+    # Every linear layer of fit, validation and test on the chosen GEMM backend (docs/gemm.md).
+    with gemm_backend(_gemm_choice(cfg, model, trainer)):
+        return _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_path)
 
 
 def _checked_objects(cfg: DictConfig) -> tuple:
@@ -239,44 +241,40 @@ def _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_pa
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
-    # Every linear layer of fit, validation and test on the chosen GEMM backend (docs/gemm.md).
-    with gemm_backend(_gemm_choice(cfg, model, trainer)):
-        try:
-            start = time.perf_counter()
-            if cfg.get("train", True):
-                trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
-                metrics.update(_float_metrics(trainer.callback_metrics))
-            metrics["time/fit_s"] = time.perf_counter() - start
-            if cfg.get("train", True):
-                best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-                if not best:
-                    log.warning("No best checkpoint found: evaluating the current weights")
-            else:  # evaluation only: the given checkpoint, or the initial weights
-                best = ckpt_path or ""
-            ckpt = best or None
-            log.info("Evaluating %s", f"the checkpoint {ckpt}" if ckpt else "the current weights")
-            trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
+    try:
+        start = time.perf_counter()
+        if cfg.get("train", True):
+            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
             metrics.update(_float_metrics(trainer.callback_metrics))
-            # Counted now, after the callbacks' setup (quantization, LoRA merge, train_base) shaped the model.
-            metrics.update(parameter_metrics(model))
-            if cfg.get("test", True):
-                trainer.test(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
-                metrics.update(_float_metrics(trainer.callback_metrics))
-            for callback in callbacks:
-                if isinstance(callback, Reporter):
-                    metrics.update(_float_metrics(callback.report()))
-            metrics["time/total_s"] = time.perf_counter() - start
-            metrics.pop("train/loss_step", None)
-            if (
-                trainer.is_global_zero
-            ):  # DDP: one metrics.json (metrics are synced across ranks by torchmetrics)
-                atomic_write_json(output_dir / METRICS_FILE, metrics)
-            for logger in loggers:
-                logger.log_metrics({f"final/{k}": v for k, v in metrics.items()})
-        finally:
-            for logger in loggers:
-                if isinstance(logger, WandbLogger):
-                    logger.experiment.finish()
+        metrics["time/fit_s"] = time.perf_counter() - start
+        if cfg.get("train", True):
+            best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+            if not best:
+                log.warning("No best checkpoint found: evaluating the current weights")
+        else:  # evaluation only: the given checkpoint, or the initial weights
+            best = ckpt_path or ""
+        ckpt = best or None
+        log.info("Evaluating %s", f"the checkpoint {ckpt}" if ckpt else "the current weights")
+        trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
+        metrics.update(_float_metrics(trainer.callback_metrics))
+        # Counted now, after the callbacks' setup (quantization, LoRA merge, train_base) shaped the model.
+        metrics.update(parameter_metrics(model))
+        if cfg.get("test", True):
+            trainer.test(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
+            metrics.update(_float_metrics(trainer.callback_metrics))
+        for callback in callbacks:
+            if isinstance(callback, Reporter):
+                metrics.update(_float_metrics(callback.report()))
+        metrics["time/total_s"] = time.perf_counter() - start
+        metrics.pop("train/loss_step", None)
+        if trainer.is_global_zero:  # DDP: one metrics.json (metrics are synced across ranks by torchmetrics)
+            atomic_write_json(output_dir / METRICS_FILE, metrics)
+        for logger in loggers:
+            logger.log_metrics({f"final/{k}": v for k, v in metrics.items()})
+    finally:
+        for logger in loggers:
+            if isinstance(logger, WandbLogger):
+                logger.experiment.finish()
     if trainer.is_global_zero:
         print_summary(metrics, output_dir, datamodule.task)
     return metrics
