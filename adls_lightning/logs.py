@@ -109,9 +109,14 @@ def configure(hydra_verbose: object = False) -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, DropNotices) for f in logger.filters):
             logger.addFilter(notices)
-    for pattern, _ in LIBRARY_WARNINGS:
-        warnings.filterwarnings("ignore", message=pattern)
     os.environ.setdefault(WANDB_QUIET_ENV, "true")
+    configure_tool()
+
+
+def configure_tool() -> None:
+    """What a command-line tool without Hydra's job (export, evaluate) shares with a run's console: the library
+    warnings the user cannot act on silenced, and no redrawn progress bars where there is no terminal."""
+    quiet_library_warnings()
     if not is_terminal():
         # Progress bars redrawn with carriage returns are one garbled line each in a file or a pipe; the project
         # logs what it tokenizes and loads instead (and callbacks/progress.py prints timed progress lines).
@@ -120,6 +125,12 @@ def configure(hydra_verbose: object = False) -> None:
 
         datasets.disable_progress_bars()
         transformers.utils.logging.disable_progress_bar()
+
+
+def quiet_library_warnings() -> None:
+    """Silence :data:`LIBRARY_WARNINGS` (also for the command-line tools that run without Hydra's job)."""
+    for pattern, _ in LIBRARY_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
 
 
 def drop_unset_wandb_settings(logger: object) -> None:

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from adls_lightning.errors import ConfigError, require_fraction
+from adls_lightning.lab_config import load_lab_config
 from adls_lightning.layers import name_filter, target_layers
 from adls_lightning.registry import Registry, named_decorator
 
@@ -415,6 +416,20 @@ def make_pruning_permanent(model: nn.Module) -> int:
             parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
             count += 1
     return count
+
+
+def lab_pruning_specs(config: Mapping[str, Any] | str, key: str) -> tuple[Any, Any]:
+    """The ``(weight, activation)`` specs of a lab pruning config (MASE's ``{weight: {...}, activation: {...}}``, a
+    mapping or a ``.toml``/``.yaml``/``.json`` file whose ``[passes.prune]`` is read).
+
+    Raises:
+        ConfigError: an unreadable file, or a key other than weight and activation (named under ``key``).
+    """
+    lab = load_lab_config(config, "prune", key)
+    unknown = sorted(set(lab) - {"weight", "activation"})
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}: unknown key; a lab pruning config has weight, activation")
+    return lab.get("weight"), lab.get("activation")
 
 
 class Pruner:

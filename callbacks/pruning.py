@@ -11,9 +11,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.lab_config import load_lab_config
 from adls_lightning.lora import merge_before_compression
-from adls_lightning.prune import DEFAULT_EXCLUDE, Pruner, make_pruning_permanent
+from adls_lightning.prune import DEFAULT_EXCLUDE, Pruner, lab_pruning_specs, make_pruning_permanent
 from callbacks.trainer_control import forget_best_checkpoints
 
 
@@ -80,13 +79,7 @@ class PruningCallback(L.Callback):
         config: Mapping[str, Any] | str | None = None,
     ) -> None:
         if config is not None:
-            lab = load_lab_config(config, "prune", "prune.config")
-            unknown = sorted(set(lab) - {"weight", "activation"})
-            if unknown:
-                raise ConfigError(
-                    f"prune.config.{unknown[0]}: unknown key; a lab pruning config has weight, activation"
-                )
-            weight, activation = lab.get("weight"), lab.get("activation")
+            weight, activation = lab_pruning_specs(config, "prune.config")
         if at != "fit_start" and (isinstance(at, bool) or not isinstance(at, int) or at < 1):
             raise ConfigError(f"prune.at={at!r}: must be fit_start or a number of epochs >= 1")
         self.pruner = Pruner(weight, activation, include=include, exclude=exclude, seed=seed, key="prune")

@@ -191,7 +191,7 @@ def test_pruned_run_exports_with_its_masks_baked_in(compose_cfg, tmp_path):
     assert sum(int((m == 0).sum()) for m in matrices) == TINY_PRUNED_WEIGHTS // 2
 
 
-def test_fake_quantized_checkpoint_is_refused_naming_the_key(tmp_path):
+def test_fake_quantized_checkpoint_without_its_recipe_is_refused_naming_the_key(tmp_path):
     module = build_module(TINY)
     merge_lora(module)
     quantize_model(
@@ -201,10 +201,12 @@ def test_fake_quantized_checkpoint_is_refused_naming_the_key(tmp_path):
     torch.save({"state_dict": module.state_dict(), "pytorch-lightning_version": lightning.__version__}, ckpt)
     code, _, stderr = export_in_process(f"ckpt={ckpt}", f"out={tmp_path / 'out'}", "format=onnx", *TINY)
     assert code == 2
+    # no run record beside this checkpoint and no quant= given: the quantization cannot be known (a run's own
+    # checkpoints export: tests/test_export_compressed.py)
     assert stderr.strip().splitlines()[-1] == (
         f"error: ckpt={ckpt}: model.bert.encoder.layer.0.attention.self.query.linear.weight is the state of a "
-        "fake-quantized layer, which no export format reproduces faithfully; valid: float checkpoints (plain, "
-        "LoRA, pruned), e.g. the run's checkpoint from before quantization"
+        "fake-quantized layer, but the run's config (['model=tiny_random']) quantizes nothing; pass the quant= or "
+        "compress= overrides it was trained with"
     )
     assert not (tmp_path / "out").exists()
 

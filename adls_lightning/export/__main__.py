@@ -3,10 +3,14 @@
 Options: ``group_size=32``, ``exclude=classifier`` (comma-separated module names left float),
 ``pack_embeddings=false`` (also pack the word embeddings), ``int8=false`` (``format=onnx`` only: also write
 ONNX Runtime's dynamic int8 model), ``overwrite=false`` (allow a non-empty ``out``).
-Every other ``key=value`` is a Hydra override of ``conf/train.yaml`` that builds the model the checkpoint was
-trained with (default: the MiniLM + LoRA of ``train.py``), e.g. ``model=tiny_random``. LoRA adapters are
-merged before anything is written, pruning masks are baked into the weights; checkpoints of fake-quantized
-layers are refused. Bad input: one line naming the key, exit code 2, nothing written. An ONNX file whose ONNX
+The model, its data and its compression are the run's own: the overrides Hydra recorded next to the checkpoint
+(``<run>/.hydra/overrides.yaml``, for a checkpoint in ``<run>/checkpoints/``); every other ``key=value`` is a
+Hydra override of ``conf/train.yaml`` on top of them (without a run record: on top of the MiniLM + LoRA of
+``train.py``), e.g. ``model=tiny_random``. LoRA adapters are merged before anything is written; what a
+compressed run computed is baked into the weights (pruning masks, weights and biases as quantized, QAT or PTQ)
+and what acts on activations is written beside them (``compression.json``, :mod:`adls_lightning.export.compressed`),
+which ``format=onnx`` and ``mxint8`` cannot carry and so refuse. Bad input: one line naming the key, exit
+code 2, nothing written. An ONNX file whose ONNX
 Runtime logits miss PyTorch's: one line, exit code 1 (the file is kept for inspection).
 """
 
@@ -17,11 +21,22 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from adls_lightning.errors import ConfigError
+from adls_lightning.export.compressed import (
+    RECIPE_FILE,
+    ExportRecipe,
+    bake_quantized_layers,
+    merge_overrides,
+    run_compression,
+    run_overrides,
+)
+from adls_lightning.logs import configure_tool
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -127,41 +142,89 @@ def bake_pruning_masks(state: dict) -> int:
     return len(layers)
 
 
-def load_checkpoint_model(ckpt: Path, overrides: Sequence[str]):
-    """The merged Hugging Face model of a ``train.py`` checkpoint, and the name of its tokenizer."""
+@dataclass
+class LoadedRun:
+    """A checkpoint's model as the run evaluated it, with the compression baked into its weights
+    (:mod:`adls_lightning.export.compressed`), and what is not: the recipe and the activation quantizers' state."""
+
+    model: Any
+    tokenizer: str | None
+    recipe: ExportRecipe
+    activation_state: dict[str, torch.Tensor]
+    note: str | None = None
+
+    def activation_compression(self) -> str | None:
+        """The first thing that acts on activations (a layer and its format, or the pruning), or None."""
+        for name, operands in self.recipe.activation_quant.items():
+            for operand, spec in operands.items():
+                if spec:
+                    return f"layer {name} quantizes its {operand} as {spec['format']}"
+        if self.recipe.activation_prune:
+            return f"the run prunes input activations to {self.recipe.activation_prune['activation']['sparsity']}"
+        return None
+
+
+def compose_train_config(overrides: Sequence[str], return_hydra_config: bool = False):
+    """``conf/train.yaml`` with ``overrides``, composed as ``train.py`` composes it (one line for a bad one)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
+
+    os.environ.setdefault("PROJECT_ROOT", str(PROJECT_ROOT))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Hydra's version_base deprecation: not the user's concern here
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                return compose("train", overrides=list(overrides), return_hydra_config=return_hydra_config)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise ConfigError(f"overrides {list(overrides)}: {str(error).splitlines()[0]}") from error
+
+
+def load_checkpoint_model(ckpt: Path, overrides: Sequence[str]) -> LoadedRun:
+    """The merged Hugging Face model of a ``train.py`` checkpoint, with what its run's compression computed.
+
+    The model and its compression come from the run's own overrides (Hydra's record next to the checkpoint's
+    folder), then ``overrides`` on top.
+    """
     from peft import PeftModel
 
     from adls_lightning.build import build
     from adls_lightning.checkpoints import read_checkpoint
     from adls_lightning.lora import merge_lora
+    from adls_lightning.quant import quantize_model
 
-    os.environ.setdefault("PROJECT_ROOT", str(PROJECT_ROOT))
-    try:
-        with warnings.catch_warnings(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            warnings.simplefilter("ignore")  # Hydra's version_base deprecation: not the user's concern here
-            cfg = compose("train", overrides=list(overrides))
-        tokenizer = cfg.data.get("tokenizer")
-    except (HydraException, OmegaConfBaseException) as error:
-        raise ConfigError(f"overrides {list(overrides)}: {str(error).splitlines()[0]}") from error
+    overrides = merge_overrides(run_overrides(ckpt), overrides)
+    cfg = compose_train_config(overrides)
+    tokenizer = cfg.data.get("tokenizer")
     # the data's task shapes the head (labels, regression) as in the run that wrote the checkpoint
     task = build(cfg.data, "data").task
     module = build(cfg.model, "model", _convert_="partial", **task.model_overrides())
+    compression = run_compression(cfg)
     state = dict(read_checkpoint(ckpt, "ckpt")["state_dict"])  # a damaged or foreign file: one line naming it
     quantized = fake_quantized_key(state, set(module.state_dict()))
-    if quantized is not None:
+    if quantized is not None and compression.quant is None:
         raise ConfigError(
-            f"ckpt={ckpt}: {quantized} is the state of a fake-quantized layer, which no export format reproduces "
-            "faithfully; valid: float checkpoints (plain, LoRA, pruned), e.g. the run's checkpoint from before "
-            "quantization"
+            f"ckpt={ckpt}: {quantized} is the state of a fake-quantized layer, but the run's config "
+            f"({list(overrides) or 'the defaults'}) quantizes nothing; pass the quant= or compress= overrides it "
+            "was trained with"
         )
-    bake_pruning_masks(state)
+    if (
+        compression.quant is not None
+        and isinstance(module.model, PeftModel)
+        and not getattr(module, "merge_lora_before_compress", False)
+    ):
+        raise ConfigError(
+            "model.merge_lora_before_compress=false: the run's LoRA adapters computed beside its quantized layers "
+            "at full precision, which no exported layer reproduces; valid: runs with "
+            "model.merge_lora_before_compress=true (the default)"
+        )
+    pruned = bake_pruning_masks(state)
     if isinstance(module.model, PeftModel) and not any(".lora_" in key for key in state):
         # Compression runs merge LoRA before they prune (merge_lora_before_compress): their checkpoints hold the
         # merged layout, which loads into the merged model.
         merge_lora(module)
+    if quantized is not None:  # QAT: the checkpoint holds the quantized layers
+        quantize_model(module.model, compression.quant, key=compression.quant_key)
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as error:
@@ -171,7 +234,17 @@ def load_checkpoint_model(ckpt: Path, overrides: Sequence[str]):
             f"({first}); pass the model overrides it was trained with"
         ) from error
     merge_lora(module)
-    return module.model.eval(), tokenizer
+    model = module.model.eval()
+    if compression.quant is not None and quantized is None:  # PTQ: quantized for evaluation, as the run did
+        quantize_model(model, compression.quant, key=compression.quant_key)
+    baked = bake_quantized_layers(model, compression.quant) if compression.quant is not None else None
+    recipe = ExportRecipe(
+        run_overrides=list(overrides),
+        activation_quant=baked.activations if baked else {},
+        activation_prune=ExportRecipe.prune_spec(compression.pruner),
+        baked={"quantized_layers": len(baked.layers) if baked else 0, "pruned_layers": pruned},
+    )
+    return LoadedRun(model, tokenizer, recipe, baked.state if baked else {}, compression.note)
 
 
 def save_tokenizer(name: str | None, out: Path) -> bool:
@@ -189,7 +262,10 @@ def save_tokenizer(name: str | None, out: Path) -> bool:
 def export(options: dict, overrides: Sequence[str]) -> None:
     from adls_lightning.export import WEIGHTS_FILE, folder_bytes, pack_for_export, save_packed
 
-    model, tokenizer = load_checkpoint_model(options["ckpt"], overrides)
+    loaded = load_checkpoint_model(options["ckpt"], overrides)
+    model, recipe = loaded.model, loaded.recipe
+    if options["format"] != "hf":
+        refuse_compression_beyond_weights(loaded, options["format"])
     out: Path = options["out"]
     with tempfile.TemporaryDirectory() as fp32_dir:
         model.save_pretrained(fp32_dir)
@@ -215,11 +291,38 @@ def export(options: dict, overrides: Sequence[str]) -> None:
             f"{', word embeddings packed' if packed.embeddings else ''}; {WEIGHTS_FILE} {weights / 1e6:.1f} MB "
             f"vs fp32 save_pretrained {fp32_bytes / 1e6:.1f} MB ({1 - weights / fp32_bytes:.1%} smaller)"
         )
-    tokenizer_saved = save_tokenizer(tokenizer, out)
+    recipe.write(out, loaded.activation_state)
+    tokenizer_saved = save_tokenizer(loaded.tokenizer, out)
     print(
         f"exported {options['format']} to {out}: {summary}; folder {folder_bytes(out) / 1e6:.1f} MB"
         f"{' (tokenizer included)' if tokenizer_saved else ''}"
     )
+    if recipe.baked["quantized_layers"] or recipe.baked["pruned_layers"] or recipe.activation_prune:
+        print(
+            f"compression: {recipe.baked['quantized_layers']} quantized and {recipe.baked['pruned_layers']} "
+            f"pruned layers baked into the weights; {len(recipe.activation_quant)} layers quantize activations"
+            f"{', input activations pruned' if recipe.activation_prune else ''} ({RECIPE_FILE}: "
+            "python -m adls_lightning.export.evaluate applies it)"
+        )
+    if loaded.note:
+        print(f"note: {loaded.note}")
+
+
+def refuse_compression_beyond_weights(loaded: LoadedRun, format: str) -> None:
+    """``format=onnx`` and ``mxint8`` carry weights only: a run that quantized or pruned activations, or (mxint8)
+    quantized weights in another format, is refused in one line naming the layer and the format."""
+    found = loaded.activation_compression()
+    if found:
+        raise ConfigError(
+            f"format={format}: {found}, which a {format} folder does not carry; valid: format=hf (its "
+            f"{RECIPE_FILE} carries it), or export the weights alone by overriding the run's activation settings "
+            "(e.g. prune.activation=null)"
+        )
+    if format == "mxint8" and loaded.recipe.baked["quantized_layers"]:
+        raise ConfigError(
+            "format=mxint8: the run quantized its weights (e.g. with quant=); packing those values as MXINT8 would "
+            "quantize them a second time; valid: format=hf, or the float checkpoint of a run without quant="
+        )
 
 
 def export_onnx_files(model, out: Path, int8: bool) -> str:
@@ -248,6 +351,7 @@ def export_onnx_files(model, out: Path, int8: bool) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     from adls_lightning.export.onnx import ExportCheckError
 
+    configure_tool()
     try:
         options, overrides = parse_arguments(sys.argv[1:] if argv is None else argv)
         export(check_options(options), overrides)

@@ -3,16 +3,17 @@
 
 Each ``DIR`` is a folder written by ``python -m adls_lightning.export`` (``format=mxint8``, loaded with
 :func:`~adls_lightning.export.load_packed`, or ``format=hf``, loaded with ``from_pretrained``); the test split
-is the one ``train.py`` uses for the same data overrides (e.g. ``experiment=cpu`` for its 2,000 reviews at
-256 tokens), so the numbers compare with a run's ``test/acc``. Prints one accuracy per folder and how often
-each folder predicts the same label as the first.
+is the one the exporting run used (its overrides are kept in the folder's ``compression.json``; data overrides
+given here replace them, e.g. ``experiment=cpu`` for its 2,000 reviews at 256 tokens), so the numbers compare
+with the run's ``test/acc``. A compressed run's folder computes what the run evaluated: its quantized and pruned
+weights are in the file, and the recipe puts back what acted on activations
+(:mod:`adls_lightning.export.compressed`). Prints one accuracy per folder and how often each folder predicts the
+same label as the first.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,36 +21,40 @@ import torch
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.export import CONFIG_FILE, load_packed
-from adls_lightning.export.__main__ import CONF_DIR, PROJECT_ROOT
+from adls_lightning.export.__main__ import compose_train_config
+from adls_lightning.export.compressed import ExportRecipe, apply_recipe, merge_overrides
+from adls_lightning.logs import configure_tool
+
+#: the batch keys a sequence classifier takes (token types: sentence pairs of the families that use them)
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def load_folder(folder: Path):
+def load_folder(folder: Path, recipe: ExportRecipe | None = None):
+    """The folder's model, with its compression recipe applied (activation quantizers and pruning)."""
     if (folder / CONFIG_FILE).is_file():
-        return load_packed(folder)
-    from transformers import AutoModelForSequenceClassification
+        model = load_packed(folder)
+    else:
+        from transformers import AutoModelForSequenceClassification
 
-    return AutoModelForSequenceClassification.from_pretrained(folder).eval()
+        model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    return apply_recipe(model, folder, recipe) if recipe is not None else model
 
 
 @torch.inference_mode()
 def predictions(model, loader) -> tuple[torch.Tensor, torch.Tensor]:
     predicted, labels = [], []
     for batch in loader:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        inputs = {key: batch[key] for key in MODEL_INPUTS if key in batch}
+        logits = model(**inputs).logits
         predicted.append(logits.argmax(-1))
         labels.append(batch["labels"])
     return torch.cat(predicted), torch.cat(labels)
 
 
 def evaluation_loader(overrides: Sequence[str]):
-    from hydra import compose, initialize_config_dir
-
     from adls_lightning.build import build
 
-    os.environ.setdefault("PROJECT_ROOT", str(PROJECT_ROOT))
-    with warnings.catch_warnings(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        warnings.simplefilter("ignore")
-        cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
+    cfg = compose_train_config(overrides, return_hydra_config=True)
     data = build(cfg.data, "data")
     data.setup("test")
     return data.test_dataloader()
@@ -58,18 +63,22 @@ def evaluation_loader(overrides: Sequence[str]):
 def main(argv: Sequence[str]) -> int:
     folders = [Path(a) for a in argv if "=" not in a]
     overrides = [a for a in argv if "=" in a]
+    configure_tool()
     missing = [f for f in folders if not f.is_dir()]
     if not folders or missing:
         print(f"error: {missing[0] if missing else 'DIR'}: expected an exported folder", file=sys.stderr)
         return 2
     try:
-        loader = evaluation_loader(overrides)
+        recipes = [ExportRecipe.read(folder) for folder in folders]
+        # the first folder's run gives the test split (its data, batch size and length), the command line on top
+        run = next((recipe.run_overrides for recipe in recipes if recipe is not None), [])
+        loader = evaluation_loader(merge_overrides(run, overrides))
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     first = None
-    for folder in folders:
-        predicted, labels = predictions(load_folder(folder), loader)
+    for folder, recipe in zip(folders, recipes, strict=True):
+        predicted, labels = predictions(load_folder(folder, recipe), loader)
         agree = (
             ""
             if first is None

@@ -1,0 +1,248 @@
+"""Exporting a compressed run: what the run computed, baked into plain layers, and a recipe for the rest.
+
+A run with ``quant=`` (QAT or PTQ), ``prune=`` or ``compress=`` evaluates a model that no Hugging Face class
+computes: weights fake-quantized on every forward, masked weights, and input activations quantized or pruned per
+sample. The export splits that in two:
+
+* **baked into the weights** (:func:`bake_quantized_layers`, with the masks baked by the export's reader): each
+  quantized layer's weight and bias become the values its quantizers gave them, so the folder is a standard
+  ``save_pretrained`` folder that ``from_pretrained`` loads anywhere;
+* **a recipe beside them** (:data:`RECIPE_FILE`, :class:`ExportRecipe`): what acts on the activations (each
+  layer's ``data_in`` / ``data_out`` formats, their quantizer state in :data:`ACTIVATION_STATE_FILE`, the
+  activation pruning spec), which :func:`apply_recipe` puts back on the loaded model. With both, the exported
+  model computes exactly what the run evaluated, so ``python -m adls_lightning.export.evaluate DIR`` reproduces the
+  run's ``test/acc``. The recipe also keeps the run's overrides, from which ``evaluate`` builds the same test split.
+
+:func:`run_compression` reads which compression a run applied from its composed config (the ``quant``, ``prune``
+and ``compress`` groups, as ``train.py`` composed them); :func:`run_overrides` finds the overrides of the run a
+checkpoint belongs to (Hydra's record, ``<run>/.hydra/overrides.yaml``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from adls_lightning.errors import ConfigError
+from adls_lightning.layers import swap_module
+from adls_lightning.prune import Pruner, lab_pruning_specs
+from adls_lightning.quant import QuantRecipe, quantize_model, to_recipe
+from adls_lightning.quant.linear import QuantLinear
+from adls_lightning.quant.transform import find_linear_layers
+
+RECIPE_FILE = "compression.json"
+ACTIVATION_STATE_FILE = "compression.safetensors"
+RECIPE_VERSION = 1
+#: the activation operands of a linear layer (what the recipe keeps; weight and bias are baked)
+ACTIVATION_OPERANDS = ("data_in", "data_out")
+#: Hydra's record of a run, relative to the folder of a checkpoint in ``<run>/checkpoints/``
+RUN_OVERRIDES = Path("..") / ".hydra" / "overrides.yaml"
+#: override keys that say where a run wrote or which checkpoint it resumed, not which model or data it used
+_RUN_ONLY_KEYS = ("hydra.", "ckpt_path", "init_ckpt", "paths.output_dir")
+_PRUNE_KEYS = ("weight", "activation", "include", "exclude", "seed")
+
+
+def override_key(token: str) -> str:
+    """The config key a Hydra override sets (``+a.b=1``, ``~a.b``, ``a/b=c`` → ``a.b``)."""
+    return token.split("=", 1)[0].lstrip("+~").replace("/", ".")
+
+
+def merge_overrides(base: Sequence[str], extra: Sequence[str]) -> list[str]:
+    """``base`` then ``extra``, where an override in ``extra`` replaces one of ``base`` that sets the same key
+    (Hydra refuses a config group given twice)."""
+    replaced = {override_key(token) for token in extra}
+    return [token for token in base if override_key(token) not in replaced] + list(extra)
+
+
+def run_overrides(ckpt: Path) -> list[str]:
+    """The overrides of the ``train.py`` / ``search.py`` run that wrote ``ckpt`` (model, data, compression...),
+    without those that only say where it wrote; empty when the checkpoint is not inside its run folder."""
+    record = (ckpt.parent / RUN_OVERRIDES).resolve()
+    if not record.is_file():
+        return []
+    try:
+        tokens = OmegaConf.load(record)
+    except Exception as error:  # noqa: BLE001 - a damaged record: say which file, as every bad input here
+        raise ConfigError(f"{record}: unreadable run record ({str(error).splitlines()[0]})") from None
+    if not isinstance(tokens, ListConfig):
+        raise ConfigError(f"{record}: not a list of overrides (a Hydra run record)")
+    return [str(t) for t in tokens if not str(t).lstrip("+~").startswith(_RUN_ONLY_KEYS)]
+
+
+@dataclass
+class RunCompression:
+    """The compression a run applied: its quantization recipe (and the key it came from) and its pruner."""
+
+    quant: QuantRecipe | None = None
+    quant_key: str = "quant.config"
+    pruner: Pruner | None = None
+    #: what the export does not carry over, said once when it writes (e.g. an evaluation through packed layers)
+    note: str | None = None
+
+
+def _target_name(node: Any) -> str:
+    return str(node.get("_target_", "")).rsplit(".", 1)[-1] if isinstance(node, Mapping | DictConfig) else ""
+
+
+def _quant_recipe(node: Any, key: str) -> QuantRecipe | None:
+    """A ``quant.config``-style node as a recipe: a ``_target_`` leaf (typed recipe), a MASE dict or a file."""
+    from adls_lightning.build import build
+
+    if node is None or (isinstance(node, Mapping | DictConfig) and not node):
+        return None
+    if isinstance(node, DictConfig) and "_target_" in node:
+        node = build(node, key)
+    elif isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True)
+    return to_recipe(node, key)
+
+
+def _pruner(node: Any, key: str) -> Pruner | None:
+    values = {k: node.get(k) for k in _PRUNE_KEYS if node.get(k) is not None}
+    if node.get("config") is not None:
+        values["weight"], values["activation"] = lab_pruning_specs(node.config, f"{key}.config")
+    values = OmegaConf.to_container(OmegaConf.create(values), resolve=True)
+    if not values.get("weight") and not values.get("activation"):
+        return None
+    return Pruner(**values, key=key)
+
+
+def run_compression(cfg: DictConfig) -> RunCompression:
+    """The compression groups of a run's composed config, read as their callbacks read them.
+
+    ``quant`` (QuantizationCallback: its recipe, QAT or PTQ alike), ``prune`` (PruningCallback) and ``compress``
+    (CompressionCallback: its quant recipe and pruning); ``quant=mxint8_packed`` (an evaluation through packed
+    layers) leaves a note.
+    """
+    found = RunCompression()
+    quant, prune, compress = (cfg.get(group) for group in ("quant", "prune", "compress"))
+    if _target_name(quant) == "QuantizationCallback":
+        found.quant = _quant_recipe(quant.get("config"), "quant.config")
+    elif _target_name(quant) == "MXInt8PackedEvaluation":
+        found.note = (
+            "the run evaluated through MXINT8 packed layers (quant=mxint8_packed); format=mxint8 packs the same "
+            "way, other formats hold the float weights"
+        )
+    if _target_name(prune) == "PruningCallback":
+        found.pruner = _pruner(prune, "prune")
+    if _target_name(compress) == "CompressionCallback":
+        recipe = _quant_recipe(compress.get("quant"), "compress.quant")
+        if recipe is not None:
+            found.quant, found.quant_key = recipe, "compress.quant"
+        found.pruner = _pruner(compress.get("prune") or {}, "compress.prune") or found.pruner
+    return found
+
+
+def _operand_recipe(recipe: Any) -> dict[str, Any] | None:
+    return None if recipe is None else {"format": recipe.format, "params": dict(recipe.params)}
+
+
+@dataclass
+class BakedLayers:
+    """What :func:`bake_quantized_layers` did: the layers baked, their activation formats and quantizer state."""
+
+    layers: list[str] = field(default_factory=list)
+    #: layer name → ``{data_in: {format, params} | None, data_out: ...}`` for layers quantizing an activation
+    activations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: ``<layer>.<operand>_quantizer.<name>`` → tensor (formats with state: most have none)
+    state: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@torch.no_grad()
+def bake_quantized_layers(model: nn.Module, recipe: QuantRecipe) -> BakedLayers:
+    """Replace every :class:`QuantLinear` of ``model`` by a plain ``nn.Linear`` holding the weight and bias its
+    quantizers computed (the values the run multiplied with), in place; the activation formats are returned for
+    :data:`RECIPE_FILE` (what :func:`apply_recipe` puts back)."""
+    layers = find_linear_layers(model)
+    recipes = recipe.for_layers([layer.name for layer in layers])
+    baked = BakedLayers()
+    for layer in layers:
+        if not isinstance(layer.module, QuantLinear):
+            continue
+        quantized: QuantLinear = layer.module
+        weight = quantized.linear.weight  # through a pruning mask, if any: what the forward reads
+        plain = nn.Linear(quantized.in_features, quantized.out_features, bias=quantized.bias is not None)
+        plain.to(device=weight.device, dtype=weight.dtype)
+        plain.weight.copy_(
+            weight if quantized.weight_quantizer is None else quantized.weight_quantizer(weight)
+        )
+        if quantized.bias is not None:
+            bias = quantized.linear.bias
+            plain.bias.copy_(bias if quantized.bias_quantizer is None else quantized.bias_quantizer(bias))
+        kept = {op: _operand_recipe(getattr(recipes[layer.name], op)) for op in ACTIVATION_OPERANDS}
+        if any(kept.values()):
+            baked.activations[layer.name] = kept
+            for operand in ACTIVATION_OPERANDS:
+                quantizer = quantized.quantizer(operand)
+                for key, value in (quantizer.state_dict() if quantizer is not None else {}).items():
+                    baked.state[f"{layer.name}.{operand}_quantizer.{key}"] = value.detach().contiguous()
+        swap_module(model, layer.path, plain)
+        baked.layers.append(layer.name)
+    return baked
+
+
+@dataclass
+class ExportRecipe:
+    """What :data:`RECIPE_FILE` holds: the run it came from and what acts on activations."""
+
+    run_overrides: list[str] = field(default_factory=list)
+    activation_quant: dict[str, dict[str, Any]] = field(default_factory=dict)
+    activation_prune: dict[str, Any] | None = None
+    baked: dict[str, int] = field(default_factory=dict)
+    version: int = RECIPE_VERSION
+
+    @staticmethod
+    def prune_spec(pruner: Pruner | None) -> dict[str, Any] | None:
+        if pruner is None or pruner.activation is None:
+            return None
+        spec = {k: v for k, v in dataclasses.asdict(pruner.activation).items() if k != "key"}
+        return {"activation": spec, "include": pruner.include, "exclude": pruner.exclude, "seed": pruner.seed}
+
+    def write(self, out: Path, state: Mapping[str, torch.Tensor]) -> None:
+        (out / RECIPE_FILE).write_text(json.dumps(dataclasses.asdict(self), indent=1) + "\n")
+        if state:
+            save_file(dict(state), str(out / ACTIVATION_STATE_FILE), metadata={"format": "pt"})
+
+    @classmethod
+    def read(cls, folder: Path) -> ExportRecipe | None:
+        """The folder's recipe, or None for a folder written without one (older exports, other tools)."""
+        path = folder / RECIPE_FILE
+        if not path.is_file():
+            return None
+        try:
+            data = json.loads(path.read_text())
+            recipe = cls(**data)
+        except (ValueError, TypeError) as error:
+            raise ConfigError(f"{path}: damaged export recipe ({str(error).splitlines()[0][:200]})") from None
+        if recipe.version != RECIPE_VERSION:
+            raise ConfigError(f"{path}: recipe version {recipe.version}; this project reads {RECIPE_VERSION}")
+        return recipe
+
+
+def apply_recipe(model: nn.Module, folder: Path, recipe: ExportRecipe) -> nn.Module:
+    """Put the recipe's activation quantizers (with their saved state) and activation pruning back on ``model``,
+    a ``from_pretrained`` of ``folder``; returns ``model``."""
+    if recipe.activation_quant:
+        layers = {
+            name: {**entry, "weight": None, "bias": None} for name, entry in recipe.activation_quant.items()
+        }
+        quantize_model(model, QuantRecipe(layers=layers, key=RECIPE_FILE))
+        state_file = folder / ACTIVATION_STATE_FILE
+        if state_file.is_file():
+            missing_or_unexpected = model.load_state_dict(
+                load_file(str(state_file)), strict=False
+            ).unexpected_keys
+            if missing_or_unexpected:
+                raise ConfigError(f"{state_file}: {missing_or_unexpected[0]} is not a layer of this model")
+    if recipe.activation_prune:
+        Pruner(weight=None, key=RECIPE_FILE, **recipe.activation_prune).attach_activation(model)
+    return model

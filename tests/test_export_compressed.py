@@ -1,0 +1,226 @@
+"""Exporting compressed runs (``quant=`` QAT and PTQ, ``prune=`` with activation pruning, ``compress=``) from the
+checkpoint alone: the Hugging Face folder loads with ``from_pretrained``, computes with its recipe exactly the logits
+of the run's model rebuilt here (not by the export), and ``export.evaluate`` prints the run's own ``test/acc``."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from adls_lightning.app.training import run
+from adls_lightning.export import WEIGHTS_FILE
+from adls_lightning.export import evaluate as export_evaluate
+from adls_lightning.export.__main__ import main
+from adls_lightning.export.compressed import RECIPE_FILE, ExportRecipe, merge_overrides
+from adls_lightning.lora import merge_lora
+from adls_lightning.prune import Pruner
+from adls_lightning.quant import quantize_model
+from tests.test_export import build_module
+
+# a short run of the tiny model (as tests/test_export_onnx.py); each case adds its compression
+SHORT_RUN = [
+    "data.train_size=48",
+    "data.val_size=16",
+    "data.test_size=40",
+    "data.max_length=24",
+    "trainer.max_epochs=1",
+]
+TINY = ["model=tiny_random"]
+# Tutorial 3's fixed point, as conf/quant/config/int8.yaml gives it to every linear layer
+INT8 = {
+    "name": "integer",
+    **{f"{op}_{p}": v for op in ("data_in", "weight", "bias") for p, v in (("width", 8), ("frac_width", 4))},
+}
+L1_HALF = {"sparsity": 0.5, "method": "l1"}
+
+NO_LORA = ["model/lora=none"]
+# the labs' chain: compress a fine-tuned model (init_ckpt=), at a learning rate that keeps what it learned; and
+# LoRA runs (no init: their accuracy stays at chance, their logits still tell) for the merge paths
+CASES = {
+    "qat": [*NO_LORA, "quant=int8"],
+    "ptq": [*NO_LORA, "quant=int8", "quant.mode=ptq"],
+    "pruned": [*NO_LORA, "prune=l1_0.5"],
+    "compressed": [*NO_LORA, "compress=int8_l1_0.5", "compress.post_epochs=1"],
+    "qat_lora": ["quant=int8"],
+    "ptq_lora": ["quant=int8", "quant.mode=ptq"],
+}
+FROM_FINE_TUNED = ["model.optimizer.lr=1e-4"]
+
+
+def call(entry, *args: str) -> tuple[int, str, str]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = entry(list(args))
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def rebuilt_run_model(case: str, ckpt: Path) -> torch.nn.Module:
+    """The model the run evaluated, rebuilt from the library's parts as the callbacks shape it: LoRA merged
+    (merge_lora_before_compress), layers quantized, masks as live parametrizations, activation pruning hooks."""
+    module = build_module(TINY + ([] if case.endswith("_lora") else NO_LORA))
+    state = torch.load(ckpt, weights_only=False)["state_dict"]
+    pruner = Pruner(weight=L1_HALF, activation=L1_HALF) if case in ("pruned", "compressed") else None
+    ptq = case.startswith("ptq")
+    if not ptq:
+        merge_lora(module)
+    if case.startswith("qat") or case == "compressed":
+        quantize_model(module.model, {"by": "type", "linear": {"config": INT8}})
+    if pruner is not None:
+        pruner.register_placeholders(module)
+    module.load_state_dict(state, strict=True)
+    merge_lora(module)
+    if ptq:
+        quantize_model(module.model, {"by": "type", "linear": {"config": INT8}})
+    if pruner is not None:
+        pruner.attach_activation(module)
+    return module.model.eval()
+
+
+def train_run(out: Path, overrides: list[str], tiny_imdb_dir: Path, cache_dir: Path) -> dict[str, float]:
+    """``train.py`` with ``overrides`` on the tiny data, in this process, writing its run folder ``out``."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from tests.conftest import TINY_OVERRIDES
+    from tests.helpers import compose_config
+
+    base = [*TINY_OVERRIDES, f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}"]
+    cfg = compose_config("train", [*base, f"hydra.run.dir={out}", *overrides], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(out)
+        cfg.hydra.job.num = 0
+    HydraConfig.instance().set_config(cfg)
+    try:
+        return run(cfg)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+@pytest.fixture(scope="module")
+def fine_tuned(tmp_path_factory, tiny_imdb_dir, cache_dir) -> Path:
+    """A tiny model fine-tuned in full until it separates the keyword reviews (as tests/test_training.py)."""
+    out = tmp_path_factory.mktemp("fine_tuned")
+    overrides = [*NO_LORA, "model.optimizer.lr=1e-3", "trainer.max_epochs=4"]
+    assert train_run(out, overrides, tiny_imdb_dir, cache_dir)["test/acc"] >= 0.9
+    return next((out / "checkpoints").glob("best-*.ckpt"))
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def exported(request, tmp_path_factory, tiny_imdb_dir, cache_dir, fine_tuned):
+    """(case, the run's checkpoint, its metrics, the exported folder, export's stdout)."""
+    case = request.param
+    out = tmp_path_factory.mktemp(case)
+    start = [] if case.endswith("_lora") else [f"init_ckpt={fine_tuned}", *FROM_FINE_TUNED]
+    metrics = train_run(out / "run", [*SHORT_RUN, *start, *CASES[case]], tiny_imdb_dir, cache_dir)
+    ckpt = next((out / "run" / "checkpoints").glob("best-*.ckpt"))
+    # the checkpoint alone: no model= or quant= given, the run's record next to it tells them
+    code, stdout, stderr = call(main, f"ckpt={ckpt}", f"out={out / 'hf'}", "format=hf")
+    assert code == 0, stderr[-3000:]
+    return case, ckpt, metrics, out / "hf", stdout
+
+
+def test_folder_is_a_plain_hugging_face_model(exported):
+    case, _, _, folder, stdout = exported
+    model = AutoModelForSequenceClassification.from_pretrained(folder)
+    assert not any("Quant" in type(m).__name__ for m in model.modules())
+    recipe = ExportRecipe.read(folder)
+    assert recipe is not None and "model=tiny_random" in recipe.run_overrides
+    quantized = case != "pruned"
+    pruned = case in ("pruned", "compressed")
+    # 14 linear layers in tiny_random (2 x 6 in the encoder, the pooler, the classifier), all quantized by int8;
+    # pruning leaves the classifier out
+    assert recipe.baked == {"quantized_layers": 14 if quantized else 0, "pruned_layers": 13 if pruned else 0}
+    assert len(recipe.activation_quant) == (14 if quantized else 0)
+    assert (recipe.activation_prune is not None) == pruned
+    assert re.search(rf"compression: {14 if quantized else 0} quantized and", stdout), stdout
+
+
+def test_folder_with_its_recipe_computes_the_run_model_exactly(exported):
+    case, ckpt, _, folder, _ = exported
+    expected_model = rebuilt_run_model(case, ckpt)
+    model = export_evaluate.load_folder(folder, ExportRecipe.read(folder))
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, expected_model.config.vocab_size, (4, 20), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[1:, 12:] = 0
+    plain = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    with torch.inference_mode():
+        expected = expected_model(input_ids=ids, attention_mask=mask).logits
+        got = model(input_ids=ids, attention_mask=mask).logits
+        weights_alone = plain(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    # what acts on activations matters: the weights alone compute something else
+    assert not torch.equal(weights_alone, expected)
+    if case != "pruned":
+        # the weights in the file are on the 8-bit fixed-point grid (step 1/16, |w| <= 127/16)
+        weight = plain.bert.encoder.layer[0].output.dense.weight.detach()
+        assert torch.equal(weight * 16, torch.round(weight * 16)) and weight.abs().max() <= 127 / 16
+
+
+def test_evaluate_prints_the_run_test_accuracy(exported):
+    case, _, metrics, folder, _ = exported
+    code, stdout, stderr = call(export_evaluate.main, str(folder))
+    assert code == 0, stderr[-3000:]
+    accuracy = float(re.search(r"test accuracy ([0-9.]+) on 40 reviews", stdout).group(1))
+    assert accuracy == pytest.approx(metrics["test/acc"], abs=5e-5), (case, stdout, metrics)
+    if case in ("qat", "ptq", "pruned"):
+        # compressed from the fine-tuned model: not a constant prediction (which scores exactly 0.5 on the balanced
+        # test split), so the two accuracies agree on which reviews each gets right, not by chance (int8 with half
+        # of the weights and activations pruned, and the LoRA runs, predict one class on the tiny model: their
+        # logits are checked exactly above)
+        assert metrics["test/acc"] > 0.55, (case, metrics)
+
+
+@pytest.mark.parametrize("exported", ["qat"], indirect=True)
+@pytest.mark.parametrize("format", ["onnx", "mxint8"])
+def test_weights_only_formats_refuse_activation_compression_in_one_line(exported, tmp_path, format):
+    _, ckpt, _, _, _ = exported
+    out = tmp_path / "out"
+    code, _, stderr = call(main, f"ckpt={ckpt}", f"out={out}", f"format={format}")
+    assert code == 2
+    assert stderr.strip().splitlines() == [
+        f"error: format={format}: layer bert.encoder.layer.0.attention.self.query quantizes its data_in as integer, "
+        f"which a {format} folder does not carry; valid: format=hf (its {RECIPE_FILE} carries it), or export the "
+        "weights alone by overriding the run's activation settings (e.g. prune.activation=null)"
+    ]
+    assert not out.exists()
+
+
+def test_overrides_given_replace_the_runs_own():
+    run_overrides = ["model=tiny_bert", "quant=int8", "data.batch_size=8", "+x.y=1"]
+    assert merge_overrides(run_overrides, ["model=tiny_random", "data/batch_size=4", "~x.y"]) == [
+        "quant=int8",
+        "model=tiny_random",
+        "data/batch_size=4",
+        "~x.y",
+    ]
+
+
+def test_recipe_file_damaged_is_one_line(tmp_path):
+    (tmp_path / RECIPE_FILE).write_text('{"run_overrides": [], "activation_quant": ')
+    (tmp_path / WEIGHTS_FILE).write_bytes(b"")
+    code, _, stderr = call(export_evaluate.main, str(tmp_path))
+    assert code == 2
+    assert (
+        stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path / RECIPE_FILE}: damaged export recipe")
+    )
+
+
+def test_recipe_round_trips_through_json(tmp_path):
+    recipe = ExportRecipe(
+        ["model=tiny_random"],
+        {"a.b": {"data_in": {"format": "integer", "params": {"width": 8}}, "data_out": None}},
+        None,
+        {"quantized_layers": 1},
+    )
+    recipe.write(tmp_path, {})
+    assert ExportRecipe.read(tmp_path) == recipe
+    assert json.loads((tmp_path / RECIPE_FILE).read_text())["version"] == 1
