@@ -14,7 +14,14 @@ from typing_extensions import override
 from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
-from adls_lightning.quant import QuantRecipe, quantization_report, quantize_model, quantized_layers, to_recipe
+from adls_lightning.quant import (
+    QuantRecipe,
+    calibrate,
+    quantization_report,
+    quantize_model,
+    quantized_layers,
+    to_recipe,
+)
 from adls_lightning.registry import import_plugins
 
 log = logging.getLogger(__name__)
@@ -52,6 +59,9 @@ class QuantizationCallback(L.Callback):
         monitor: the validation metric reported as PTQ accuracy.
         plugins: modules imported first so that the formats they register can be named in ``config``
             (``docs/extending.md``); they must be allowed by ``$ADLS_EXTRA_TARGETS``.
+        calibration: ``{batches: N}``: before evaluation (PTQ) or training (QAT), run N training batches through
+            the model so that static activation scales (``scaled_integer`` with ``granularity: tensor``) observe
+            their ranges; 0 = none (they measure each tensor instead). A resumed run keeps its ranges.
 
     Raises:
         ConfigError: bad mode or config (checked here, before training starts).
@@ -71,8 +81,20 @@ class QuantizationCallback(L.Callback):
         train_base: bool = False,
         monitor: str = DEFAULT_MAIN_METRIC,
         plugins: Sequence[str] | None = None,
+        calibration: Mapping[str, Any] | None = None,
     ) -> None:
         import_plugins(plugins, "quant.plugins")
+        calibration = dict(calibration or {})
+        unknown = sorted(set(calibration) - {"batches"})
+        if unknown:
+            raise ConfigError(f"quant.calibration.{unknown[0]}: unknown key; valid: batches")
+        batches = calibration.get("batches", 0)
+        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
+            raise ConfigError(
+                f"quant.calibration.batches={batches!r}: must be an integer >= 0 (0 = no calibration)"
+            )
+        self.calibration_batches = batches
+        self.calibrated = False
         if mode not in MODES:
             raise ConfigError(f"quant.mode={mode!r}: must be one of {', '.join(MODES)}")
         if not isinstance(train_base, bool):
@@ -120,6 +142,40 @@ class QuantizationCallback(L.Callback):
         )
 
     @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._calibrate(trainer, pl_module)  # QAT: ranges from the weights training starts from
+
+    @override
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._calibrate(trainer, pl_module)  # a test-only evaluation
+
+    def _calibrate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Run ``calibration.batches`` training batches through the quantized model once (not when a resumed
+        checkpoint brought its ranges back)."""
+        if self.calibrated or not self.quantized or not self.calibration_batches:
+            return
+        from adls_lightning.quant.scaled import scaled_quantizers
+
+        static = [q for q in scaled_quantizers(pl_module) if q.granularity == "tensor"]
+        self.calibrated = True
+        if not static or all(int(q.batches_observed) > 0 for q in static):
+            return
+        datamodule = trainer.datamodule
+        if datamodule is None:
+            log.warning(
+                "quant.calibration.batches: no datamodule to draw training batches from; not calibrated"
+            )
+            return
+        inputs = ("input_ids", "attention_mask", "token_type_ids")
+
+        def forward(batch: Mapping[str, Any]) -> None:
+            batch = pl_module.transfer_batch_to_device(batch, pl_module.device, 0)
+            pl_module(**{key: batch[key] for key in inputs if key in batch})
+
+        run = calibrate(pl_module, datamodule.train_dataloader(), forward, self.calibration_batches)
+        log.info("Calibrated %d activation scales on %d training batches", len(static), run)
+
+    @override
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
@@ -139,6 +195,7 @@ class QuantizationCallback(L.Callback):
 
     @override
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._calibrate(trainer, pl_module)  # PTQ: the evaluated weights are loaded by now
         if self.mode != "ptq" or trainer.state.fn != TrainerFn.VALIDATING or self.val_acc_before is not None:
             return
         if not trainer.ckpt_path:  # the in-memory weights, last validated at full precision during fit

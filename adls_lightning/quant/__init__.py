@@ -18,6 +18,7 @@ from adls_lightning.quant.linear import SLOTS, QuantLinear
 from adls_lightning.quant.mase import from_mase, to_recipe
 from adls_lightning.quant.quantizers import QUANTIZERS, Quantizer, make_quantizer, register_format
 from adls_lightning.quant.recipe import LayerRecipe, OperandRecipe, QuantRecipe
+from adls_lightning.quant.scaled import ScaledIntegerQuantizer, calibrate, calibrating
 from adls_lightning.quant.transform import (
     find_linear_layers,
     quantization_report,
@@ -33,6 +34,9 @@ __all__ = [
     "QuantLinear",
     "QuantRecipe",
     "Quantizer",
+    "ScaledIntegerQuantizer",
+    "calibrate",
+    "calibrating",
     "find_linear_layers",
     "from_mase",
     "load_lab_config",

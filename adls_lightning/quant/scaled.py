@@ -1,0 +1,286 @@
+"""Scaled integers: the baseline format of every quantization toolkit and paper (``scaled_integer``).
+
+``q = clamp(round(x / s) + z, qmin, qmax)``, dequantized as ``(q - z) * s``: a ``width``-bit integer grid whose
+step ``s`` (and zero point ``z``, asymmetric only) comes from the data instead of the format. Where the scale comes
+from is the *granularity* and the *observer*:
+
+Symmetric grids are the restricted range ``[-(2^(w-1) - 1), 2^(w-1) - 1]`` (``max|x|`` on its last code).
+
+* ``granularity``: ``tensor`` (one scale), ``channel`` (one per row: a weight's output channel), ``group`` (one per
+  ``group_size`` consecutive elements along the last dimension), ``token`` (one per row of an activation,
+  computed on the fly: dynamic quantization).
+* ``observer``: how a range is read from values. ``minmax`` (the extremes), ``percentile`` (the ``percentile``-th
+  percentile of ``|x|``, or both tails when asymmetric: outliers clipped), ``mse`` (the clipping of the extremes,
+  among 20 from 50 % to 100 %, that gives the least squared error; per row for rows and groups), and
+  ``moving_average`` (as minmax per batch, averaged over batches with ``averaging_constant``: QAT's running range).
+
+Row, group and token scales are measured on every call (a weight's rows are the weight's own; a token's are its
+own). A ``tensor`` scale on an activation is *static*: measured over calibration batches (:func:`calibrating`,
+which ``quant.calibration.batches=N`` runs) or, in training, updated from each batch (QAT), and kept in the
+quantizer's state (``min_val``, ``max_val``: saved in checkpoints, restored on resume). Until a range has been
+observed, a tensor scale is measured on the tensor itself (dynamic), so an uncalibrated model still computes.
+
+Gradients: straight-through inside the grid's range, zero outside (clipped values), as PyTorch's own
+``fake_quantize_*``. A tensor (row, group) holding inf or NaN becomes NaN: its statistic is not finite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from adls_lightning.quant.quantizers import (
+    Quantizer,
+    QuantizerParamError,
+    _bool_param,
+    _float_compute,
+    _int_param,
+    register_format,
+)
+
+GRANULARITIES = ("tensor", "channel", "group", "token")
+OBSERVERS = ("minmax", "percentile", "mse", "moving_average")
+#: the clipping ratios the ``mse`` observer tries, as fractions of the extremes
+MSE_CLIP_RATIOS = torch.linspace(0.5, 1.0, 20)
+#: bits of one stored scale (float32) and of a zero point (the integer's width), for bits per element
+SCALE_BITS = 32
+
+
+@register_format
+class ScaledIntegerQuantizer(Quantizer):
+    """Scaled integer of ``width`` bits (see the module docstring).
+
+    Args:
+        width: bits per element, 2..16.
+        symmetric: zero point 0 and ``s = max|x| / (2^(w-1) - 1)``, else ``s = (max - min) / (2^w - 1)`` with a
+            zero point (the range always includes 0, so 0 stays exactly 0).
+        granularity: ``tensor``, ``channel``, ``group`` or ``token``.
+        group_size: elements per scale along the last dimension (``granularity=group``).
+        observer: ``minmax``, ``percentile``, ``mse`` or ``moving_average``.
+        percentile: for ``observer=percentile``, in (50, 100].
+        averaging_constant: weight of a new batch's range in a running one (``moving_average``, and QAT's
+            training updates of a tensor scale), in (0, 1].
+    """
+
+    format_name = "scaled_integer"
+    search_space = {"params": {"width": [4, 8]}, "slots": ["data_in", "weight"]}
+
+    def __init__(
+        self,
+        width: int = 8,
+        symmetric: bool = True,
+        granularity: str = "tensor",
+        group_size: int = 32,
+        observer: str = "minmax",
+        percentile: float = 99.99,
+        averaging_constant: float = 0.01,
+    ) -> None:
+        super().__init__()
+        self.width = _int_param("width", width, 2, 16)
+        self.symmetric = _bool_param("symmetric", symmetric)
+        if granularity not in GRANULARITIES:
+            raise QuantizerParamError(
+                "granularity", f"={granularity!r}: must be one of {', '.join(GRANULARITIES)}"
+            )
+        if observer not in OBSERVERS:
+            raise QuantizerParamError("observer", f"={observer!r}: must be one of {', '.join(OBSERVERS)}")
+        self.granularity = granularity
+        self.group_size = _int_param("group_size", group_size, 1)
+        self.observer = observer
+        if (
+            isinstance(percentile, bool)
+            or not isinstance(percentile, int | float)
+            or not 50 < percentile <= 100
+        ):
+            raise QuantizerParamError("percentile", f"={percentile!r}: must be a number in (50, 100]")
+        self.percentile = float(percentile)
+        if (
+            isinstance(averaging_constant, bool)
+            or not isinstance(averaging_constant, int | float)
+            or not 0 < averaging_constant <= 1
+        ):
+            raise QuantizerParamError("averaging_constant", f"={averaging_constant!r}: must be in (0, 1]")
+        self.averaging_constant = float(averaging_constant)
+        if self.symmetric:
+            # the restricted range [-(2^(w-1) - 1), 2^(w-1) - 1]: symmetric about 0, as int8 engines take weights
+            self.qmin, self.qmax = -(2 ** (self.width - 1) - 1), 2 ** (self.width - 1) - 1
+        else:
+            self.qmin, self.qmax = 0, 2**self.width - 1
+        # the static range of a tensor scale (unobserved: min > max); in the state dict, so checkpoints keep it
+        self.register_buffer("min_val", torch.tensor(float("inf")))
+        self.register_buffer("max_val", torch.tensor(float("-inf")))
+        self.register_buffer("batches_observed", torch.tensor(0))
+        #: set by :func:`calibrating`: record ranges, pass values through unquantized
+        self.observing = False
+
+    # ----------------------------------------------------------------------------------------------- ranges
+    def _rows(self, x: Tensor) -> Tensor:
+        """``x`` as the rows that share a scale (a single row for ``tensor``)."""
+        if self.granularity == "tensor":
+            return x.reshape(1, -1)
+        if self.granularity == "group":
+            return x.reshape(-1, self.group_size)
+        return x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)
+
+    def _range(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """Per row (min, max) by the observer (``moving_average`` reads one batch as ``minmax``)."""
+        if self.observer == "percentile":
+            magnitude = rows.abs() if self.symmetric else rows
+            high = _quantile(magnitude, self.percentile / 100)
+            low = -high if self.symmetric else _quantile(rows, 1 - self.percentile / 100)
+        else:
+            low, high = rows.amin(dim=1), rows.amax(dim=1)
+        if self.observer == "mse":
+            low, high = self._mse_clip(rows, low, high)
+        return low, high
+
+    def _mse_clip(self, rows: Tensor, low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:
+        """The clipping of ``(low, high)`` among :data:`MSE_CLIP_RATIOS` with the least squared error per row."""
+        best_error = best_ratio = None
+        for ratio in MSE_CLIP_RATIOS.tolist():
+            scale, zero = self._scale(low * ratio, high * ratio)
+            error = (self._round(rows, scale[:, None], zero[:, None])[0] - rows).square_().sum(dim=1)
+            if best_error is None:
+                best_error, best_ratio = error, torch.full_like(error, ratio)
+            else:
+                better = error < best_error
+                best_error = torch.where(better, error, best_error)
+                best_ratio = torch.where(better, ratio, best_ratio)
+        return low * best_ratio, high * best_ratio
+
+    def _scale(self, low: Tensor, high: Tensor) -> tuple[Tensor, Tensor]:
+        """Step and zero point of ranges ``[low, high]`` (widened to include 0)."""
+        low, high = low.clamp(max=0.0), high.clamp(min=0.0)
+        tiny = torch.finfo(torch.float32).tiny
+        if self.symmetric:
+            scale = torch.maximum(-low, high) / self.qmax
+            zero = torch.zeros_like(scale)
+        else:
+            scale = (high - low) / (self.qmax - self.qmin)
+            zero = torch.round(-low / scale.clamp(min=tiny)).clamp(self.qmin, self.qmax)
+        # an all-zero row: any step gives zeros, 1 avoids 0/0 (a NaN step stays: the row's values were not finite)
+        return torch.where((scale > 0) | scale.isnan(), scale, torch.ones_like(scale)), zero
+
+    def _round(self, rows: Tensor, scale: Tensor, zero: Tensor) -> tuple[Tensor, Tensor]:
+        codes = torch.round(rows / scale) + zero
+        return (codes.clamp(self.qmin, self.qmax) - zero) * scale, codes
+
+    @torch.no_grad()
+    def observe(self, x: Tensor) -> None:
+        """Fold ``x``'s range into the static range of a ``tensor`` scale (calibration, or a QAT step)."""
+        low, high = self._range(self._rows(_float_compute(x).detach()))
+        low, high = low[0], high[0]
+        if not (torch.isfinite(low) and torch.isfinite(high)):
+            return  # a batch with inf/NaN says nothing about the range
+        first = int(self.batches_observed) == 0
+        if self.observer == "minmax" and self.observing:
+            low, high = torch.minimum(self.min_val, low), torch.maximum(self.max_val, high)
+        elif not first:  # a running average: moving_average always, other observers across training batches
+            c = self.averaging_constant if (self.observer == "moving_average" or not self.observing) else None
+            if c is None:  # calibration with percentile / mse: the mean over calibration batches
+                c = 1.0 / (int(self.batches_observed) + 1)
+            low = self.min_val + c * (low - self.min_val)
+            high = self.max_val + c * (high - self.max_val)
+        self.min_val.copy_(low)
+        self.max_val.copy_(high)
+        self.batches_observed += 1
+
+    @property
+    def is_static(self) -> bool:
+        """A ``tensor`` scale that has observed a range: it no longer depends on the values quantized."""
+        return self.granularity == "tensor" and int(self.batches_observed) > 0
+
+    # -------------------------------------------------------------------------------------------- quantizer
+    def forward(self, x: Tensor) -> Tensor:
+        if self.granularity == "tensor" and (self.observing or self.training):
+            self.observe(x)
+            if self.observing:
+                return x
+        return super().forward(x)
+
+    def quantize(self, x: Tensor, need_mask: bool) -> tuple[Tensor, Tensor | None]:
+        values = _float_compute(x)
+        if self.granularity == "group" and values.shape[-1] % self.group_size:
+            raise ValueError(self.check_last_dim(values.shape[-1]))
+        rows = self._rows(values)
+        if self.is_static:
+            scale, zero = self._scale(self.min_val[None], self.max_val[None])
+        else:
+            scale, zero = self._scale(*self._range(rows))
+            # a row holding inf or NaN has no finite statistic (percentile would clip it silently): NaN
+            scale = torch.where(torch.isfinite(rows).all(dim=1), scale, torch.nan)
+        out, codes = self._round(rows, scale[:, None], zero[:, None])
+        mask = ((codes >= self.qmin) & (codes <= self.qmax)).view_as(values) if need_mask else None
+        return out.view_as(values).to(x.dtype), mask
+
+    def bits_per_element(self, last_dim: int) -> float:
+        per_scale = SCALE_BITS + (0 if self.symmetric else self.width)
+        if self.granularity == "group":
+            return self.width + per_scale / self.group_size
+        if self.granularity in ("channel", "token"):
+            return self.width + per_scale / last_dim
+        return float(self.width)
+
+    def check_last_dim(self, size: int) -> str | None:
+        if self.granularity == "group" and size % self.group_size:
+            return f"does not divide the last dimension {size} (group_size)"
+        return None
+
+    def extra_repr(self) -> str:
+        kind = "symmetric" if self.symmetric else "asymmetric"
+        group = f", group_size={self.group_size}" if self.granularity == "group" else ""
+        return f"width={self.width}, {kind}, granularity={self.granularity}{group}, observer={self.observer}"
+
+
+def _quantile(rows: Tensor, q: float) -> Tensor:
+    """Per-row ``q``-quantile, nearest rank (the ``ceil(q n)``-th smallest), by ``kthvalue`` (``torch.quantile``
+    refuses inputs above 16 M elements)."""
+    k = min(rows.shape[1], max(1, math.ceil(q * rows.shape[1] - 1e-9)))
+    return rows.kthvalue(k, dim=1).values
+
+
+def scaled_quantizers(model: nn.Module) -> list[ScaledIntegerQuantizer]:
+    return [m for m in model.modules() if isinstance(m, ScaledIntegerQuantizer)]
+
+
+@contextlib.contextmanager
+def calibrating(model: nn.Module) -> Iterator[list[ScaledIntegerQuantizer]]:
+    """Within: every static (``tensor``) scaled-integer quantizer of ``model`` records the ranges it sees, from
+    scratch, and passes its input through unquantized; after: they quantize with what they recorded."""
+    quantizers = [q for q in scaled_quantizers(model) if q.granularity == "tensor"]
+    for quantizer in quantizers:
+        quantizer.min_val.fill_(float("inf"))
+        quantizer.max_val.fill_(float("-inf"))
+        quantizer.batches_observed.zero_()
+        quantizer.observing = True
+    try:
+        yield quantizers
+    finally:
+        for quantizer in quantizers:
+            quantizer.observing = False
+
+
+@torch.no_grad()
+def calibrate(model: nn.Module, batches: Iterable[Any], forward: Callable[[Any], Any], count: int) -> int:
+    """Run up to ``count`` of ``batches`` through ``forward`` (the model in eval mode) inside :func:`calibrating`;
+    returns the batches run (0 when ``model`` has no static scaled-integer quantizer: nothing to calibrate)."""
+    was_training = model.training
+    run = 0
+    with calibrating(model) as quantizers:
+        if not quantizers:
+            return 0
+        model.eval()
+        try:
+            for batch in batches:
+                if run >= count:
+                    break
+                forward(batch)
+                run += 1
+        finally:
+            model.train(was_training)
+    return run
