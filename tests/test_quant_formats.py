@@ -347,7 +347,10 @@ def test_any_rank_and_shape(name):
     x3 = torch.randn(2, 3, 64)
     out3 = q(x3)
     assert out3.shape == x3.shape
-    if name in ("ternary", "scaled_integer"):  # per-tensor statistics: compare the same tensor reshaped instead
+    if name in (
+        "ternary",
+        "scaled_integer",
+    ):  # per-tensor statistics: compare the same tensor reshaped instead
         assert torch.equal(q(x3.reshape(6, 64)).reshape(2, 3, 64), out3)
         return
     rows = torch.stack([q(row) for row in x3.reshape(6, 64)]).reshape(2, 3, 64)
