@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from adls_lightning.quant import (
     quantized_layers,
     to_recipe,
 )
+from adls_lightning.quant.gptq import GPTQConfig, gptq_quantize
 from adls_lightning.registry import import_plugins
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,9 @@ class QuantizationCallback(L.Callback):
         calibration: ``{batches: N}``: before evaluation (PTQ) or training (QAT), run N training batches through
             the model so that static activation scales (``scaled_integer`` with ``granularity: tensor``) observe
             their ranges; 0 = none (they measure each tensor instead). A resumed run keeps its ranges.
+        gptq: PTQ only: ``{batches, damp, act_order, block_size}`` (:class:`~adls_lightning.quant.gptq.GPTQConfig`)
+            to choose the quantized weights by GPTQ from that many training batches, before evaluation; null = round
+            to nearest.
 
     Raises:
         ConfigError: bad mode or config (checked here, before training starts).
@@ -82,6 +87,7 @@ class QuantizationCallback(L.Callback):
         monitor: str = DEFAULT_MAIN_METRIC,
         plugins: Sequence[str] | None = None,
         calibration: Mapping[str, Any] | None = None,
+        gptq: Mapping[str, Any] | None = None,
     ) -> None:
         import_plugins(plugins, "quant.plugins")
         calibration = dict(calibration or {})
@@ -95,6 +101,18 @@ class QuantizationCallback(L.Callback):
             )
         self.calibration_batches = batches
         self.calibrated = False
+        self.gptq = None
+        if gptq is not None:
+            if mode != "ptq":
+                raise ConfigError(
+                    "quant.gptq: GPTQ is post-training quantization; give quant.mode=ptq (or quant.gptq=null)"
+                )
+            unknown = sorted(set(gptq) - {f.name for f in dataclasses.fields(GPTQConfig)})
+            if unknown:
+                raise ConfigError(
+                    f"quant.gptq.{unknown[0]}: unknown key; valid: batches, damp, act_order, block_size"
+                )
+            self.gptq = GPTQConfig(**gptq)
         if mode not in MODES:
             raise ConfigError(f"quant.mode={mode!r}: must be one of {', '.join(MODES)}")
         if not isinstance(train_base, bool):
@@ -150,20 +168,17 @@ class QuantizationCallback(L.Callback):
         self._calibrate(trainer, pl_module)  # a test-only evaluation
 
     def _calibrate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Run ``calibration.batches`` training batches through the quantized model once (not when a resumed
-        checkpoint brought its ranges back)."""
-        if self.calibrated or not self.quantized or not self.calibration_batches:
+        """Once, with the evaluated (PTQ) or starting (QAT) weights in place: GPTQ's weights (``gptq``), then the
+        static activation ranges (``calibration.batches``); not what a resumed checkpoint brought back."""
+        if self.calibrated or not self.quantized or not (self.calibration_batches or self.gptq):
             return
         from adls_lightning.quant.scaled import scaled_quantizers
 
-        static = [q for q in scaled_quantizers(pl_module) if q.granularity == "tensor"]
         self.calibrated = True
-        if not static or all(int(q.batches_observed) > 0 for q in static):
-            return
         datamodule = trainer.datamodule
         if datamodule is None:
             log.warning(
-                "quant.calibration.batches: no datamodule to draw training batches from; not calibrated"
+                "quant.calibration / quant.gptq: no datamodule to draw training batches from; skipped"
             )
             return
         inputs = ("input_ids", "attention_mask", "token_type_ids")
@@ -172,8 +187,14 @@ class QuantizationCallback(L.Callback):
             batch = pl_module.transfer_batch_to_device(batch, pl_module.device, 0)
             pl_module(**{key: batch[key] for key in inputs if key in batch})
 
-        run = calibrate(pl_module, datamodule.train_dataloader(), forward, self.calibration_batches)
-        log.info("Calibrated %d activation scales on %d training batches", len(static), run)
+        quantizers = scaled_quantizers(pl_module)
+        if self.gptq is not None and not any(q.fixed_scale.numel() for q in quantizers):
+            layers, run = gptq_quantize(pl_module, datamodule.train_dataloader(), forward, self.gptq)
+            log.info("GPTQ chose the weights of %d layers from %d training batches", len(layers), run)
+        static = [q for q in quantizers if q.granularity == "tensor"]
+        if self.calibration_batches and static and not all(int(q.batches_observed) > 0 for q in static):
+            run = calibrate(pl_module, datamodule.train_dataloader(), forward, self.calibration_batches)
+            log.info("Calibrated %d activation scales on %d training batches", len(static), run)
 
     @override
     def on_load_checkpoint(

@@ -115,6 +115,10 @@ class ScaledIntegerQuantizer(Quantizer):
         self.register_buffer("min_val", torch.tensor(float("inf")))
         self.register_buffer("max_val", torch.tensor(float("-inf")))
         self.register_buffer("batches_observed", torch.tensor(0))
+        # steps and zero points fixed from outside (GPTQ chose its codes on them), one per row of _rows(); empty:
+        # measured as above. Their shape is the layer's, so loading resizes them (_load_from_state_dict).
+        self.register_buffer("fixed_scale", torch.empty(0))
+        self.register_buffer("fixed_zero", torch.empty(0))
         #: set by :func:`calibrating`: record ranges, pass values through unquantized
         self.observing = False
 
@@ -190,6 +194,24 @@ class ScaledIntegerQuantizer(Quantizer):
         self.max_val.copy_(high)
         self.batches_observed += 1
 
+    def grid(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The steps and zero points this quantizer would use for ``x``, one per row of :meth:`_rows`."""
+        rows = self._rows(_float_compute(x).detach())
+        if self.is_static:
+            return self._scale(self.min_val[None], self.max_val[None])
+        return self._scale(*self._range(rows))
+
+    def fix(self, scale: Tensor, zero: Tensor) -> None:
+        """Quantize with these steps and zero points from now on (one per row of :meth:`_rows`)."""
+        self.fixed_scale = scale.detach().to(torch.float32).clone()
+        self.fixed_zero = zero.detach().to(torch.float32).clone()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        for name in ("fixed_scale", "fixed_zero"):
+            if prefix + name in state_dict:  # take the saved shape (a GPTQ layer's, or empty)
+                setattr(self, name, torch.empty_like(state_dict[prefix + name]))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     @property
     def is_static(self) -> bool:
         """A ``tensor`` scale that has observed a range: it no longer depends on the values quantized."""
@@ -208,7 +230,13 @@ class ScaledIntegerQuantizer(Quantizer):
         if self.granularity == "group" and values.shape[-1] % self.group_size:
             raise ValueError(self.check_last_dim(values.shape[-1]))
         rows = self._rows(values)
-        if self.is_static:
+        if self.fixed_scale.numel():
+            if self.fixed_scale.numel() != rows.shape[0]:
+                raise ValueError(
+                    f"fixed scales for {self.fixed_scale.numel()} rows, the tensor has {rows.shape[0]}"
+                )
+            scale, zero = self.fixed_scale.to(rows.device), self.fixed_zero.to(rows.device)
+        elif self.is_static:
             scale, zero = self._scale(self.min_val[None], self.max_val[None])
         else:
             scale, zero = self._scale(*self._range(rows))
