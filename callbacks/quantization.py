@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
@@ -24,6 +25,7 @@ from adls_lightning.quant import (
     to_recipe,
 )
 from adls_lightning.quant.gptq import GPTQConfig, gptq_quantize
+from adls_lightning.quant.smoothquant import Smoothed, check_alpha, smooth
 from adls_lightning.registry import import_plugins
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,8 @@ class QuantizationCallback(L.Callback):
         calibration: ``{batches: N}``: before evaluation (PTQ) or training (QAT), run N training batches through
             the model so that static activation scales (``scaled_integer`` with ``granularity: tensor``) observe
             their ranges; 0 = none (they measure each tensor instead). A resumed run keeps its ranges.
+        smoothquant: ``{alpha: A}``: before calibration, SmoothQuant's per-channel factors with migration strength A
+            from the calibration batches (:mod:`adls_lightning.quant.smoothquant`); null = off.
         gptq: PTQ only: ``{batches, damp, act_order, block_size}`` (:class:`~adls_lightning.quant.gptq.GPTQConfig`)
             to choose the quantized weights by GPTQ from that many training batches, before evaluation; null = round
             to nearest.
@@ -88,6 +92,7 @@ class QuantizationCallback(L.Callback):
         plugins: Sequence[str] | None = None,
         calibration: Mapping[str, Any] | None = None,
         gptq: Mapping[str, Any] | None = None,
+        smoothquant: Mapping[str, Any] | None = None,
     ) -> None:
         import_plugins(plugins, "quant.plugins")
         calibration = dict(calibration or {})
@@ -113,6 +118,21 @@ class QuantizationCallback(L.Callback):
                     f"quant.gptq.{unknown[0]}: unknown key; valid: batches, damp, act_order, block_size"
                 )
             self.gptq = GPTQConfig(**gptq)
+        smoothquant = dict(smoothquant or {})
+        unknown = sorted(set(smoothquant) - {"alpha"})
+        if unknown:
+            raise ConfigError(f"quant.smoothquant.{unknown[0]}: unknown key; valid: alpha")
+        alpha = smoothquant.get("alpha")
+        self.smoothquant_alpha = None if alpha is None else check_alpha(alpha)
+        if self.smoothquant_alpha is not None and not batches:
+            raise ConfigError(
+                "quant.smoothquant.alpha: SmoothQuant's factors come from calibration batches; give "
+                "quant.calibration.batches=N (N >= 1)"
+            )
+        if self.smoothquant_alpha is not None and self.gptq is not None:
+            raise ConfigError(
+                "quant.smoothquant.alpha with quant.gptq: not combined here; choose one (the other null)"
+            )
         if mode not in MODES:
             raise ConfigError(f"quant.mode={mode!r}: must be one of {', '.join(MODES)}")
         if not isinstance(train_base, bool):
@@ -168,8 +188,15 @@ class QuantizationCallback(L.Callback):
         self._calibrate(trainer, pl_module)  # a test-only evaluation
 
     def _calibrate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Once, with the evaluated (PTQ) or starting (QAT) weights in place: GPTQ's weights (``gptq``), then the
-        static activation ranges (``calibration.batches``); not what a resumed checkpoint brought back."""
+        """Once, with the evaluated (PTQ) or starting (QAT) weights in place: SmoothQuant's factors (``smoothquant``),
+        GPTQ's weights (``gptq``), then the static activation ranges (``calibration.batches``); not what a resumed
+        checkpoint brought back."""
+        # Lightning evaluates under inference mode: state made there (factors, fixed grids) would be inference
+        # tensors that a later checkpoint load cannot write into
+        with torch.inference_mode(False), torch.no_grad():
+            self._prepare(trainer, pl_module)
+
+    def _prepare(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.calibrated or not self.quantized or not (self.calibration_batches or self.gptq):
             return
         from adls_lightning.quant.scaled import scaled_quantizers
@@ -187,6 +214,22 @@ class QuantizationCallback(L.Callback):
             batch = pl_module.transfer_batch_to_device(batch, pl_module.device, 0)
             pl_module(**{key: batch[key] for key in inputs if key in batch})
 
+        if self.smoothquant_alpha is not None and not any(
+            isinstance(m, Smoothed) for m in pl_module.modules()
+        ):
+            layers, run = smooth(
+                pl_module,
+                datamodule.train_dataloader(),
+                forward,
+                self.calibration_batches,
+                self.smoothquant_alpha,
+            )
+            log.info(
+                "SmoothQuant (alpha %g) smoothed %d layers from %d training batches",
+                self.smoothquant_alpha,
+                len(layers),
+                run,
+            )
         quantizers = scaled_quantizers(pl_module)
         if self.gptq is not None and not any(q.fixed_scale.numel() for q in quantizers):
             layers, run = gptq_quantize(pl_module, datamodule.train_dataloader(), forward, self.gptq)

@@ -126,6 +126,11 @@ def run_compression(cfg: DictConfig) -> RunCompression:
     found = RunCompression()
     quant, prune, compress = (cfg.get(group) for group in ("quant", "prune", "compress"))
     if _target_name(quant) == "QuantizationCallback":
+        if (quant.get("smoothquant") or {}).get("alpha") is not None:
+            raise ConfigError(
+                "quant.smoothquant.alpha: the export does not carry SmoothQuant's per-channel factors yet; valid: "
+                "runs without quant.smoothquant"
+            )
         found.quant = _quant_recipe(quant.get("config"), "quant.config")
     elif _target_name(quant) == "MXInt8PackedEvaluation":
         found.note = (

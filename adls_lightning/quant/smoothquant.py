@@ -1,0 +1,123 @@
+"""SmoothQuant (Xiao et al. 2022): move activation outliers into the weights before W8A8 quantization.
+
+For a linear layer ``y = x Wᵀ`` whose input channel ``j`` has activation range ``max|X_j|`` (over calibration batches)
+and weight range ``max|W_{:,j}|``, the factor ``s_j = max|X_j|^α / max|W_{:,j}|^(1-α)`` leaves the float output
+unchanged with ``x / s`` and ``W · s`` (columns) and flattens the channels that per-tensor activation quantization
+handles worst. The layer then computes ``Q_a(x / s) · Q_w(W · s)ᵀ``: here each quantizer is wrapped
+(:class:`Smoothed`) so that the input quantizer returns ``Q_a(x / s) · s`` and the weight quantizer
+``Q_w(W · s) / s``, whose product is exactly that, while the stored weights stay the trained ones (a checkpoint
+reloaded later is smoothed by the same wrappers). A W8A8 engine folds ``1 / s`` into the operation that produces
+``x`` (the paper folds it into the LayerNorm; BERT's post-LN blocks also read that output on the residual path, so
+there it is a separate per-channel scale of the linear's input branch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from adls_lightning.errors import ConfigError
+from adls_lightning.quant.linear import QuantLinear
+from adls_lightning.quant.transform import find_linear_layers
+
+#: floor of the factors' inputs and of the factors (channels that never fire, all-zero weight columns)
+_EPSILON = 1e-5
+
+
+def check_alpha(alpha: Any) -> float:
+    """``quant.smoothquant.alpha``: the migration strength in [0, 1]."""
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 <= alpha <= 1:
+        raise ConfigError(
+            f"quant.smoothquant.alpha={alpha!r}: must be a number in [0, 1] (null = off), e.g. 0.5"
+        )
+    return float(alpha)
+
+
+class Smoothed(nn.Module):
+    """A quantizer applied in SmoothQuant's space: ``inner(x / s) · s`` for an input, ``inner(w · s) / s`` for a
+    weight (``s`` along the last dimension, the layer's input features)."""
+
+    def __init__(self, inner: nn.Module, scale: Tensor, weight: bool) -> None:
+        super().__init__()
+        self.inner = inner
+        self.weight_side = weight
+        self.register_buffer("scale", scale.detach().to(torch.float32).clone())
+
+    def forward(self, x: Tensor) -> Tensor:
+        scale = self.scale.to(x.dtype)
+        if self.weight_side:
+            return self.inner(x * scale) / scale
+        return self.inner(x / scale) * scale
+
+    def bits_per_element(self, last_dim: int) -> float:
+        return self.inner.bits_per_element(last_dim)
+
+    def check_last_dim(self, size: int) -> str | None:
+        return self.inner.check_last_dim(size)
+
+    def extra_repr(self) -> str:
+        return f"{'weight' if self.weight_side else 'input'}, {self.scale.numel()} channels"
+
+
+@torch.no_grad()
+def input_ranges(
+    layers: dict[str, QuantLinear],
+    model: nn.Module,
+    batches: Iterable[Any],
+    forward: Callable[[Any], Any],
+    count: int,
+) -> tuple[dict[str, Tensor], int]:
+    """Each layer's per-input-channel ``max|x|`` over ``count`` batches (model in eval mode, inputs before their
+    quantizer), and the batches run."""
+    amax: dict[str, Tensor] = {}
+
+    def record(name: str) -> Callable:
+        def hook(module: nn.Module, args: tuple) -> None:
+            x = args[0].detach()
+            channel = x.abs().reshape(-1, x.shape[-1]).amax(dim=0).float().cpu()
+            amax[name] = channel if name not in amax else torch.maximum(amax[name], channel)
+
+        return hook
+
+    hooks = [layer.register_forward_pre_hook(record(name)) for name, layer in layers.items()]
+    was_training, run = model.training, 0
+    model.eval()
+    try:
+        for batch in batches:
+            if run >= count:
+                break
+            forward(batch)
+            run += 1
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    return amax, run
+
+
+def smooth(
+    model: nn.Module, batches: Iterable[Any], forward: Callable[[Any], Any], count: int, alpha: float
+) -> tuple[list[str], int]:
+    """Wrap the input and weight quantizers of every layer of ``model`` that quantizes both with SmoothQuant's
+    factors from ``count`` calibration batches; returns the layers smoothed and the batches run."""
+    layers = {
+        layer.name: layer.module
+        for layer in find_linear_layers(model)
+        if isinstance(layer.module, QuantLinear)
+        and layer.module.data_in_quantizer is not None
+        and layer.module.weight_quantizer is not None
+        and not isinstance(layer.module.data_in_quantizer, Smoothed)
+    }
+    amax, run = input_ranges(layers, model, batches, forward, count)
+    for name, layer in layers.items():
+        if name not in amax:  # never called (e.g. a head the task does not use)
+            continue
+        weight_max = layer.linear.weight.detach().abs().amax(dim=0).float().cpu()
+        factor = amax[name].clamp(min=_EPSILON).pow(alpha) / weight_max.clamp(min=_EPSILON).pow(1 - alpha)
+        factor = factor.clamp(min=_EPSILON).to(layer.linear.weight.device)
+        layer.data_in_quantizer = Smoothed(layer.data_in_quantizer, factor, weight=False)
+        layer.weight_quantizer = Smoothed(layer.weight_quantizer, factor, weight=True)
+    return [name for name in layers if name in amax], run
