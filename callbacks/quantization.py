@@ -24,7 +24,7 @@ from adls_lightning.quant import (
     quantized_layers,
     to_recipe,
 )
-from adls_lightning.quant.gptq import GPTQConfig, gptq_quantize
+from adls_lightning.quant.gptq import GPTQConfig, gptq_quantize, put_weights
 from adls_lightning.quant.smoothquant import Smoothed, check_alpha, smooth
 from adls_lightning.registry import import_plugins
 
@@ -232,8 +232,12 @@ class QuantizationCallback(L.Callback):
             )
         quantizers = scaled_quantizers(pl_module)
         if self.gptq is not None and not any(q.fixed_scale.numel() for q in quantizers):
-            layers, run = gptq_quantize(pl_module, datamodule.train_dataloader(), forward, self.gptq)
-            log.info("GPTQ chose the weights of %d layers from %d training batches", len(layers), run)
+            solutions, run = gptq_quantize(pl_module, datamodule.train_dataloader(), forward, self.gptq)
+            log.info("GPTQ chose the weights of %d layers from %d training batches", len(solutions), run)
+            # trainer.test(ckpt_path=...) reloads the float weights after validation: GPTQ's go back in each time
+            pl_module.register_load_state_dict_post_hook(
+                lambda module, incompatible: put_weights(module, solutions)
+            )
         static = [q for q in quantizers if q.granularity == "tensor"]
         if self.calibration_batches and static and not all(int(q.batches_observed) > 0 for q in static):
             run = calibrate(pl_module, datamodule.train_dataloader(), forward, self.calibration_batches)

@@ -126,3 +126,39 @@ def test_bad_gptq_settings_are_one_line(compose_cfg, overrides, message):
     with pytest.raises(ConfigError) as error:
         instantiate(compose_cfg(["quant=w4_gptq", *overrides]).quant, _convert_="partial")
     assert str(error.value).startswith(message)
+
+
+def test_gptq_weights_are_what_validation_and_test_evaluate(compose_cfg, tmp_path):
+    """``train.py`` validates then tests the best checkpoint: the test's reload of the float weights must not undo
+    GPTQ (the solved weights go back in after every load)."""
+    import lightning as L
+    from hydra.utils import instantiate
+
+    cfg = compose_cfg(
+        [
+            "model/lora=none",
+            "quant=w4_gptq",
+            "quant.gptq.batches=2",
+            "quant.config.default.weight.params.group_size=16",
+        ]
+    )
+    model = instantiate(cfg.model, _convert_="partial")
+    callback = instantiate(cfg.quant, _convert_="partial")
+    datamodule = instantiate(cfg.data)
+    trainer = L.Trainer(
+        callbacks=[callback], max_epochs=1, limit_train_batches=2, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=datamodule)
+    ckpt = tmp_path / "float.ckpt"
+    trainer.save_checkpoint(ckpt)
+    float_weight = torch.load(ckpt, weights_only=True)["state_dict"][
+        "model.bert.encoder.layer.0.output.dense.weight"
+    ]
+    trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
+    layer = model.model.bert.encoder.layer[0].output.dense
+    solved = layer.linear.weight.detach().clone()
+    assert not torch.equal(solved, float_weight)
+    assert torch.equal(layer.weight_quantizer(solved), solved)  # on its fixed grid
+    trainer.test(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
+    assert torch.equal(layer.linear.weight, solved)

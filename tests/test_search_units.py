@@ -247,7 +247,9 @@ def test_search_precision_picks_one_format_or_all(one_layer_bert):
         "fp32",
         "ternary",
     ]
-    with pytest.raises(ConfigError, match="search.precision=posit: not a searchable format .*mxint8, all"):
+    with pytest.raises(
+        ConfigError, match="search.precision=posit: not a searchable format .*mxint8, scaled_integer, all"
+    ):
         MixedPrecisionSpace(one_layer_bert, precision="posit")
 
 

@@ -131,6 +131,11 @@ def run_compression(cfg: DictConfig) -> RunCompression:
                 "quant.smoothquant.alpha: the export does not carry SmoothQuant's per-channel factors yet; valid: "
                 "runs without quant.smoothquant"
             )
+        if quant.get("gptq") is not None:
+            raise ConfigError(
+                "quant.gptq: GPTQ chose the weights from calibration batches after the checkpoint was written; the "
+                "export does not rerun it yet; valid: runs without quant.gptq (round to nearest)"
+            )
         found.quant = _quant_recipe(quant.get("config"), "quant.config")
     elif _target_name(quant) == "MXInt8PackedEvaluation":
         found.note = (

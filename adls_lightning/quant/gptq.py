@@ -159,9 +159,10 @@ def layer_hessians(
 
 def gptq_quantize(
     model: nn.Module, batches: Iterable[Any], forward: Callable[[Any], Any], config: GPTQConfig
-) -> tuple[list[str], int]:
+) -> tuple[dict[str, Tensor], int]:
     """Replace the weight of every quantized layer of ``model`` that has a weight quantizer by its GPTQ solution,
-    in place (the quantizer then reproduces it exactly); returns the layers done and the calibration batches.
+    in place (the quantizer then reproduces it exactly); returns the solutions by layer name (for
+    :func:`put_weights` after a reload) and the calibration batches.
 
     Raises:
         ConfigError: a weight format GPTQ cannot round, or a pruned layer (its weight is a masked view).
@@ -187,8 +188,21 @@ def gptq_quantize(
     finally:
         for name, layer in layers.items():
             layer.weight_quantizer = quantizers[name]
+    solutions = {}
     for name, layer in layers.items():
         weight = layer.linear.weight
-        solved = gptq_weight(weight, hessians[name], column_rounding(layer.weight_quantizer, weight), config)
-        weight.data.copy_(solved.to(weight.device))
-    return list(layers), run
+        solutions[name] = gptq_weight(
+            weight, hessians[name], column_rounding(layer.weight_quantizer, weight), config
+        )
+    put_weights(model, solutions)
+    return solutions, run
+
+
+@torch.no_grad()
+def put_weights(model: nn.Module, weights: dict[str, Tensor]) -> None:
+    """Copy ``weights`` (layer name → tensor) into the model's linear layers of those names."""
+    modules = {layer.name: layer.module for layer in find_linear_layers(model)}
+    for name, weight in weights.items():
+        layer = modules[name]
+        target = (layer.linear if isinstance(layer, QuantLinear) else layer).weight
+        target.copy_(weight.to(device=target.device, dtype=target.dtype))
