@@ -182,16 +182,12 @@ def tiny_checkpoint(path: Path, overrides: list[str]) -> None:
     """A Lightning-style checkpoint of a freshly built (random) ``overrides`` model, so ``--tiny`` goes through
     the same ``load_checkpoint_model`` as a real checkpoint."""
     import lightning
-    from hydra import compose, initialize_config_dir
 
     from adls_lightning.build import build
-    from adls_lightning.export.__main__ import CONF_DIR
+    from adls_lightning.export.__main__ import compose_train_config
 
-    os.environ.setdefault("PROJECT_ROOT", str(ROOT))
     torch.manual_seed(0)
-    with warnings.catch_warnings(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        warnings.simplefilter("ignore")
-        cfg = compose("train", overrides=overrides)
+    cfg = compose_train_config(overrides)
     module = build(cfg.model, "model", _convert_="partial", **build(cfg.data, "data").task.model_overrides())
     # At its init (std 0.02) a random model gives every review the same label, so "same predictions" would
     # compare nothing: weights of std 1/sqrt(fan_in) (LoRA B included, so the merge matters) make the labels
@@ -359,7 +355,7 @@ def main() -> None:
         if args.tiny:
             ckpt = work / "tiny.ckpt"
             tiny_checkpoint(ckpt, overrides)
-        model, _ = load_checkpoint_model(ckpt, overrides)
+        model = load_checkpoint_model(ckpt, overrides).model
         vocab = model.config.vocab_size
         max_tokens = model.config.max_position_embeddings
         if max(args.tokens) > max_tokens:
