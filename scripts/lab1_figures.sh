@@ -24,13 +24,14 @@ COMMON=(logger=csv)
 
 # Every point must be a shipped preset (quant=int<W>, prune=l1_<S> and random_<S>): checked before anything runs,
 # so a typo does not surface after an hour of sweeps.
-presets_of() { (cd "conf/$1" && ls $2*.yaml | sed "s/^$2//; s/\.yaml$//" | sort -g | paste -sd' '); }
+# The widths are the int<bits> presets alone (int8_scaled is a calibrated format, not a width).
+presets_of() { (cd "conf/$1" && ls $2*.yaml | sed "s/^$2//; s/\.yaml$//" | grep -E "$3" | sort -g | paste -sd' '); }
 for w in "${WIDTHS[@]}"; do
-  [ -f "conf/quant/int$w.yaml" ] || { echo "error: WIDTHS: no preset quant=int$w (valid: $(presets_of quant int))" >&2; exit 2; }
+  [[ $w =~ ^[0-9]+$ ]] && [ -f "conf/quant/int$w.yaml" ] || { echo "error: WIDTHS: no preset quant=int$w (valid: $(presets_of quant int "^[0-9]+$"))" >&2; exit 2; }
 done
 for s in "${SPARSITIES[@]}"; do
   [ -f "conf/prune/l1_$s.yaml" ] && [ -f "conf/prune/random_$s.yaml" ] ||
-    { echo "error: SPARSITIES: no presets prune=l1_$s / random_$s (valid: $(presets_of prune l1_))" >&2; exit 2; }
+    { echo "error: SPARSITIES: no presets prune=l1_$s / random_$s (valid: $(presets_of prune l1_ .))" >&2; exit 2; }
 done
 [ ${#WIDTHS[@]} -gt 0 ] && [ ${#SPARSITIES[@]} -gt 0 ] || { echo "error: WIDTHS and SPARSITIES must not be empty" >&2; exit 2; }
 n_widths=${#WIDTHS[@]}

@@ -441,6 +441,12 @@ def test_common_precisions_are_lightnings():
     ("script", "env", "names"),
     [
         ("lab1_figures.sh", {"WIDTHS": "4 7"}, "WIDTHS: no preset quant=int7 (valid: 4 8 12 16 20 24 28 32)"),
+        # a preset that is not a width (int8_scaled calibrates its scale) is refused too
+        (
+            "lab1_figures.sh",
+            {"WIDTHS": "8_scaled"},
+            "WIDTHS: no preset quant=int8_scaled (valid: 4 8 12 16 20",
+        ),
         ("lab1_figures.sh", {"SPARSITIES": "0.35"}, "SPARSITIES: no presets prune=l1_0.35"),
         ("lab1_figures.sh", {"WIDTHS": " "}, "WIDTHS and SPARSITIES must not be empty"),
         ("search_figures.sh", {"LAB3_TRIALS": "many"}, "LAB3_TRIALS=many: must be a positive integer"),

@@ -6,9 +6,11 @@ found as a Hydra plugin, its config comes from the project's ``conf/hydra/sweepe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -17,7 +19,6 @@ from pathlib import Path
 
 import optuna
 import pytest
-import sqlalchemy.exc
 from optuna.trial import TrialState
 
 # every test here starts training runs or processes (minutes in all): `make test-fast` skips them
@@ -128,6 +129,23 @@ def toy(tmp_path):
 
 def load(sweep_dir: Path, name: str = "toy-tpe") -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{sweep_dir / name}.db")
+
+
+def first_trial_is_running(db: Path) -> bool:
+    """Whether a trial with sampled parameters is running, read from ``db`` without Optuna: opening it through
+    Optuna while the worker is still creating the schema would race the worker's own schema creation (both insert
+    the version row, and one of them fails)."""
+    if not db.exists():
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            (running,) = con.execute(
+                "SELECT count(*) FROM trials JOIN trial_params USING (trial_id)"
+                " WHERE trials.state = 'RUNNING' AND trial_params.param_name = 'x'"
+            ).fetchone()
+    except sqlite3.OperationalError:  # no such table yet, or the database is locked
+        return False
+    return running > 0
 
 
 def states(study: optuna.Study) -> list[str]:
@@ -256,17 +274,9 @@ def test_job_raising_trial_pruned_is_recorded_pruned(toy, tmp_path):
 
 def test_crashed_worker_trial_is_retried_with_its_parameters(toy, tmp_path):
     worker = toy("hydra.sweeper.n_trials=3", "sleep=60", "hydra/sweeper/sampler=random", wait=False)
+    db = tmp_path / "sweep" / "toy-random.db"
     deadline = time.time() + 120
-    while time.time() < deadline:  # wait until its first trial runs
-        try:
-            db = tmp_path / "sweep" / "toy-random.db"
-            if db.exists() and any(
-                t.state == TrialState.RUNNING and "x" in t.params  # sampled: its job is starting
-                for t in load(tmp_path / "sweep", "toy-random").trials
-            ):
-                break
-        except (KeyError, sqlalchemy.exc.OperationalError):  # the worker is still creating the study
-            pass
+    while time.time() < deadline and not first_trial_is_running(db):
         time.sleep(0.5)
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait()
