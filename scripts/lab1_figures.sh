@@ -31,7 +31,7 @@ for w in "${WIDTHS[@]}"; do
 done
 for s in "${SPARSITIES[@]}"; do
   [ -f "conf/prune/l1_$s.yaml" ] && [ -f "conf/prune/random_$s.yaml" ] ||
-    { echo "error: SPARSITIES: no presets prune=l1_$s / random_$s (valid: $(presets_of prune l1_ .))" >&2; exit 2; }
+    { echo "error: SPARSITIES: no presets prune=l1_$s / random_$s (valid: $(presets_of prune l1_ "^[0-9.]+$"))" >&2; exit 2; }
 done
 [ ${#WIDTHS[@]} -gt 0 ] && [ ${#SPARSITIES[@]} -gt 0 ] || { echo "error: WIDTHS and SPARSITIES must not be empty" >&2; exit 2; }
 n_widths=${#WIDTHS[@]}
