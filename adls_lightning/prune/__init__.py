@@ -1,0 +1,93 @@
+"""Weight and activation pruning of linear layers with exact, deterministic sparsity.
+
+Weight pruning puts a :class:`WeightMask` parametrization (``torch.nn.utils.parametrize``) on each pruned
+``nn.Linear``: the layer keeps its dense ``original`` parameter (same ``nn.Parameter`` object, so optimizers keep
+working) and its forward sees ``where(mask, original, 0)``. The mask is a persistent buffer, so it is part of the
+model's ``state_dict`` and comes back with a checkpoint. Pruned entries get zero gradient, so fine-tuning never
+revives them. :func:`make_pruning_permanent` bakes the zeros into a plain ``weight`` parameter for export.
+
+Activation pruning is a forward pre-hook (:class:`ActivationSparsifier`) that zeroes the smallest (``l1``) or
+random inputs of a layer, recomputed on every forward from the live input, separately for each sample.
+
+Exactness: a layer of ``n`` weights pruned at sparsity ``s`` gets exactly ``round_half_up(s * n)`` zeros
+(:func:`num_to_prune`), and a global scope gets exactly that many over all pruned weights together. Entries are
+ranked by score (``|w|`` for ``l1``, seeded uniform noise for ``random``) and ties are broken by position (the
+lower flat index is pruned first). Selection is exact (``torch.kthvalue``, on long CPU rows within a sampled
+bracket: :func:`kth_smallest`), so there is no ``torch.quantile`` size limit.
+
+Which layers: every linear layer :func:`adls_lightning.layers.target_layers` lists (canonical names), except PEFT LoRA adapters
+(``lora_A``/``lora_B``), PEFT's inactive ``original_module`` copies and, by default, the classifier. In a PEFT LoRA
+model the pruned weight is ``lora.Linear.base_layer``; LoRA then adds ``B @ A`` on top, so the effective merged
+weight is not sparse and :meth:`Pruner.weight_sparsity` counts the base weights only. In a quantized model
+(``QuantLinear`` with a ``.linear`` child) the inner linear is pruned, so the quantizer sees the masked weight:
+prune first, then quantize the pruned weights.
+
+Modules, one per family: :mod:`~adls_lightning.prune.scores` (the method registry, ``l1``, ``random``),
+:mod:`~adls_lightning.prune.masks` (specs, exact counts, :class:`WeightMask`),
+:mod:`~adls_lightning.prune.activations` (:class:`ActivationSparsifier`) and :mod:`~adls_lightning.prune.pruner`
+(:class:`Pruner`, layer selection). Every public name is re-exported here.
+"""
+
+from __future__ import annotations
+
+from adls_lightning.prune.activations import ActivationSparsifier
+from adls_lightning.prune.masks import (
+    BRACKETED_SELECT_MIN,
+    GRANULARITIES,
+    MASE_METHODS,
+    SCOPES,
+    MaskSpec,
+    WeightMask,
+    compute_weight_masks,
+    count_true,
+    is_weight_pruned,
+    kth_smallest,
+    num_to_prune,
+    smallest_k,
+)
+from adls_lightning.prune.pruner import (
+    ACTIVATION_SCOPES,
+    DEFAULT_EXCLUDE,
+    Pruner,
+    PruneTarget,
+    find_prune_targets,
+    lab_pruning_specs,
+    make_pruning_permanent,
+)
+from adls_lightning.prune.scores import (
+    PRUNE_METHODS,
+    ScoreFn,
+    l1_scores,
+    random_scores,
+    rank_scores,
+    register_method,
+)
+
+__all__ = [
+    "ACTIVATION_SCOPES",
+    "BRACKETED_SELECT_MIN",
+    "DEFAULT_EXCLUDE",
+    "GRANULARITIES",
+    "MASE_METHODS",
+    "PRUNE_METHODS",
+    "SCOPES",
+    "ActivationSparsifier",
+    "MaskSpec",
+    "PruneTarget",
+    "Pruner",
+    "ScoreFn",
+    "WeightMask",
+    "compute_weight_masks",
+    "count_true",
+    "find_prune_targets",
+    "is_weight_pruned",
+    "kth_smallest",
+    "l1_scores",
+    "lab_pruning_specs",
+    "make_pruning_permanent",
+    "num_to_prune",
+    "random_scores",
+    "rank_scores",
+    "register_method",
+    "smallest_k",
+]

@@ -1,0 +1,255 @@
+"""The pruner: which layers (:func:`find_prune_targets`), masks put on them from a config (:class:`Pruner`), lab
+configs (:func:`lab_pruning_specs`) and baking masks into plain weights (:func:`make_pruning_permanent`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from adls_lightning.errors import ConfigError
+from adls_lightning.lab_config import load_lab_config
+from adls_lightning.layers import name_filter, target_layers
+from adls_lightning.prune.activations import ActivationSparsifier
+from adls_lightning.prune.masks import (
+    MaskSpec,
+    WeightMask,
+    _accept_unpruned_state,
+    compute_weight_masks,
+    is_weight_pruned,
+)
+
+ACTIVATION_SCOPES = ("local",)
+DEFAULT_EXCLUDE = ("classifier",)
+
+
+@dataclass
+class PruneTarget:
+    """A prunable layer.
+
+    Attributes:
+        name: The layer's canonical name (:mod:`adls_lightning.layers`), used for display, metrics and
+            include/exclude matching.
+        module: The module that receives the layer input (the outermost wrapper), where the activation hook goes.
+        linear_name: Path of the ``nn.Linear`` whose weight is pruned.
+        linear: The ``nn.Linear`` itself.
+    """
+
+    name: str
+    module: nn.Module
+    linear_name: str
+    linear: nn.Linear
+
+
+def find_prune_targets(
+    model: nn.Module, include: Sequence[str] | None = None, exclude: Sequence[str] | None = DEFAULT_EXCLUDE
+) -> list[PruneTarget]:
+    """Finds the linear layers to prune, in ``named_modules`` order (:func:`adls_lightning.layers.target_layers`).
+
+    Args:
+        model: Any module tree (plain HF model, PEFT model, quantized model, LightningModule).
+        include: Regexes (``re.search``) on the canonical layer name; when given, only matching layers are pruned.
+        exclude: Regexes on the canonical layer name; matching layers are skipped (default: the classifier).
+
+    Returns:
+        One target per pruned linear.
+    """
+    return [
+        PruneTarget(layer.name, layer.module, layer.linear_path, layer.linear)
+        for layer in target_layers(model, name_filter(include, exclude))
+    ]
+
+
+def make_pruning_permanent(model: nn.Module) -> int:
+    """Replaces every :class:`WeightMask` parametrization by a plain ``weight`` that holds the zeros.
+
+    Needed before exporting or before PEFT's ``merge_and_unload`` (which writes into ``weight.data`` and would
+    otherwise write into a temporary tensor). The new ``weight`` is a new ``nn.Parameter``: do this after
+    training, not between optimizer steps. Activation hooks are left in place (they are runtime behaviour).
+
+    Returns:
+        The number of layers made permanent.
+    """
+    count = 0
+    for module in list(model.modules()):
+        if is_weight_pruned(module):
+            parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
+            count += 1
+    return count
+
+
+def lab_pruning_specs(config: Mapping[str, Any] | str, key: str) -> tuple[Any, Any]:
+    """The ``(weight, activation)`` specs of a lab pruning config (MASE's ``{weight: {...}, activation: {...}}``, a
+    mapping or a ``.toml``/``.yaml``/``.json`` file whose ``[passes.prune]`` is read).
+
+    Raises:
+        ConfigError: an unreadable file, or a key other than weight and activation (named under ``key``).
+    """
+    lab = load_lab_config(config, "prune", key)
+    unknown = sorted(set(lab) - {"weight", "activation"})
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}: unknown key; a lab pruning config has weight, activation")
+    return lab.get("weight"), lab.get("activation")
+
+
+class Pruner:
+    """Prunes a model's linear layers according to a config; shared by the pruning and compression callbacks.
+
+    Args:
+        weight: Weight pruning config ``{sparsity, method, scope}`` or ``None``/``{}`` for none.
+        activation: Activation pruning config ``{sparsity, method, scope: local}`` or ``None``/``{}``.
+        include: Regexes selecting layers by name (default: all).
+        exclude: Regexes removing layers by name (default: ``["classifier"]``).
+        seed: Seed for ``random`` weight and activation masks.
+        key: Config key prefix for error messages.
+
+    Raises:
+        ConfigError: On any invalid value, before a model is touched.
+
+    Example:
+        .. code-block:: python
+
+            pruner = Pruner(weight={"sparsity": 0.5, "method": "l1"}, activation=None)
+            pruner.prune(model)
+            print(pruner.weight_sparsity(model))
+    """
+
+    def __init__(
+        self,
+        weight: Mapping[str, Any] | None = None,
+        activation: Mapping[str, Any] | None = None,
+        include: Sequence[str] | None = None,
+        exclude: Sequence[str] | None = DEFAULT_EXCLUDE,
+        seed: int = 0,
+        key: str = "prune",
+    ) -> None:
+        self.weight = MaskSpec.from_config(weight, f"{key}.weight")
+        self.activation = MaskSpec.from_config(activation, f"{key}.activation")
+        if self.activation is not None and self.activation.scope not in ACTIVATION_SCOPES:
+            raise ConfigError(
+                f"{key}.activation.scope={self.activation.scope!r}: must be local (activation masks are "
+                "recomputed per sample from the live input, so there is no fixed set to rank globally)"
+            )
+        for list_key, patterns in (("include", include), ("exclude", exclude)):
+            for pattern in patterns or ():
+                try:
+                    re.compile(pattern)
+                except (re.error, TypeError) as err:
+                    raise ConfigError(f"{key}.{list_key}: {pattern!r} is not a valid regex ({err})") from None
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"{key}.seed={seed!r}: must be an integer")
+        self.include = list(include) if include else None
+        self.exclude = list(exclude) if exclude else None
+        self.seed = seed
+        self.sparsifiers: dict[str, ActivationSparsifier] = {}
+        self._hooks: dict[str, tuple[nn.Module, Any]] = {}
+
+    def targets(self, model: nn.Module) -> list[PruneTarget]:
+        """The layers this pruner acts on in ``model`` (see :func:`find_prune_targets`)."""
+        targets = find_prune_targets(model, self.include, self.exclude)
+        if not targets:
+            raise ConfigError(
+                f"prune.include={self.include} / prune.exclude={self.exclude}: no nn.Linear layer is left to prune"
+            )
+        return targets
+
+    def register_placeholders(self, model: nn.Module) -> None:
+        """Registers all-ones (no-op) weight masks on every target that has none yet.
+
+        Doing this in ``setup``, before the optimizer is built, fixes the module structure for the whole fit:
+        ``parametrize`` moves ``weight`` behind ``bias`` in the parameter order, and Lightning restores optimizer
+        state by position, so the structure must not change between the run that saved a checkpoint and the run
+        that resumes it. It also gives ``load_state_dict`` the mask buffers that a checkpoint fills in.
+        """
+        if self.weight is None:
+            return
+        for target in self.targets(model):
+            if not is_weight_pruned(target.linear):
+                mask = torch.ones_like(target.linear.weight, dtype=torch.bool)
+                parametrize.register_parametrization(target.linear, "weight", WeightMask(mask))
+            if not getattr(target.linear, "_accepts_unpruned_state", False):
+                target.linear.register_load_state_dict_pre_hook(_accept_unpruned_state)
+                target.linear._accepts_unpruned_state = True
+
+    def prune(self, model: nn.Module) -> dict[str, float]:
+        """Computes weight masks from the current (effective) weights and starts activation pruning.
+
+        Masks are fixed from then on: call once per model.
+
+        Returns:
+            Layer name → realised weight sparsity (counted zeros).
+        """
+        targets = self.targets(model)
+        if self.weight is not None:
+            generator = torch.Generator().manual_seed(self.seed)
+            weights = {t.name: t.linear.weight for t in targets}
+            masks = compute_weight_masks(weights, self.weight, generator)
+            self.register_placeholders(model)
+            for target in targets:
+                target.linear.parametrizations.weight[0].mask.copy_(masks[target.name])
+        self.attach_activation(model)
+        return self.layer_sparsity(model)
+
+    def has_pruned_weights(self, model: nn.Module) -> bool:
+        """True if any target's weight mask removes an entry (e.g. after loading a pruned checkpoint)."""
+        return any(
+            is_weight_pruned(t.linear) and not bool(t.linear.parametrizations.weight[0].mask.all())
+            for t in self.targets(model)
+        )
+
+    def attach_activation(self, model: nn.Module) -> None:
+        """Puts an :class:`ActivationSparsifier` pre-hook on every target (once; idempotent).
+
+        The hook prunes when an activation config is given and counts zeros when asked. It belongs on the module
+        that receives the layer input (the outermost wrapper); when a module swap (e.g. post-training
+        quantization wrapping a pruned ``nn.Linear`` in ``QuantLinear``) has replaced that module, calling this
+        again moves the hook to the new one, so activation pruning never silently stops.
+        """
+        for target in self.targets(model):
+            hooked = self._hooks.get(target.name)
+            if hooked is not None and hooked[0] is target.module:
+                continue
+            if hooked is not None:
+                hooked[1].remove()
+            sparsifier = self.sparsifiers.setdefault(
+                target.name, ActivationSparsifier(self.activation, self.seed)
+            )
+            self._hooks[target.name] = (target.module, target.module.register_forward_pre_hook(sparsifier))
+
+    def layer_sparsity(self, model: nn.Module) -> dict[str, float]:
+        """Layer name → fraction of zeros counted in the layer's effective (masked) weight."""
+        with torch.no_grad():
+            return {
+                t.name: float((t.linear.weight == 0).sum()) / t.linear.weight.numel()
+                for t in self.targets(model)
+            }
+
+    def weight_sparsity(self, model: nn.Module) -> float:
+        """Fraction of zeros over the weights of all target layers together, counted in the effective weights."""
+        zeros = total = 0
+        with torch.no_grad():
+            for target in self.targets(model):
+                weight = target.linear.weight
+                zeros += int((weight == 0).sum())
+                total += weight.numel()
+        return zeros / total
+
+    def start_activation_count(self) -> None:
+        """Starts counting zeros of the (pruned) inputs of every pruned layer."""
+        for sparsifier in self.sparsifiers.values():
+            sparsifier.start_count()
+
+    def stop_activation_count(self) -> float | None:
+        """Stops counting; returns the fraction of zeros seen since :meth:`start_activation_count`, if any."""
+        zeros = total = 0
+        for sparsifier in self.sparsifiers.values():
+            sparsifier.counting = False
+            if sparsifier.zeros is not None:
+                zeros += int(sparsifier.zeros)
+                total += sparsifier.numel
+        return zeros / total if total else None
