@@ -27,6 +27,7 @@ from adls_lightning.quant import (
 from adls_lightning.quant.gptq import GPTQConfig, gptq_quantize, put_weights
 from adls_lightning.quant.smoothquant import Smoothed, check_alpha, smooth
 from adls_lightning.registry import import_plugins
+from callbacks.calibration import calibration_batches, model_forward
 
 log = logging.getLogger(__name__)
 
@@ -95,15 +96,7 @@ class QuantizationCallback(L.Callback):
         smoothquant: Mapping[str, Any] | None = None,
     ) -> None:
         import_plugins(plugins, "quant.plugins")
-        calibration = dict(calibration or {})
-        unknown = sorted(set(calibration) - {"batches"})
-        if unknown:
-            raise ConfigError(f"quant.calibration.{unknown[0]}: unknown key; valid: batches")
-        batches = calibration.get("batches", 0)
-        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
-            raise ConfigError(
-                f"quant.calibration.batches={batches!r}: must be an integer >= 0 (0 = no calibration)"
-            )
+        batches = calibration_batches(calibration, "quant.calibration")
         self.calibration_batches = batches
         self.calibrated = False
         self.gptq = None
@@ -208,12 +201,7 @@ class QuantizationCallback(L.Callback):
                 "quant.calibration / quant.gptq: no datamodule to draw training batches from; skipped"
             )
             return
-        inputs = ("input_ids", "attention_mask", "token_type_ids")
-
-        def forward(batch: Mapping[str, Any]) -> None:
-            batch = pl_module.transfer_batch_to_device(batch, pl_module.device, 0)
-            pl_module(**{key: batch[key] for key in inputs if key in batch})
-
+        forward = model_forward(pl_module)
         if self.smoothquant_alpha is not None and not any(
             isinstance(m, Smoothed) for m in pl_module.modules()
         ):

@@ -15,6 +15,8 @@ column as it rounds a tensor. Block formats with shared exponents are refused.
 
 The Hessians come from one pass of the calibration batches through the model as it is (every layer's input as the
 full-precision model computes it), not from re-running each block on the already quantized ones as the paper does.
+The Hessians, the inverse's Cholesky factor and the column sweep are :mod:`adls_lightning.obs`'s, shared with
+SparseGPT.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from adls_lightning.errors import ConfigError
+from adls_lightning.obs import dead_inputs_removed, input_statistics, inverse_cholesky, obs_sweep
 from adls_lightning.quant.linear import QuantLinear
 from adls_lightning.quant.scaled import ScaledIntegerQuantizer
 from adls_lightning.quant.transform import find_linear_layers
@@ -93,68 +96,17 @@ def gptq_weight(
     weight: Tensor, hessian: Tensor, round_column: Callable[[Tensor, int], Tensor], config: GPTQConfig
 ) -> Tensor:
     """The GPTQ-quantized ``weight`` (out × in) for ``hessian`` (in × in, ``2 X Xᵀ / n``)."""
-    w = weight.detach().to(torch.float32).clone()
-    h = hessian.to(torch.float32).clone()
+    w, h = dead_inputs_removed(weight, hessian)
     columns = w.shape[1]
-    dead = h.diagonal() == 0
-    h[dead, dead] = 1.0
-    w[:, dead] = 0.0
     order = torch.argsort(h.diagonal(), descending=True) if config.act_order else torch.arange(columns)
     w, h = w[:, order], h[order][:, order]
-    h.diagonal().add_(config.damp * h.diagonal().mean())
-    inverse = torch.cholesky_inverse(torch.linalg.cholesky(h))
-    upper = torch.linalg.cholesky(inverse, upper=True)
-    q = torch.zeros_like(w)
-    for start in range(0, columns, config.block_size):
-        end = min(start + config.block_size, columns)
-        block = w[:, start:end].clone()
-        errors = torch.zeros_like(block)
-        u = upper[start:end, start:end]
-        for i in range(end - start):
-            column = block[:, i]
-            rounded = round_column(column, int(order[start + i]))
-            q[:, start + i] = rounded
-            error = (column - rounded) / u[i, i]
-            block[:, i:] -= error[:, None] * u[i, i:][None, :]
-            errors[:, i] = error
-        w[:, end:] -= errors @ upper[start:end, end:]
+    upper = inverse_cholesky(h, config.damp)
+
+    def rounded(block: Tensor, u: Tensor, i: int, start: int) -> Tensor:
+        return round_column(block[:, i], int(order[start + i]))
+
+    q = obs_sweep(w, upper, config.block_size, rounded)
     return q[:, torch.argsort(order)].to(weight.dtype)
-
-
-def layer_hessians(
-    model: nn.Module,
-    layers: dict[str, QuantLinear],
-    batches: Iterable[Any],
-    forward: Callable[[Any], Any],
-    count: int,
-) -> tuple[dict[str, Tensor], int]:
-    """``2 X Xᵀ / n`` of each layer's input over ``count`` calibration batches (model in eval mode), and the batches."""
-    sums = {name: torch.zeros(layer.in_features, layer.in_features) for name, layer in layers.items()}
-    tokens = dict.fromkeys(layers, 0)
-
-    def record(name: str) -> Callable:
-        def hook(module: nn.Module, args: tuple) -> None:
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).to(torch.float32).cpu()
-            sums[name].addmm_(x.T, x)
-            tokens[name] += x.shape[0]
-
-        return hook
-
-    hooks = [layer.register_forward_pre_hook(record(name)) for name, layer in layers.items()]
-    was_training, run = model.training, 0
-    model.eval()
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                if run >= count:
-                    break
-                forward(batch)
-                run += 1
-    finally:
-        model.train(was_training)
-        for hook in hooks:
-            hook.remove()
-    return {name: 2 * total / max(tokens[name], 1) for name, total in sums.items()}, run
 
 
 def gptq_quantize(
@@ -184,7 +136,7 @@ def gptq_quantize(
     for layer in layers.values():
         layer.weight_quantizer = None
     try:
-        hessians, run = layer_hessians(model, layers, batches, forward, config.batches)
+        inputs, run = input_statistics(model, layers, batches, forward, config.batches)
     finally:
         for name, layer in layers.items():
             layer.weight_quantizer = quantizers[name]
@@ -192,7 +144,7 @@ def gptq_quantize(
     for name, layer in layers.items():
         weight = layer.linear.weight
         solutions[name] = gptq_weight(
-            weight, hessians[name], column_rounding(layer.weight_quantizer, weight), config
+            weight, inputs[name].hessian(), column_rounding(layer.weight_quantizer, weight), config
         )
     put_weights(model, solutions)
     return solutions, run

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from adls_lightning.calibration import run_batches
 from adls_lightning.quant.quantizers import (
     Quantizer,
     QuantizerParamError,
@@ -297,18 +298,7 @@ def calibrating(model: nn.Module) -> Iterator[list[ScaledIntegerQuantizer]]:
 def calibrate(model: nn.Module, batches: Iterable[Any], forward: Callable[[Any], Any], count: int) -> int:
     """Run up to ``count`` of ``batches`` through ``forward`` (the model in eval mode) inside :func:`calibrating`;
     returns the batches run (0 when ``model`` has no static scaled-integer quantizer: nothing to calibrate)."""
-    was_training = model.training
-    run = 0
     with calibrating(model) as quantizers:
         if not quantizers:
             return 0
-        model.eval()
-        try:
-            for batch in batches:
-                if run >= count:
-                    break
-                forward(batch)
-                run += 1
-        finally:
-            model.train(was_training)
-    return run
+        return run_batches(model, batches, forward, count)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from adls_lightning.calibration import watch_inputs
 from adls_lightning.errors import ConfigError
 from adls_lightning.quant.linear import QuantLinear
 from adls_lightning.quant.transform import find_linear_layers
@@ -74,27 +75,11 @@ def input_ranges(
     quantizer), and the batches run."""
     amax: dict[str, Tensor] = {}
 
-    def record(name: str) -> Callable:
-        def hook(module: nn.Module, args: tuple) -> None:
-            x = args[0].detach()
-            channel = x.abs().reshape(-1, x.shape[-1]).amax(dim=0).float().cpu()
-            amax[name] = channel if name not in amax else torch.maximum(amax[name], channel)
+    def record(name: str, x: Tensor) -> None:
+        channel = x.abs().reshape(-1, x.shape[-1]).amax(dim=0).float().cpu()
+        amax[name] = channel if name not in amax else torch.maximum(amax[name], channel)
 
-        return hook
-
-    hooks = [layer.register_forward_pre_hook(record(name)) for name, layer in layers.items()]
-    was_training, run = model.training, 0
-    model.eval()
-    try:
-        for batch in batches:
-            if run >= count:
-                break
-            forward(batch)
-            run += 1
-    finally:
-        model.train(was_training)
-        for hook in hooks:
-            hook.remove()
+    run = watch_inputs(model, layers, record, batches, forward, count)
     return amax, run
 
 
