@@ -88,6 +88,12 @@ class CompressionCallback(L.Callback):
                     f"compress.prune.{unknown[0]}: unknown key; valid keys are {', '.join(PRUNE_KEYS)}"
                 )
             self.pruner = Pruner(**prune, key="compress.prune")
+            if self.pruner.needs_calibration:
+                # the compression step draws no calibration batches (yet): refuse before training, not at_epoch later
+                raise ConfigError(
+                    f"compress.prune.weight.method={self.pruner.weight.method}: one-shot methods need calibration "
+                    "batches, which compress= does not draw; prune with prune= instead (e.g. prune=wanda_0.5)"
+                )
         # Parse now (no model needed) so a bad config fails before training, not after at_epoch epochs.
         self.quant = to_recipe(quant, key="compress.quant") if quant else None
         self.at_epoch = at_epoch

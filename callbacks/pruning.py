@@ -13,6 +13,7 @@ from typing_extensions import override
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import DEFAULT_EXCLUDE, Pruner, lab_pruning_specs, make_pruning_permanent
+from callbacks.calibration import calibration_batches, model_forward
 from callbacks.trainer_control import forget_best_checkpoints
 
 
@@ -43,8 +44,14 @@ class PruningCallback(L.Callback):
     masks and the same parameter order. Whether pruning was applied is callback state. Lightning's ``ModelPruning``
     keeps no such state and loses its masks on resume.
 
+    One-shot methods (``method: wanda|sparsegpt``) read ``calibration.batches`` training batches when they prune.
+    SparseGPT also changes the kept weights; they are saved in checkpoints like any weight, and when an evaluation
+    stage reloads the dense checkpoint they were solved from (``train=false ckpt_path=...``), a load hook puts them
+    back, so validation and test both score the solved weights.
+
     Args:
-        weight: Weight pruning ``{sparsity, method: l1|random, scope: local|global}``; ``None``/``{}`` = none.
+        weight: Weight pruning ``{sparsity, method: l1|random|wanda|sparsegpt, scope: local|global, pattern: N:M}``;
+            ``None``/``{}`` = none.
         activation: Activation pruning ``{sparsity, method: l1|random, scope: local}``; ``None``/``{}`` = none.
         at: ``"fit_start"`` (prune in ``on_fit_start``, after checkpoints and ``init_ckpt`` load) or ``N >= 1``
             (prune after ``N`` epochs, at the start of epoch ``N``; earlier best checkpoints are then forgotten,
@@ -57,6 +64,8 @@ class PruningCallback(L.Callback):
         config: A lab pruning config, MASE's ``{weight: {...}, activation: {...}}`` as a mapping or the path of a
             ``.toml``/``.yaml``/``.json`` file (a whole MASE config gives its ``[passes.prune]``); when set, its
             ``weight`` and ``activation`` replace the two arguments above (``method: l1-norm`` is read as l1).
+        calibration: ``{batches: N}``: training batches the one-shot methods read (N >= 1 for them; 0 otherwise).
+        sparsegpt: ``{damp, block_size}`` of ``method: sparsegpt``.
 
     Raises:
         ConfigError: On invalid settings, at construction time.
@@ -77,18 +86,29 @@ class PruningCallback(L.Callback):
         seed: int = 0,
         make_permanent: bool = False,
         config: Mapping[str, Any] | str | None = None,
+        calibration: Mapping[str, Any] | None = None,
+        sparsegpt: Mapping[str, Any] | None = None,
     ) -> None:
         if config is not None:
             weight, activation = lab_pruning_specs(config, "prune.config")
         if at != "fit_start" and (isinstance(at, bool) or not isinstance(at, int) or at < 1):
             raise ConfigError(f"prune.at={at!r}: must be fit_start or a number of epochs >= 1")
-        self.pruner = Pruner(weight, activation, include=include, exclude=exclude, seed=seed, key="prune")
+        self.calibration_batches = calibration_batches(calibration, "prune.calibration")
+        self.pruner = Pruner(
+            weight, activation, include=include, exclude=exclude, seed=seed, key="prune", sparsegpt=sparsegpt
+        )
+        if self.pruner.needs_calibration and self.calibration_batches < 1:
+            raise ConfigError(
+                f"prune.calibration.batches={self.calibration_batches}: prune.weight.method="
+                f"{self.pruner.weight.method} prunes from calibration data; give N >= 1 training batches"
+            )
         self.at = at
         self.make_permanent = bool(make_permanent)
         self.applied = False
         self.act_sparsity: float | None = None
         self._module: L.LightningModule | None = None
         self._load_hook: Any = None
+        self._dense_reload = False
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -96,6 +116,7 @@ class PruningCallback(L.Callback):
         merge_before_compression(pl_module)
         self.pruner.register_placeholders(pl_module)
         if self._load_hook is None:
+            pl_module.register_load_state_dict_pre_hook(self._before_model_load)
             self._load_hook = pl_module.register_load_state_dict_post_hook(self._after_model_load)
         if self.applied:
             # Moves the activation hooks to layers swapped in since (post-training quantization).
@@ -119,17 +140,49 @@ class PruningCallback(L.Callback):
         if self.at == "fit_start" and not self.applied:
             self._apply(trainer, pl_module)
 
+    def _before_model_load(
+        self, module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any
+    ) -> None:
+        assert self._module is not None
+        self._dense_reload = self.pruner.loads_dense_state(self._module, state_dict, prefix)
+
     def _after_model_load(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
         # A validate/test run that loads a checkpoint pruned after N epochs: callback state is only restored when
         # fitting, so learn from the loaded masks that pruning was applied and switch on activation pruning.
         if not self.applied and self.pruner.has_pruned_weights(module):
             self.pruner.attach_activation(module)
             self.applied = True
+        # trainer.test(ckpt_path=...) of an evaluation-only run reloads the dense weights SparseGPT solved from (the
+        # masks survive the reload, the weights would not): its solved weights go back in
+        if self._dense_reload:
+            with torch.inference_mode(False), torch.no_grad():
+                self.pruner.put_solved(module)
+            self._dense_reload = False
 
     def _apply(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.pruner.prune(pl_module)
+        # Lightning evaluates under inference mode: masks and weights written there would be inference tensors
+        # that a later checkpoint load cannot write into
+        with torch.inference_mode(False), torch.no_grad():
+            if self.pruner.needs_calibration:
+                self._prune_one_shot(trainer, pl_module)
+            else:
+                self.pruner.prune(pl_module)
         self.applied = True
         log_sparsity(trainer, self.pruner, pl_module)
+
+    def _prune_one_shot(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        datamodule = trainer.datamodule
+        if datamodule is None:
+            raise ConfigError(
+                f"prune.weight.method={self.pruner.weight.method}: no datamodule to draw the "
+                "prune.calibration.batches from"
+            )
+        batches = datamodule.train_dataloader()
+        self.pruner.prune(pl_module, batches, model_forward(pl_module), self.calibration_batches)
+        rank_zero_info(
+            f"prune: {self.pruner.weight.method} masks from {self.pruner.calibration_run} calibration batches"
+            + (f", {len(self.pruner.solved)} layers' weights solved" if self.pruner.solved else "")
+        )
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

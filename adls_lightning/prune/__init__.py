@@ -22,10 +22,14 @@ weight is not sparse and :meth:`Pruner.weight_sparsity` counts the base weights 
 (``QuantLinear`` with a ``.linear`` child) the inner linear is pruned, so the quantizer sees the masked weight:
 prune first, then quantize the pruned weights.
 
-Modules, one per family: :mod:`~adls_lightning.prune.scores` (the method registry, ``l1``, ``random``),
-:mod:`~adls_lightning.prune.masks` (specs, exact counts, :class:`WeightMask`),
-:mod:`~adls_lightning.prune.activations` (:class:`ActivationSparsifier`) and :mod:`~adls_lightning.prune.pruner`
-(:class:`Pruner`, layer selection). Every public name is re-exported here.
+One-shot weight pruning from calibration data (``wanda``, ``sparsegpt``) and ``N:M`` patterns (``pattern: "2:4"``,
+for any method) are in :mod:`~adls_lightning.prune.oneshot` and :func:`~adls_lightning.prune.masks.pattern_pruned`.
+
+Modules, one per family: :mod:`~adls_lightning.prune.scores` (the method registries, ``l1``, ``random``),
+:mod:`~adls_lightning.prune.masks` (specs, exact counts, patterns, :class:`WeightMask`),
+:mod:`~adls_lightning.prune.activations` (:class:`ActivationSparsifier`), :mod:`~adls_lightning.prune.oneshot`
+(Wanda, SparseGPT) and :mod:`~adls_lightning.prune.pruner` (:class:`Pruner`, layer selection). Every public name is
+re-exported here.
 """
 
 from __future__ import annotations
@@ -38,13 +42,17 @@ from adls_lightning.prune.masks import (
     SCOPES,
     MaskSpec,
     WeightMask,
+    check_pattern,
     compute_weight_masks,
     count_true,
     is_weight_pruned,
     kth_smallest,
     num_to_prune,
+    parse_pattern,
+    pattern_pruned,
     smallest_k,
 )
+from adls_lightning.prune.oneshot import OneShotFn, SparseGPTConfig, register_oneshot, sparsegpt, wanda
 from adls_lightning.prune.pruner import (
     ACTIVATION_SCOPES,
     DEFAULT_EXCLUDE,
@@ -55,12 +63,14 @@ from adls_lightning.prune.pruner import (
     make_pruning_permanent,
 )
 from adls_lightning.prune.scores import (
+    ONESHOT_METHODS,
     PRUNE_METHODS,
     ScoreFn,
     l1_scores,
     random_scores,
     rank_scores,
     register_method,
+    weight_methods,
 )
 
 __all__ = [
@@ -69,14 +79,18 @@ __all__ = [
     "DEFAULT_EXCLUDE",
     "GRANULARITIES",
     "MASE_METHODS",
+    "ONESHOT_METHODS",
     "PRUNE_METHODS",
     "SCOPES",
     "ActivationSparsifier",
     "MaskSpec",
+    "OneShotFn",
     "PruneTarget",
     "Pruner",
     "ScoreFn",
+    "SparseGPTConfig",
     "WeightMask",
+    "check_pattern",
     "compute_weight_masks",
     "count_true",
     "find_prune_targets",
@@ -86,8 +100,14 @@ __all__ = [
     "lab_pruning_specs",
     "make_pruning_permanent",
     "num_to_prune",
+    "parse_pattern",
+    "pattern_pruned",
     "random_scores",
     "rank_scores",
     "register_method",
+    "register_oneshot",
     "smallest_k",
+    "sparsegpt",
+    "wanda",
+    "weight_methods",
 ]

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
@@ -14,7 +15,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from adls_lightning.errors import ConfigError, require_fraction
-from adls_lightning.prune.scores import PRUNE_METHODS, rank_scores
+from adls_lightning.prune.scores import ONESHOT_METHODS, PRUNE_METHODS, rank_scores, weight_methods
 
 SCOPES = ("local", "global")
 #: The labs' (MASE's) method names, mapped where a config is read.
@@ -30,9 +31,14 @@ class MaskSpec:
     Args:
         sparsity: Fraction of entries set to zero, in [0, 1).
         method: ``"l1"`` (smallest magnitude; MASE's ``"l1-norm"`` is read as ``"l1"``) or ``"random"`` (seeded
-            uniform ranking), or a method registered with :func:`register_method`.
-        scope: ``"local"`` (per layer) or ``"global"`` (one ranking over all pruned layers; weights only).
+            uniform ranking), or a method registered with :func:`register_method`; for weights also the one-shot
+            methods ``"wanda"`` and ``"sparsegpt"`` (:mod:`adls_lightning.prune.oneshot`).
+        scope: ``"local"`` (per layer) or ``"global"`` (one ranking over all pruned layers; weights only, not with
+            a pattern or a one-shot method).
         key: Config key prefix used in error messages, e.g. ``"prune.weight"``.
+        pattern: ``None`` (unstructured) or ``"N:M"``: in every group of ``M`` consecutive input weights of an
+            output row keep the ``N`` with the highest scores (``"2:4"``, the pattern sparse tensor cores run);
+            the sparsity is then ``(M - N) / M``.
 
     Raises:
         ConfigError: If a field is out of range or unknown.
@@ -42,19 +48,40 @@ class MaskSpec:
     method: str = "l1"
     scope: str = "local"
     key: str = "prune.weight"
+    pattern: str | None = None
 
     def __post_init__(self) -> None:
         require_fraction(f"{self.key}.sparsity", self.sparsity)
-        if self.method not in PRUNE_METHODS:
-            raise ConfigError(f"{self.key}.method={self.method!r}: must be one of {', '.join(PRUNE_METHODS)}")
+        if self.method not in PRUNE_METHODS and self.method not in ONESHOT_METHODS:
+            raise ConfigError(
+                f"{self.key}.method={self.method!r}: must be one of {', '.join(weight_methods())}"
+            )
         if self.scope not in SCOPES:
             raise ConfigError(f"{self.key}.scope={self.scope!r}: must be one of {', '.join(SCOPES)}")
+        if self.pattern is not None:
+            n, m = parse_pattern(self.pattern, f"{self.key}.pattern")
+            if abs(self.sparsity - (m - n) / m) > 1e-6:
+                raise ConfigError(
+                    f"{self.key}.sparsity={self.sparsity}: {self.key}.pattern={self.pattern!r} prunes {m - n} of "
+                    f"every {m} weights; set {self.key}.sparsity={(m - n) / m:g} or null"
+                )
+        if self.scope == "global" and (self.pattern is not None or self.method in ONESHOT_METHODS):
+            what = f"pattern {self.pattern!r}" if self.pattern is not None else f"method {self.method!r}"
+            raise ConfigError(
+                f"{self.key}.scope='global': the {what} chooses within each layer (its rows or groups); use local"
+            )
+
+    @property
+    def nm(self) -> tuple[int, int] | None:
+        """``(N, M)`` of the pattern (keep ``N`` of every ``M``), or ``None`` when unstructured."""
+        return None if self.pattern is None else parse_pattern(self.pattern, f"{self.key}.pattern")
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None, key: str) -> MaskSpec | None:
         """Builds a spec from a config mapping; ``None`` or an empty mapping means "do not prune".
 
         The labs' spellings are read too: ``method: l1-norm`` and ``granularity: elementwise`` (the only one).
+        With a ``pattern`` the sparsity may be left out: it is the pattern's.
 
         Raises:
             ConfigError: On unknown keys or invalid values.
@@ -63,11 +90,14 @@ class MaskSpec:
             return None
         # a key set to None (chop's "NA") takes its default, as in chop
         config = {k: v for k, v in config.items() if v is not None}
-        unknown = sorted(set(config) - {"sparsity", "method", "scope", "granularity"})
+        unknown = sorted(set(config) - {"sparsity", "method", "scope", "granularity", "pattern"})
         if unknown:
             raise ConfigError(
-                f"{key}.{unknown[0]}: unknown key; valid keys are sparsity, method, scope, granularity"
+                f"{key}.{unknown[0]}: unknown key; valid keys are sparsity, method, scope, granularity, pattern"
             )
+        if "pattern" in config and "sparsity" not in config:
+            n, m = parse_pattern(config["pattern"], f"{key}.pattern")
+            config["sparsity"] = (m - n) / m
         if "sparsity" not in config:
             raise ConfigError(f"{key}.sparsity: missing; give a number in [0, 1)")
         if isinstance(config["sparsity"], Mapping):
@@ -83,6 +113,44 @@ class MaskSpec:
         if isinstance(config.get("method"), str):
             config["method"] = MASE_METHODS.get(config["method"], config["method"])
         return cls(key=key, **config)
+
+
+def parse_pattern(pattern: Any, key: str) -> tuple[int, int]:
+    """``(N, M)`` of an ``"N:M"`` pattern string (keep ``N`` of every ``M``).
+
+    Raises:
+        ConfigError: anything but ``"N:M"`` with ``0 < N < M``, named ``key``.
+    """
+    match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", pattern) if isinstance(pattern, str) else None
+    if match is not None and 0 < int(match[1]) < int(match[2]):
+        return int(match[1]), int(match[2])
+    raise ConfigError(
+        f"{key}={pattern!r}: must be a string 'N:M' with 0 < N < M (keep N of every M consecutive input weights "
+        "of a row), e.g. '2:4'"
+    )
+
+
+def check_pattern(spec: MaskSpec | None, in_features: Mapping[str, int]) -> None:
+    """Every layer's rows (``in_features`` by layer name) split into whole groups of the spec's ``M``.
+
+    Raises:
+        ConfigError: the first layer whose input size is not a multiple of ``M``.
+    """
+    if spec is None or spec.nm is None:
+        return
+    m = spec.nm[1]
+    for name, size in in_features.items():
+        if size % m:
+            raise ConfigError(
+                f"{spec.key}.pattern={spec.pattern!r}: layer {name} has {size} input features, not a multiple of "
+                f"{m}; exclude it (prune.exclude) or choose another M"
+            )
+
+
+def pattern_pruned(scores: Tensor, n: int, m: int) -> Tensor:
+    """True where an entry of ``scores`` (out × in, ``in`` a multiple of ``m``) is pruned: the ``m - n`` lowest of
+    every group of ``m`` consecutive entries of a row, ties by position (the lower index is pruned first)."""
+    return smallest_k(scores.reshape(-1, m), m - n).view(scores.shape)
 
 
 def num_to_prune(numel: int, sparsity: float) -> int:
@@ -172,7 +240,8 @@ def compute_weight_masks(
 
     With ``local`` scope each weight gets exactly :func:`num_to_prune` zeros; with ``global`` scope the weights
     are ranked together and exactly ``num_to_prune(total)`` are zeroed across them, ties broken by position in
-    the concatenation (mapping order, then flat index).
+    the concatenation (mapping order, then flat index). With a ``pattern`` (local only) every group of ``M``
+    consecutive entries of a row (2-D weights, ``out × in``) keeps its ``N`` highest scores (:func:`pattern_pruned`).
 
     Args:
         weights: Name → weight tensor, in a fixed order.
@@ -184,6 +253,12 @@ def compute_weight_masks(
     """
     if generator is None:
         generator = torch.Generator().manual_seed(0)
+    if spec.nm is not None:
+        check_pattern(spec, {name: w.shape[-1] for name, w in weights.items()})
+        return {
+            name: ~pattern_pruned(rank_scores(w, spec.method, generator).reshape(w.shape[0], -1), *spec.nm)
+            for name, w in weights.items()
+        }
     scores = {name: rank_scores(w, spec.method, generator).reshape(1, -1) for name, w in weights.items()}
     if spec.scope == "local":
         return {

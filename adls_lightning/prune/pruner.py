@@ -3,8 +3,9 @@ configs (:func:`lab_pruning_specs`) and baking masks into plain weights (:func:`
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,14 +16,18 @@ from torch.nn.utils import parametrize
 from adls_lightning.errors import ConfigError
 from adls_lightning.lab_config import load_lab_config
 from adls_lightning.layers import name_filter, target_layers
+from adls_lightning.obs import input_statistics
 from adls_lightning.prune.activations import ActivationSparsifier
 from adls_lightning.prune.masks import (
     MaskSpec,
     WeightMask,
     _accept_unpruned_state,
+    check_pattern,
     compute_weight_masks,
     is_weight_pruned,
 )
+from adls_lightning.prune.oneshot import SparseGPTConfig, check_block_size, solve
+from adls_lightning.prune.scores import ONESHOT_METHODS, PRUNE_METHODS
 
 ACTIVATION_SCOPES = ("local",)
 DEFAULT_EXCLUDE = ("classifier",)
@@ -101,12 +106,14 @@ class Pruner:
     """Prunes a model's linear layers according to a config; shared by the pruning and compression callbacks.
 
     Args:
-        weight: Weight pruning config ``{sparsity, method, scope}`` or ``None``/``{}`` for none.
+        weight: Weight pruning config ``{sparsity, method, scope, pattern}`` or ``None``/``{}`` for none; the
+            one-shot methods (``wanda``, ``sparsegpt``) need calibration batches given to :meth:`prune`.
         activation: Activation pruning config ``{sparsity, method, scope: local}`` or ``None``/``{}``.
         include: Regexes selecting layers by name (default: all).
         exclude: Regexes removing layers by name (default: ``["classifier"]``).
         seed: Seed for ``random`` weight and activation masks.
         key: Config key prefix for error messages.
+        sparsegpt: ``{damp, block_size}`` of ``method: sparsegpt`` (:class:`~adls_lightning.prune.oneshot.SparseGPTConfig`).
 
     Raises:
         ConfigError: On any invalid value, before a model is touched.
@@ -127,9 +134,28 @@ class Pruner:
         exclude: Sequence[str] | None = DEFAULT_EXCLUDE,
         seed: int = 0,
         key: str = "prune",
+        sparsegpt: Mapping[str, Any] | None = None,
     ) -> None:
+        self.key = key
         self.weight = MaskSpec.from_config(weight, f"{key}.weight")
         self.activation = MaskSpec.from_config(activation, f"{key}.activation")
+        if self.activation is not None and self.activation.method not in PRUNE_METHODS:
+            raise ConfigError(
+                f"{key}.activation.method={self.activation.method!r}: must be one of {', '.join(PRUNE_METHODS)} "
+                "(one-shot methods prune weights only)"
+            )
+        if self.activation is not None and self.activation.pattern is not None:
+            raise ConfigError(f"{key}.activation.pattern: N:M patterns are for weights only; remove it")
+        unknown = sorted(set(sparsegpt or {}) - {f.name for f in dataclasses.fields(SparseGPTConfig)})
+        if unknown:
+            raise ConfigError(f"{key}.sparsegpt.{unknown[0]}: unknown key; valid: damp, block_size")
+        self.sparsegpt = SparseGPTConfig(**(sparsegpt or {}))
+        check_block_size(self.weight, self.sparsegpt)
+        #: layer name -> weights a one-shot method solved (SparseGPT), kept to put back after a reload of the
+        #: dense state they were solved from (:meth:`put_solved`)
+        self.solved: dict[str, torch.Tensor] = {}
+        #: calibration batches the last one-shot pruning read (the loader may hold fewer than asked)
+        self.calibration_run = 0
         if self.activation is not None and self.activation.scope not in ACTIVATION_SCOPES:
             raise ConfigError(
                 f"{key}.activation.scope={self.activation.scope!r}: must be local (activation masks are "
@@ -158,6 +184,11 @@ class Pruner:
             )
         return targets
 
+    @property
+    def needs_calibration(self) -> bool:
+        """True when the weight method is a one-shot method (it prunes from calibration batches)."""
+        return self.weight is not None and self.weight.method in ONESHOT_METHODS
+
     def register_placeholders(self, model: nn.Module) -> None:
         """Registers all-ones (no-op) weight masks on every target that has none yet.
 
@@ -168,7 +199,9 @@ class Pruner:
         """
         if self.weight is None:
             return
-        for target in self.targets(model):
+        targets = self.targets(model)
+        check_pattern(self.weight, {t.name: t.linear.in_features for t in targets})
+        for target in targets:
             if not is_weight_pruned(target.linear):
                 mask = torch.ones_like(target.linear.weight, dtype=torch.bool)
                 parametrize.register_parametrization(target.linear, "weight", WeightMask(mask))
@@ -176,24 +209,95 @@ class Pruner:
                 target.linear.register_load_state_dict_pre_hook(_accept_unpruned_state)
                 target.linear._accepts_unpruned_state = True
 
-    def prune(self, model: nn.Module) -> dict[str, float]:
+    def prune(
+        self,
+        model: nn.Module,
+        batches: Iterable[Any] | None = None,
+        forward: Callable[[Any], Any] | None = None,
+        count: int = 0,
+    ) -> dict[str, float]:
         """Computes weight masks from the current (effective) weights and starts activation pruning.
 
-        Masks are fixed from then on: call once per model.
+        Masks are fixed from then on: call once per model. A one-shot method first runs ``count`` of ``batches``
+        through ``forward`` (which calls ``model``) to read every pruned layer's inputs; SparseGPT also writes its
+        compensated weights into the layers (and keeps them in :attr:`solved`).
 
         Returns:
             Layer name → realised weight sparsity (counted zeros).
+
+        Raises:
+            ConfigError: a one-shot method without calibration batches, or a layer they never reached.
         """
         targets = self.targets(model)
         if self.weight is not None:
-            generator = torch.Generator().manual_seed(self.seed)
-            weights = {t.name: t.linear.weight for t in targets}
-            masks = compute_weight_masks(weights, self.weight, generator)
             self.register_placeholders(model)
-            for target in targets:
-                target.linear.parametrizations.weight[0].mask.copy_(masks[target.name])
+            if self.needs_calibration:
+                masks, self.solved = self._one_shot(model, targets, batches, forward, count)
+            else:
+                generator = torch.Generator().manual_seed(self.seed)
+                weights = {t.name: t.linear.weight for t in targets}
+                masks = compute_weight_masks(weights, self.weight, generator)
+            with torch.no_grad():
+                for target in targets:
+                    target.linear.parametrizations.weight[0].mask.copy_(masks[target.name])
+            self.put_solved(model)
         self.attach_activation(model)
         return self.layer_sparsity(model)
+
+    def _one_shot(
+        self,
+        model: nn.Module,
+        targets: list[PruneTarget],
+        batches: Iterable[Any] | None,
+        forward: Callable[[Any], Any] | None,
+        count: int,
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Keep-masks and solved weights (the methods that change them) of a one-shot method."""
+        spec = self.weight
+        assert spec is not None
+        if batches is None or forward is None or count < 1:
+            raise ConfigError(
+                f"{spec.key}.method={spec.method!r}: prunes from calibration data; give "
+                f"{self.key}.calibration.batches=N (N >= 1)"
+            )
+        # the input each layer receives, seen where the activation hook would sit (the outermost wrapper)
+        inputs, run = input_statistics(model, {t.name: t.module for t in targets}, batches, forward, count)
+        self.calibration_run = run
+        masks, solved = {}, {}
+        for target in targets:
+            if inputs[target.name].tokens == 0:
+                raise ConfigError(
+                    f"{spec.key}.method={spec.method!r}: layer {target.name} received no input in the {run} "
+                    "calibration batches"
+                )
+            weight = target.linear.weight
+            keep, new_weight = solve(weight, inputs[target.name], spec, self.sparsegpt)
+            masks[target.name] = keep.to(weight.device)
+            if new_weight is not None:
+                solved[target.name] = new_weight.detach().cpu()
+        return masks, solved
+
+    @torch.no_grad()
+    def put_solved(self, model: nn.Module) -> None:
+        """Writes the one-shot solved weights (:attr:`solved`) into ``model``'s layers (behind their masks)."""
+        if not self.solved:
+            return
+        for target in self.targets(model):
+            if target.name in self.solved:
+                original = target.linear.parametrizations.weight.original
+                original.copy_(self.solved[target.name].to(device=original.device, dtype=original.dtype))
+
+    def loads_dense_state(self, model: nn.Module, state_dict: Mapping[str, Any], prefix: str = "") -> bool:
+        """True when ``state_dict`` (about to be loaded into ``model`` at ``prefix``) has no masks for the layers
+        whose weights were solved: a dense state (the checkpoint they were solved from, reloaded by an evaluation
+        stage), after which :meth:`put_solved` must put them back. A pruned state holds its own solved weights."""
+        if not self.solved:
+            return False
+        return not any(
+            f"{prefix}{target.linear_name}.parametrizations.weight.0.mask" in state_dict
+            for target in self.targets(model)
+            if target.name in self.solved
+        )
 
     def has_pruned_weights(self, model: nn.Module) -> bool:
         """True if any target's weight mask removes an entry (e.g. after loading a pruned checkpoint)."""

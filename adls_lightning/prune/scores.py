@@ -1,9 +1,11 @@
-"""Pruning methods that rank entries from the tensor alone: the registry (``prune.weight.method``,
-``prune.activation.method``) and its ``l1`` and ``random`` scores."""
+"""Pruning methods by name (``prune.weight.method``, ``prune.activation.method``): the methods that rank entries from
+the tensor alone (:data:`PRUNE_METHODS`: ``l1``, ``random``) and the one-shot weight methods that also need
+calibration data (:data:`ONESHOT_METHODS`: ``wanda``, ``sparsegpt``, registered in :mod:`adls_lightning.prune.oneshot`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -15,6 +17,17 @@ from adls_lightning.registry import Registry, named_decorator
 ScoreFn = Callable[[Tensor, torch.Generator], Tensor]
 #: Method name (``prune.weight.method``) -> scoring function, filled by :func:`register_method`.
 PRUNE_METHODS: Registry[ScoreFn] = Registry("pruning method")
+
+
+#: Method name -> one-shot solver ``(weight, inputs, spec, config) -> (keep mask, new weight or None)`` (its signature
+#: is :data:`adls_lightning.prune.oneshot.OneShotFn`), filled by :func:`adls_lightning.prune.oneshot.register_oneshot`.
+#: Weights only: they rank each layer with its calibration inputs.
+ONESHOT_METHODS: Registry[Callable[..., Any]] = Registry("one-shot pruning method")
+
+
+def weight_methods() -> list[str]:
+    """Every name ``prune.weight.method`` accepts: the scores, then the one-shot methods."""
+    return [*PRUNE_METHODS, *ONESHOT_METHODS]
 
 
 def register_method(name: str) -> Callable[[ScoreFn], ScoreFn]:
