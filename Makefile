@@ -11,6 +11,10 @@ PYTEST_ARGS ?=
 # two workers on 2 cores finish sooner (full suite on the 2-core machine: 50 min 34 s with 2, CI's last serial run
 # 58 min 42 s); PYTEST_WORKERS=0 runs in one process
 PYTEST_WORKERS ?= 2
+# OpenMP threads per test process: the workers and the runs they start already fill the cores, and torch's
+# default (one thread per core) in each of them oversubscribes them (tests/test_resume.py with 2 workers on the
+# 2-core machine: 129 s with the default, 96 s with 1); a value set in the environment wins
+TEST_THREADS ?= $(or $(OMP_NUM_THREADS),1)
 
 .PHONY: help install train test test-fast lint format cuda-check portable-check bench lab4 clean
 help: ## show this help
@@ -30,10 +34,10 @@ train: install ## fine-tune MiniLM + LoRA on IMDb with the CPU preset (offline, 
 	$(PY) train.py experiment=cpu $(ARGS)
 
 test: install ## run the whole test suite
-	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-fast: install ## tests without the slow (real-model) ones
-	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 lint: install ## ruff lint and format check
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

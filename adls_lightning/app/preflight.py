@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from adls_lightning.data.settings import check_loader_settings
 from adls_lightning.errors import (
     ConfigError,
     require_choice,
@@ -61,11 +62,13 @@ def validate_trainer(trainer: Mapping) -> None:
     accelerator = trainer.get("accelerator")
     if accelerator is None or not isinstance(accelerator, str):
         return
-    import torch
-
     known = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
     if accelerator not in known:
         raise ConfigError(f"trainer.accelerator={accelerator!r}: must be one of {', '.join(known)}")
+    if accelerator not in ("gpu", "cuda", "mps"):
+        return  # torch (2 s to import) is asked only about the devices it must find
+    import torch
+
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"trainer.accelerator={accelerator}: no CUDA GPU on this machine "
@@ -98,13 +101,19 @@ class Problems:
 def validate_run_config(cfg: Mapping) -> None:
     """Check the values of a composed ``train.yaml`` config that no object checks itself.
 
-    Unknown keys are already rejected by Hydra (``Key 'x' is not in struct``); ``data.*`` is checked by the data
-    module when it is built (before anything is written).
+    Unknown keys are already rejected by Hydra (``Key 'x' is not in struct``); of ``data.*``, the loader settings
+    are checked here and the data itself by the data module when it is built (before anything is written).
 
     Raises:
         ConfigError: naming every offending key.
     """
     problems = Problems()
+    data = cfg.get("data") or {}
+    if str(data.get("_target_", "")).startswith(
+        "adls_lightning.data."
+    ):  # the project's data modules' settings
+        with problems.check():
+            check_loader_settings(data)
     seed = cfg.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
         problems.found.append(f"seed={seed!r}: must be an integer in [0, 2**32) or null")

@@ -30,8 +30,9 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 from adls_lightning.data.folder import default_data_dir, find_split_files, folder_task, load_raw_splits
 from adls_lightning.data.glue import HUB_NAME as GLUE_HUB_NAME
 from adls_lightning.data.glue import load_glue
+from adls_lightning.data.settings import check_loader_settings
 from adls_lightning.data.tasks import Task, default_metrics, glue_task, with_main_metric
-from adls_lightning.errors import ConfigError, require_positive_int
+from adls_lightning.errors import ConfigError
 from adls_lightning.models import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -94,14 +95,17 @@ class TextDataModule(LightningDataModule):
         main_metric: str | None = None,
     ) -> None:
         super().__init__()
-        require_positive_int("data.max_length", max_length)
-        require_positive_int("data.batch_size", batch_size)
-        require_positive_int("data.val_size", val_size)
-        require_positive_int("data.train_size", train_size, allow_none=True)
-        require_positive_int("data.test_size", test_size, allow_none=True)
-        require_positive_int("data.pad_to_multiple_of", pad_to_multiple_of, allow_none=True)
-        if truncation_side not in ("left", "right"):
-            raise ConfigError(f"data.truncation_side={truncation_side!r}: must be 'left' or 'right'")
+        check_loader_settings(
+            {
+                "max_length": max_length,
+                "batch_size": batch_size,
+                "val_size": val_size,
+                "train_size": train_size,
+                "test_size": test_size,
+                "pad_to_multiple_of": pad_to_multiple_of,
+                "truncation_side": truncation_side,
+            }
+        )
         self.save_hyperparameters(logger=False)
         self.tokenizer = load_tokenizer(tokenizer)
         # Fingerprint now: calling a fast tokenizer with truncation changes its serialised state.

@@ -119,16 +119,20 @@ torch.library.register_autograd(LINEAR_OP, _linear_backward, setup_context=_line
 
 
 def _load_native_extension() -> ModuleType | None:
-    """Import ``adls_lightning._C`` (registers the CPU/CUDA kernels); None when absent or disabled."""
+    """Import ``adls_lightning._C`` (registers the CPU/CUDA kernels); None when absent or disabled.
+
+    Logged at DEBUG: this runs on import, inside a run's checks, where a record would open the run's log file
+    before the run is accepted; ``native_kernels_loaded()`` / ``native_cpu_isa()`` say the same on demand.
+    """
     if env_flag(DISABLE_NATIVE_ENV):
-        log.info("MXINT8: %s set, using the PyTorch reference kernels", DISABLE_NATIVE_ENV)
+        log.debug("MXINT8: %s set, using the PyTorch reference kernels", DISABLE_NATIVE_ENV)
         return None
     try:
         extension = importlib.import_module("adls_lightning._C")
     except ImportError as error:
-        log.info("MXINT8: native kernels not available (%s); using the PyTorch reference kernels", error)
+        log.debug("MXINT8: native kernels not available (%s); using the PyTorch reference kernels", error)
         return None
-    log.info(
+    log.debug(
         "MXINT8: native kernels loaded (CPU %s%s)",
         extension.cpu_isa,
         ", CUDA" if native_cuda_kernels_loaded() else "",
