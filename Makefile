@@ -8,8 +8,8 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 # test processes (pytest-xdist): most of the suite's time is subprocesses starting Python and importing torch, so
-# two workers on 2 cores finish sooner (full suite on the 2-core machine: 50 min 34 s with 2, CI's last serial run
-# 58 min 42 s); PYTEST_WORKERS=0 runs in one process
+# two workers on 2 cores finish sooner (full suite on the 2-core machine: 30 min 19 s with 2 workers and 1 thread
+# each, see README "Tests"); PYTEST_WORKERS=0 runs in one process
 PYTEST_WORKERS ?= 2
 # OpenMP threads per test process: the workers and the runs they start already fill the cores, and torch's
 # default (one thread per core) in each of them oversubscribes them (tests/test_resume.py with 2 workers on the

@@ -22,6 +22,8 @@ LIGHTNING_NOTICES: tuple[tuple[str, str], ...] = (
     ("💡 Tip:", "an advert for Lightning's hosted services, shown on every run"),
     ("TPU available:", "this project runs on CPUs and CUDA GPUs; the GPU line stays"),
     ("HPU available:", "this project runs on CPUs and CUDA GPUs; the GPU line stays"),
+    # A machine without a GPU has nothing to act on; "GPU available: True, used: False" (a GPU left idle) stays.
+    ("GPU available: False, used: False", "no GPU on this machine, none asked for"),
     (
         "`Trainer(val_check_interval=1.0)` was configured",
         "restates Lightning's default (validate once per epoch)",
@@ -50,9 +52,10 @@ LIBRARY_WARNINGS: tuple[tuple[str, str], ...] = (
     ),
 )
 
-# W&B's terminal output without WANDB_QUIET: a run header and a history/summary footer (about 30 lines) that
-# repeat the run's summary table; quiet keeps where the offline run is saved and how to sync it.
-WANDB_QUIET_ENV = "WANDB_QUIET"
+# W&B's terminal output: a run header and a history/summary footer (about 30 lines; 3 with WANDB_QUIET) that
+# repeat the run's summary table. Silenced; the summary's last line says where W&B keeps the run instead
+# (:func:`wandb_location`). WANDB_SILENT=false in the environment brings W&B's own lines back.
+WANDB_SILENT_ENV = "WANDB_SILENT"
 
 
 class DropNotices(logging.Filter):
@@ -109,7 +112,7 @@ def configure(hydra_verbose: object = False) -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, DropNotices) for f in logger.filters):
             logger.addFilter(notices)
-    os.environ.setdefault(WANDB_QUIET_ENV, "true")
+    os.environ.setdefault(WANDB_SILENT_ENV, "true")
     configure_tool()
 
 
@@ -131,6 +134,16 @@ def quiet_library_warnings() -> None:
     """Silence :data:`LIBRARY_WARNINGS` (also for the command-line tools that run without Hydra's job)."""
     for pattern, _ in LIBRARY_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
+
+
+def wandb_location(run: object) -> str | None:
+    """One line saying where W&B keeps ``run`` (a ``wandb`` run): its page online; offline, its folder and the
+    command that uploads it. None for anything else."""
+    settings = getattr(run, "settings", None)
+    if getattr(run, "offline", False) and getattr(settings, "sync_dir", None):
+        return f"W&B run (offline): {settings.sync_dir} (upload: wandb sync {settings.sync_dir})"
+    url = getattr(run, "url", None)
+    return f"W&B run: {url}" if url else None
 
 
 def drop_unset_wandb_settings(logger: object) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from pathlib import Path
 
 import pytest
 
@@ -45,7 +46,14 @@ def test_tiny_run_prints_each_line_once_with_progress_lines(tiny_imdb_dir, cache
     duplicated = {message: n for message, n in message_counts(others).items() if n > 1}
     assert duplicated == {}, output
     assert [word for word in NOISE if word in output] == [], output
-    assert output.count("GPU available: False, used: False") == 1
+    assert output.count("GPU available: False, used: False") == 0  # nothing to act on without a GPU
+    # W&B's own lines silenced; one line of the summary says where the offline run is and how to upload it
+    assert [line for line in output.splitlines() if line.startswith("wandb:")] == [], output
+    wandb_lines = [line for line in proc.stdout.splitlines() if line.startswith("W&B run (offline): ")]
+    assert len(wandb_lines) == 1, output
+    sync_dir = wandb_lines[0].removeprefix("W&B run (offline): ").split(" (upload: wandb sync ")[0]
+    assert wandb_lines[0].endswith(f"(upload: wandb sync {sync_dir})")
+    assert (tmp_path / "run") in Path(sync_dir).parents and any(Path(sync_dir).glob("*.wandb"))
     assert "Loaded model weights from the checkpoint" not in output
     assert output.count("Evaluating the checkpoint ") == 1
 

@@ -9,7 +9,7 @@ import logging
 import logging.handlers
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -30,7 +30,7 @@ from adls_lightning.errors import ConfigError
 from adls_lightning.gemm import choose as choose_gemm
 from adls_lightning.gemm import gemm_backend
 from adls_lightning.io_utils import AtomicCheckpointIO, atomic_write_json
-from adls_lightning.logs import drop_unset_wandb_settings
+from adls_lightning.logs import drop_unset_wandb_settings, wandb_location
 from adls_lightning.module import parameter_metrics
 from adls_lightning.runtime import keep_freed_memory
 
@@ -272,11 +272,13 @@ def _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_pa
         for logger in loggers:
             logger.log_metrics({f"final/{k}": v for k, v in metrics.items()})
     finally:
+        places = []
         for logger in loggers:
             if isinstance(logger, WandbLogger):
+                places.append(wandb_location(logger.experiment))
                 logger.experiment.finish()
     if trainer.is_global_zero:
-        print_summary(metrics, output_dir, datamodule.task)
+        print_summary(metrics, output_dir, datamodule.task, [p for p in places if p])
     return metrics
 
 
@@ -291,13 +293,19 @@ def _gemm_choice(cfg: DictConfig, model: torch.nn.Module, trainer: L.Trainer) ->
     return choose_gemm(backend, model, rows, cfg.paths.get("cache_dir"))
 
 
-def print_summary(metrics: Mapping[str, float], output_dir: Path, task: Task | None = None) -> None:
-    """A short, human-readable summary of the run: the task's metrics (main metric first), sizes, times."""
+def print_summary(
+    metrics: Mapping[str, float], output_dir: Path, task: Task | None = None, elsewhere: Sequence[str] = ()
+) -> None:
+    """A short, human-readable summary of the run: the task's metrics (main metric first), sizes, times; then
+    the run folder and ``elsewhere``'s lines (where a logger keeps the run)."""
     from rich.console import Console
     from rich.table import Table
 
     # The folder goes below the table, not in its title: Rich wraps a title inside the table's width.
-    table = Table(title="Run summary" + (f" ({task.name})" if task else ""), show_header=False)
+    # No outer edge: the column rule alone separates names from values, two lines fewer of the run's output.
+    table = Table(
+        title="Run summary" + (f" ({task.name})" if task else ""), show_header=False, show_edge=False
+    )
     names = task.metrics if task is not None else ("acc", "f1")
     splits = ("val", *(task.test_splits if task is not None else ("test",)))
     rows = [
@@ -317,6 +325,8 @@ def print_summary(metrics: Mapping[str, float], output_dir: Path, task: Task | N
     console = Console(stderr=False)
     console.print(table)
     console.print(f"Run folder: {output_dir}", soft_wrap=True, highlight=False)
+    for line in elsewhere:
+        console.print(line, soft_wrap=True, highlight=False)
 
 
 @contextmanager
