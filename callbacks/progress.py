@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -86,8 +87,13 @@ class LineProgressBar(ProgressBar):
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)  # attaches the trainer
+        if self._last_line is None:
+            # the first line is due interval_s after the run's setup, not after its first epoch starts: the
+            # loggers' start and the first batch's loading are quiet seconds too
+            self._last_line = time.monotonic()
         if self._heartbeat is None and self.interval_s > 0:
-            self._heartbeat = Heartbeat(min(self.interval_s, 5.0), self._beat)
+            # checked every second: a line is at most a second late, however long one step takes
+            self._heartbeat = Heartbeat(min(self.interval_s, 1.0), self._beat)
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
