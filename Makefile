@@ -15,6 +15,8 @@ PYTEST_WORKERS ?= 2
 # default (one thread per core) in each of them oversubscribes them (tests/test_resume.py with 2 workers on the
 # 2-core machine: 129 s with the default, 96 s with 1); a value set in the environment wins
 TEST_THREADS ?= $(or $(OMP_NUM_THREADS),1)
+CHECK_TEST_THREADS = @[[ "$(TEST_THREADS)" =~ ^[1-9][0-9]*$$ ]] || { echo "error: TEST_THREADS=$(TEST_THREADS) \
+	(or OMP_NUM_THREADS): must be a positive integer, OpenMP threads per test process" >&2; exit 2; }
 
 .PHONY: help install train test test-fast lint format cuda-check portable-check bench lab4 clean
 help: ## show this help
@@ -34,9 +36,11 @@ train: install ## fine-tune MiniLM + LoRA on IMDb with the CPU preset (offline, 
 	$(PY) train.py experiment=cpu $(ARGS)
 
 test: install ## run the whole test suite
+	$(CHECK_TEST_THREADS)
 	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-fast: install ## tests without the slow (real-model) ones
+	$(CHECK_TEST_THREADS)
 	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 lint: install ## ruff lint and format check

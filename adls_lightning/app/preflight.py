@@ -109,9 +109,8 @@ def validate_run_config(cfg: Mapping) -> None:
     """
     problems = Problems()
     data = cfg.get("data") or {}
-    if str(data.get("_target_", "")).startswith(
-        "adls_lightning.data."
-    ):  # the project's data modules' settings
+    # the loader settings of the project's own data modules (another _target_ checks its own arguments)
+    if str(data.get("_target_", "")).startswith("adls_lightning.data."):
         with problems.check():
             check_loader_settings(data)
     seed = cfg.get("seed")

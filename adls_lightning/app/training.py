@@ -272,13 +272,14 @@ def _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_pa
         for logger in loggers:
             logger.log_metrics({f"final/{k}": v for k, v in metrics.items()})
     finally:
-        places = []
+        places = []  # where the loggers keep the run, for the summary's last lines
         for logger in loggers:
             if isinstance(logger, WandbLogger):
-                places.append(wandb_location(logger.experiment))
+                if place := wandb_location(logger.experiment):
+                    places.append(place)
                 logger.experiment.finish()
     if trainer.is_global_zero:
-        print_summary(metrics, output_dir, datamodule.task, [p for p in places if p])
+        print_summary(metrics, output_dir, datamodule.task, places)
     return metrics
 
 
