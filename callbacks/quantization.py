@@ -25,7 +25,7 @@ from adls_lightning.quant import (
     to_recipe,
 )
 from adls_lightning.quant.gptq import GPTQConfig, gptq_quantize, put_weights
-from adls_lightning.quant.smoothquant import Smoothed, check_alpha, smooth
+from adls_lightning.quant.smoothquant import Smoothed, check_alpha, check_scope, smooth
 from adls_lightning.registry import import_plugins
 from callbacks.calibration import calibration_batches, model_forward
 
@@ -67,8 +67,9 @@ class QuantizationCallback(L.Callback):
         calibration: ``{batches: N}``: before evaluation (PTQ) or training (QAT), run N training batches through
             the model so that static activation scales (``scaled_integer`` with ``granularity: tensor``) observe
             their ranges; 0 = none (they measure each tensor instead). A resumed run keeps its ranges.
-        smoothquant: ``{alpha: A}``: before calibration, SmoothQuant's per-channel factors with migration strength A
-            from the calibration batches (:mod:`adls_lightning.quant.smoothquant`); null = off.
+        smoothquant: ``{alpha: A, scope: norm_fed|all}``: before calibration, SmoothQuant's per-channel factors
+            with migration strength A from the calibration batches, for the layers a LayerNorm feeds (the paper's)
+            or for all (:mod:`adls_lightning.quant.smoothquant`); alpha null = off.
         gptq: PTQ only: ``{batches, damp, act_order, block_size}`` (:class:`~adls_lightning.quant.gptq.GPTQConfig`)
             to choose the quantized weights by GPTQ from that many training batches, before evaluation; null = round
             to nearest.
@@ -112,11 +113,12 @@ class QuantizationCallback(L.Callback):
                 )
             self.gptq = GPTQConfig(**gptq)
         smoothquant = dict(smoothquant or {})
-        unknown = sorted(set(smoothquant) - {"alpha"})
+        unknown = sorted(set(smoothquant) - {"alpha", "scope"})
         if unknown:
-            raise ConfigError(f"quant.smoothquant.{unknown[0]}: unknown key; valid: alpha")
+            raise ConfigError(f"quant.smoothquant.{unknown[0]}: unknown key; valid: alpha, scope")
         alpha = smoothquant.get("alpha")
         self.smoothquant_alpha = None if alpha is None else check_alpha(alpha)
+        self.smoothquant_scope = check_scope(smoothquant.get("scope", "norm_fed"))
         if self.smoothquant_alpha is not None and not batches:
             raise ConfigError(
                 "quant.smoothquant.alpha: SmoothQuant's factors come from calibration batches; give "
@@ -211,10 +213,12 @@ class QuantizationCallback(L.Callback):
                 forward,
                 self.calibration_batches,
                 self.smoothquant_alpha,
+                self.smoothquant_scope,
             )
             log.info(
-                "SmoothQuant (alpha %g) smoothed %d layers from %d training batches",
+                "SmoothQuant (alpha %g, %s) smoothed %d layers from %d training batches",
                 self.smoothquant_alpha,
+                self.smoothquant_scope,
                 len(layers),
                 run,
             )
