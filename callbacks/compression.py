@@ -88,6 +88,12 @@ class CompressionCallback(L.Callback):
                     f"compress.prune.{unknown[0]}: unknown key; valid keys are {', '.join(PRUNE_KEYS)}"
                 )
             self.pruner = Pruner(**prune, key="compress.prune")
+            if self.pruner.learns_scores:
+                # compress= prunes once, at_epoch epochs in; movement learns its masks over the training steps
+                raise ConfigError(
+                    f"compress.prune.weight.method={self.pruner.weight.method}: learns its masks while training, "
+                    "compress= prunes once; prune with prune= instead (e.g. prune=movement_0.9)"
+                )
             if self.pruner.needs_calibration:
                 # the compression step draws no calibration batches (yet): refuse before training, not at_epoch later
                 raise ConfigError(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import lightning as L
@@ -44,14 +46,19 @@ class PruningCallback(L.Callback):
     masks and the same parameter order. Whether pruning was applied is callback state. Lightning's ``ModelPruning``
     keeps no such state and loses its masks on resume.
 
+    With a ``schedule`` (always for ``method: movement``, whose scores are learned from the training gradients) the
+    masks are recomputed after every optimizer step at the schedule's sparsity for the next step, from the fit's
+    first step to its last; the learned scores are callback state (saved in checkpoints, restored on resume), and
+    the "best" checkpoint is chosen among those at the final sparsity.
+
     One-shot methods (``method: wanda|sparsegpt``) read ``calibration.batches`` training batches when they prune.
     SparseGPT also changes the kept weights; they are saved in checkpoints like any weight, and when an evaluation
     stage reloads the dense checkpoint they were solved from (``train=false ckpt_path=...``), a load hook puts them
     back, so validation and test both score the solved weights.
 
     Args:
-        weight: Weight pruning ``{sparsity, method: l1|random|wanda|sparsegpt, scope: local|global, pattern: N:M}``;
-            ``None``/``{}`` = none.
+        weight: Weight pruning ``{sparsity, method: l1|random|wanda|sparsegpt|movement, scope: local|global,
+            pattern: N:M}``; ``None``/``{}`` = none.
         activation: Activation pruning ``{sparsity, method: l1|random, scope: local}``; ``None``/``{}`` = none.
         at: ``"fit_start"`` (prune in ``on_fit_start``, after checkpoints and ``init_ckpt`` load) or ``N >= 1``
             (prune after ``N`` epochs, at the start of epoch ``N``; earlier best checkpoints are then forgotten,
@@ -66,6 +73,11 @@ class PruningCallback(L.Callback):
             ``weight`` and ``activation`` replace the two arguments above (``method: l1-norm`` is read as l1).
         calibration: ``{batches: N}``: training batches the one-shot methods read (N >= 1 for them; 0 otherwise).
         sparsegpt: ``{damp, block_size}`` of ``method: sparsegpt``.
+        schedule: ``{initial_sparsity, warmup, cooldown}``: prune while training on the cubic schedule
+            (:class:`~adls_lightning.prune.movement.CubicSchedule`) up to ``weight.sparsity``; ``None`` = prune once
+            at ``at`` (``movement``: the schedule's defaults).
+        train: Whether the run trains (the root ``train``); a schedule prunes during training and refuses a run that
+            does not.
 
     Raises:
         ConfigError: On invalid settings, at construction time.
@@ -88,6 +100,8 @@ class PruningCallback(L.Callback):
         config: Mapping[str, Any] | str | None = None,
         calibration: Mapping[str, Any] | None = None,
         sparsegpt: Mapping[str, Any] | None = None,
+        schedule: Mapping[str, Any] | None = None,
+        train: bool = True,
     ) -> None:
         if config is not None:
             weight, activation = lab_pruning_specs(config, "prune.config")
@@ -95,13 +109,22 @@ class PruningCallback(L.Callback):
             raise ConfigError(f"prune.at={at!r}: must be fit_start or a number of epochs >= 1")
         self.calibration_batches = calibration_batches(calibration, "prune.calibration")
         self.pruner = Pruner(
-            weight, activation, include=include, exclude=exclude, seed=seed, key="prune", sparsegpt=sparsegpt
+            weight,
+            activation,
+            include=include,
+            exclude=exclude,
+            seed=seed,
+            key="prune",
+            sparsegpt=sparsegpt,
+            schedule=schedule,
         )
         if self.pruner.needs_calibration and self.calibration_batches < 1:
             raise ConfigError(
                 f"prune.calibration.batches={self.calibration_batches}: prune.weight.method="
                 f"{self.pruner.weight.method} prunes from calibration data; give N >= 1 training batches"
             )
+        if self.pruner.schedule is not None:
+            self._check_schedule(at, train)
         self.at = at
         self.make_permanent = bool(make_permanent)
         self.applied = False
@@ -109,6 +132,26 @@ class PruningCallback(L.Callback):
         self._module: L.LightningModule | None = None
         self._load_hook: Any = None
         self._dense_reload = False
+        self._total_steps = 0  # optimizer steps of the fit, known at its start
+        self._scheduled_step: int | None = None  # the global step the masks were last computed for
+
+    def _check_schedule(self, at: str | int, train: bool) -> None:
+        method = self.pruner.weight.method
+        if at != "fit_start":
+            raise ConfigError(
+                f"prune.at={at!r}: prune.schedule prunes from the fit's first step; delay it with "
+                "prune.schedule.warmup instead"
+            )
+        if not train:
+            what = (
+                f"prune.weight.method={method}: learns its scores from the training gradients"
+                if self.pruner.learns_scores
+                else "prune.schedule: prunes while training"
+            )
+            raise ConfigError(
+                f"{what}, and train=false trains nothing; evaluate a checkpoint it pruned with "
+                "prune.weight.method=l1 prune.schedule=null (the checkpoint's masks load)"
+            )
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -126,7 +169,62 @@ class PruningCallback(L.Callback):
     # module's init_ckpt load after setup, and the masks must come from the weights that are trained or scored.
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._apply_at_start(trainer, pl_module)
+        if self.pruner.schedule is not None:
+            self._start_schedule(trainer, pl_module)
+        else:
+            self._apply_at_start(trainer, pl_module)
+
+    def _start_schedule(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        total = trainer.estimated_stepping_batches
+        if not math.isfinite(total) or total < 1:
+            what = "an unbounded number of" if total == math.inf else "no"
+            raise ConfigError(
+                f"prune.schedule: the fit has {what} training steps; the sparsity rises over a known number of "
+                "them (check trainer.max_epochs, trainer.max_steps, trainer.limit_train_batches, data.train_size)"
+            )
+        frozen = self.pruner.frozen_layer(pl_module) if self.pruner.learns_scores else None
+        if frozen is not None:
+            raise ConfigError(
+                f"prune.weight.method={self.pruner.weight.method}: layer {frozen}'s weight is frozen, so it has no "
+                "gradient to score (LoRA left unmerged?); use model.merge_lora_before_compress=true or model/lora=none"
+            )
+        self._total_steps = int(total)
+        self.pruner.attach_activation(pl_module)
+        self.applied = True
+
+    # after the training state (the global step) is restored: a resumed fit recomputes the masks of its step
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.pruner.schedule is not None:
+            self._schedule_step(trainer, pl_module)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # once per optimizer step (accumulated batches share one), before the checkpoint callbacks save (Lightning
+        # runs them last), so a checkpoint holds the masks its step trains with
+        if self.pruner.schedule is None or trainer.global_step == self._scheduled_step:
+            return
+        sparsity = self._schedule_step(trainer, pl_module)
+        pl_module.log("prune/scheduled_sparsity", sparsity, on_step=True, on_epoch=False)
+        if trainer.global_step == self.pruner.schedule.bounds(self._total_steps)[1]:
+            forget_best_checkpoints(trainer)  # "best" is chosen among checkpoints at the final sparsity
+
+    def _schedule_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
+        """Masks for the step about to train, at the schedule's sparsity for it (returned)."""
+        assert self.pruner.schedule is not None
+        sparsity = self.pruner.schedule.sparsity(trainer.global_step, self._total_steps)
+        # each process scores its own batches: the masks must come from the scores of all of them
+        reduce = partial(trainer.strategy.reduce, reduce_op="mean") if trainer.world_size > 1 else None
+        self.pruner.prune_scheduled(pl_module, sparsity, reduce)
+        self._scheduled_step = trainer.global_step
+        return sparsity
+
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.pruner.schedule is not None:
+            log_sparsity(trainer, self.pruner, pl_module)
 
     @override
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -137,7 +235,7 @@ class PruningCallback(L.Callback):
         self._apply_at_start(trainer, pl_module)
 
     def _apply_at_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.at == "fit_start" and not self.applied:
+        if self.at == "fit_start" and not self.applied and self.pruner.schedule is None:
             self._apply(trainer, pl_module)
 
     def _before_model_load(
@@ -217,11 +315,18 @@ class PruningCallback(L.Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"applied": self.applied, "act_sparsity": self.act_sparsity}
+        state = {"applied": self.applied, "act_sparsity": self.act_sparsity}
+        if self.pruner.learns_scores and self._module is not None:
+            # learned scores are not model state (the model's keys stay those of any pruned model): saved here
+            state["scores"] = self.pruner.scores(self._module)
+        return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.act_sparsity = state_dict.get("act_sparsity", self.act_sparsity)
+        if self.pruner.learns_scores and "scores" in state_dict:
+            assert self._module is not None
+            self.pruner.load_scores(self._module, state_dict["scores"])
         if state_dict.get("applied", False) and not self.applied:
             # Activation-only pruning leaves no mask in the model state: re-enable the hooks from callback state.
             assert self._module is not None

@@ -23,12 +23,15 @@ weight is not sparse and :meth:`Pruner.weight_sparsity` counts the base weights 
 prune first, then quantize the pruned weights.
 
 One-shot weight pruning from calibration data (``wanda``, ``sparsegpt``) and ``N:M`` patterns (``pattern: "2:4"``,
-for any method) are in :mod:`~adls_lightning.prune.oneshot` and :func:`~adls_lightning.prune.masks.pattern_pruned`.
+for any method) are in :mod:`~adls_lightning.prune.oneshot` and :func:`~adls_lightning.prune.masks.pattern_pruned`;
+movement pruning (scores learned while training) and the cubic sparsity schedule in
+:mod:`~adls_lightning.prune.movement`.
 
 Modules, one per family: :mod:`~adls_lightning.prune.scores` (the method registries, ``l1``, ``random``),
 :mod:`~adls_lightning.prune.masks` (specs, exact counts, patterns, :class:`WeightMask`),
 :mod:`~adls_lightning.prune.activations` (:class:`ActivationSparsifier`), :mod:`~adls_lightning.prune.oneshot`
-(Wanda, SparseGPT) and :mod:`~adls_lightning.prune.pruner` (:class:`Pruner`, layer selection). Every public name is
+(Wanda, SparseGPT), :mod:`~adls_lightning.prune.movement` (:class:`MovementMask`, :class:`CubicSchedule`) and
+:mod:`~adls_lightning.prune.pruner` (:class:`Pruner`, layer selection). Every public name is
 re-exported here.
 """
 
@@ -47,11 +50,13 @@ from adls_lightning.prune.masks import (
     count_true,
     is_weight_pruned,
     kth_smallest,
+    masks_from_scores,
     num_to_prune,
     parse_pattern,
     pattern_pruned,
     smallest_k,
 )
+from adls_lightning.prune.movement import SCHEDULE_KEYS, CubicSchedule, MovementMask, register_learned
 from adls_lightning.prune.oneshot import OneShotFn, SparseGPTConfig, register_oneshot, sparsegpt, wanda
 from adls_lightning.prune.pruner import (
     ACTIVATION_SCOPES,
@@ -63,6 +68,7 @@ from adls_lightning.prune.pruner import (
     make_pruning_permanent,
 )
 from adls_lightning.prune.scores import (
+    LEARNED_METHODS,
     ONESHOT_METHODS,
     PRUNE_METHODS,
     ScoreFn,
@@ -78,12 +84,16 @@ __all__ = [
     "BRACKETED_SELECT_MIN",
     "DEFAULT_EXCLUDE",
     "GRANULARITIES",
+    "LEARNED_METHODS",
     "MASE_METHODS",
     "ONESHOT_METHODS",
     "PRUNE_METHODS",
+    "SCHEDULE_KEYS",
     "SCOPES",
     "ActivationSparsifier",
+    "CubicSchedule",
     "MaskSpec",
+    "MovementMask",
     "OneShotFn",
     "PruneTarget",
     "Pruner",
@@ -99,11 +109,13 @@ __all__ = [
     "l1_scores",
     "lab_pruning_specs",
     "make_pruning_permanent",
+    "masks_from_scores",
     "num_to_prune",
     "parse_pattern",
     "pattern_pruned",
     "random_scores",
     "rank_scores",
+    "register_learned",
     "register_method",
     "register_oneshot",
     "smallest_k",

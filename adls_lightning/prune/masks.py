@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from adls_lightning.errors import ConfigError, require_fraction
-from adls_lightning.prune.scores import ONESHOT_METHODS, PRUNE_METHODS, rank_scores, weight_methods
+from adls_lightning.prune.scores import ONESHOT_METHODS, rank_scores, weight_methods
 
 SCOPES = ("local", "global")
 #: The labs' (MASE's) method names, mapped where a config is read.
@@ -32,7 +32,8 @@ class MaskSpec:
         sparsity: Fraction of entries set to zero, in [0, 1).
         method: ``"l1"`` (smallest magnitude; MASE's ``"l1-norm"`` is read as ``"l1"``) or ``"random"`` (seeded
             uniform ranking), or a method registered with :func:`register_method`; for weights also the one-shot
-            methods ``"wanda"`` and ``"sparsegpt"`` (:mod:`adls_lightning.prune.oneshot`).
+            methods ``"wanda"`` and ``"sparsegpt"`` (:mod:`adls_lightning.prune.oneshot`) and ``"movement"``, whose
+            scores are learned while training (:mod:`adls_lightning.prune.movement`).
         scope: ``"local"`` (per layer) or ``"global"`` (one ranking over all pruned layers; weights only, not with
             a pattern or a one-shot method).
         key: Config key prefix used in error messages, e.g. ``"prune.weight"``.
@@ -52,7 +53,7 @@ class MaskSpec:
 
     def __post_init__(self) -> None:
         require_fraction(f"{self.key}.sparsity", self.sparsity)
-        if self.method not in PRUNE_METHODS and self.method not in ONESHOT_METHODS:
+        if self.method not in weight_methods():
             raise ConfigError(
                 f"{self.key}.method={self.method!r}: must be one of {', '.join(weight_methods())}"
             )
@@ -253,26 +254,39 @@ def compute_weight_masks(
     """
     if generator is None:
         generator = torch.Generator().manual_seed(0)
+    return masks_from_scores(
+        {name: rank_scores(w, spec.method, generator) for name, w in weights.items()}, spec
+    )
+
+
+def masks_from_scores(scores: Mapping[str, Tensor], spec: MaskSpec) -> dict[str, Tensor]:
+    """Keep-masks (True = keep) from ranking scores (the lowest pruned first, ties by position) at
+    ``spec.sparsity``, in ``spec``'s scope or pattern, as :func:`compute_weight_masks` describes.
+
+    Args:
+        scores: Name → scores shaped like the weight (2-D ``out × in`` for a pattern), in a fixed order.
+        spec: Sparsity, scope and pattern (its method is not read: the scores are given).
+
+    Returns:
+        Name → bool keep-mask shaped like the scores, on their device.
+    """
     if spec.nm is not None:
-        check_pattern(spec, {name: w.shape[-1] for name, w in weights.items()})
-        return {
-            name: ~pattern_pruned(rank_scores(w, spec.method, generator).reshape(w.shape[0], -1), *spec.nm)
-            for name, w in weights.items()
-        }
-    scores = {name: rank_scores(w, spec.method, generator).reshape(1, -1) for name, w in weights.items()}
+        check_pattern(spec, {name: s.shape[-1] for name, s in scores.items()})
+        return {name: ~pattern_pruned(s.reshape(s.shape[0], -1), *spec.nm) for name, s in scores.items()}
+    rows = {name: s.reshape(1, -1) for name, s in scores.items()}
     if spec.scope == "local":
         return {
-            name: ~smallest_k(s, num_to_prune(s.numel(), spec.sparsity)).view_as(weights[name])
-            for name, s in scores.items()
+            name: ~smallest_k(row, num_to_prune(row.numel(), spec.sparsity)).view_as(scores[name])
+            for name, row in rows.items()
         }
-    devices = {s.device for s in scores.values()}
+    devices = {row.device for row in rows.values()}
     device = devices.pop() if len(devices) == 1 else torch.device("cpu")
-    flat = torch.cat([s.to(device=device, dtype=torch.float32) for s in scores.values()], dim=1)
+    flat = torch.cat([row.to(device=device, dtype=torch.float32) for row in rows.values()], dim=1)
     pruned = smallest_k(flat, num_to_prune(flat.numel(), spec.sparsity)).squeeze(0)
     masks, start = {}, 0
-    for name, w in weights.items():
-        masks[name] = ~pruned[start : start + w.numel()].view_as(w).to(w.device)
-        start += w.numel()
+    for name, s in scores.items():
+        masks[name] = ~pruned[start : start + s.numel()].view_as(s).to(s.device)
+        start += s.numel()
     return masks
 
 

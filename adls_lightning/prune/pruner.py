@@ -1,5 +1,6 @@
-"""The pruner: which layers (:func:`find_prune_targets`), masks put on them from a config (:class:`Pruner`), lab
-configs (:func:`lab_pruning_specs`) and baking masks into plain weights (:func:`make_pruning_permanent`)."""
+"""The pruner: which layers (:func:`find_prune_targets`), masks put on them from a config (:class:`Pruner`: once,
+or step by step on a schedule), lab configs (:func:`lab_pruning_specs`) and baking masks into plain weights
+(:func:`make_pruning_permanent`)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ from adls_lightning.prune.masks import (
     check_pattern,
     compute_weight_masks,
     is_weight_pruned,
+    masks_from_scores,
 )
+from adls_lightning.prune.movement import CubicSchedule
 from adls_lightning.prune.oneshot import SparseGPTConfig, check_block_size, solve
-from adls_lightning.prune.scores import ONESHOT_METHODS, PRUNE_METHODS
+from adls_lightning.prune.scores import LEARNED_METHODS, ONESHOT_METHODS, PRUNE_METHODS, rank_scores
 
 ACTIVATION_SCOPES = ("local",)
 DEFAULT_EXCLUDE = ("classifier",)
@@ -114,6 +117,10 @@ class Pruner:
         seed: Seed for ``random`` weight and activation masks.
         key: Config key prefix for error messages.
         sparsegpt: ``{damp, block_size}`` of ``method: sparsegpt`` (:class:`~adls_lightning.prune.oneshot.SparseGPTConfig`).
+        schedule: ``{initial_sparsity, warmup, cooldown}``: prune the weights step by step while training, on the
+            cubic schedule (:class:`~adls_lightning.prune.movement.CubicSchedule`) up to ``weight.sparsity``, through
+            :meth:`prune_scheduled`; ``None``: prune once with :meth:`prune`. A learned method (``movement``) always
+            prunes on a schedule (the defaults when ``None``).
 
     Raises:
         ConfigError: On any invalid value, before a model is touched.
@@ -135,9 +142,11 @@ class Pruner:
         seed: int = 0,
         key: str = "prune",
         sparsegpt: Mapping[str, Any] | None = None,
+        schedule: Mapping[str, Any] | None = None,
     ) -> None:
         self.key = key
         self.weight = MaskSpec.from_config(weight, f"{key}.weight")
+        self.schedule = self._schedule(schedule)
         self.activation = MaskSpec.from_config(activation, f"{key}.activation")
         if self.activation is not None and self.activation.method not in PRUNE_METHODS:
             raise ConfigError(
@@ -175,6 +184,25 @@ class Pruner:
         self.sparsifiers: dict[str, ActivationSparsifier] = {}
         self._hooks: dict[str, tuple[nn.Module, Any]] = {}
 
+    def _schedule(self, schedule: Mapping[str, Any] | None) -> CubicSchedule | None:
+        """The weights' schedule: the given one, the defaults for a learned method, else none (prune once)."""
+        spec = self.weight
+        if schedule is None and (spec is None or spec.method not in LEARNED_METHODS):
+            return None
+        if spec is None:
+            raise ConfigError(f"{self.key}.schedule: schedules weight pruning, but {self.key}.weight is null")
+        if spec.method in ONESHOT_METHODS:
+            raise ConfigError(
+                f"{self.key}.schedule: {spec.key}.method={spec.method} prunes once from calibration data, not on a "
+                f"schedule; set {self.key}.schedule=null"
+            )
+        if spec.pattern is not None:
+            raise ConfigError(
+                f"{spec.key}.pattern={spec.pattern!r}: a pattern has one sparsity, a schedule rises to it; set "
+                f"{spec.key}.pattern=null or {self.key}.schedule=null"
+            )
+        return CubicSchedule.from_config(schedule, spec.sparsity, f"{self.key}.schedule")
+
     def targets(self, model: nn.Module) -> list[PruneTarget]:
         """The layers this pruner acts on in ``model`` (see :func:`find_prune_targets`)."""
         targets = find_prune_targets(model, self.include, self.exclude)
@@ -183,6 +211,11 @@ class Pruner:
                 f"prune.include={self.include} / prune.exclude={self.exclude}: no nn.Linear layer is left to prune"
             )
         return targets
+
+    @property
+    def learns_scores(self) -> bool:
+        """True when the weight method learns its scores while training (``movement``)."""
+        return self.weight is not None and self.weight.method in LEARNED_METHODS
 
     @property
     def needs_calibration(self) -> bool:
@@ -201,10 +234,12 @@ class Pruner:
             return
         targets = self.targets(model)
         check_pattern(self.weight, {t.name: t.linear.in_features for t in targets})
+        # a learned method's mask also accumulates its scores (same state keys)
+        mask_type = LEARNED_METHODS.get(self.weight.method, WeightMask)
         for target in targets:
             if not is_weight_pruned(target.linear):
                 mask = torch.ones_like(target.linear.weight, dtype=torch.bool)
-                parametrize.register_parametrization(target.linear, "weight", WeightMask(mask))
+                parametrize.register_parametrization(target.linear, "weight", mask_type(mask))
             if not getattr(target.linear, "_accepts_unpruned_state", False):
                 target.linear.register_load_state_dict_pre_hook(_accept_unpruned_state)
                 target.linear._accepts_unpruned_state = True
@@ -226,8 +261,14 @@ class Pruner:
             Layer name → realised weight sparsity (counted zeros).
 
         Raises:
-            ConfigError: a one-shot method without calibration batches, or a layer they never reached.
+            ConfigError: a one-shot method without calibration batches, or a layer they never reached; a learned
+                method (it prunes while training, :meth:`prune_scheduled`).
         """
+        if self.learns_scores:
+            raise ConfigError(
+                f"{self.key}.weight.method={self.weight.method}: learns its scores while training and prunes on "
+                f"{self.key}.schedule, not at once"
+            )
         targets = self.targets(model)
         if self.weight is not None:
             self.register_placeholders(model)
@@ -243,6 +284,59 @@ class Pruner:
             self.put_solved(model)
         self.attach_activation(model)
         return self.layer_sparsity(model)
+
+    @torch.no_grad()
+    def prune_scheduled(
+        self, model: nn.Module, sparsity: float, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> None:
+        """Recomputes the weight masks at ``sparsity`` (one step of the schedule; masks from :meth:`register_placeholders`).
+
+        A learned method keeps the highest of the scores its layers accumulated (every layer stays dense until they
+        hold any); a score method ranks the current masked weights, so what is pruned stays pruned (``l1``: Zhu &
+        Gupta's gradual magnitude pruning) and ``random`` draws the same noise each time.
+
+        Args:
+            model: The model whose placeholders were registered.
+            sparsity: The sparsity of this step, in ``[0, weight.sparsity]``.
+            reduce: Averages a tensor over the processes of a distributed fit: each process accumulates the scores of
+                its own batches, and the masks must agree. The averaged scores replace each process's own.
+        """
+        assert self.weight is not None and self.schedule is not None
+        targets = self.targets(model)
+        if self.learns_scores:
+            scores = {t.name: t.linear.parametrizations.weight[0].scores for t in targets}
+            if reduce is not None:
+                for value in scores.values():
+                    value.copy_(reduce(value))
+            if not any(bool(value.any()) for value in scores.values()):
+                return  # nothing learned yet (before the first backward): a ranking by position would be arbitrary
+        else:
+            generator = torch.Generator().manual_seed(self.seed)
+            scores = {t.name: rank_scores(t.linear.weight, self.weight.method, generator) for t in targets}
+        masks = masks_from_scores(scores, dataclasses.replace(self.weight, sparsity=sparsity))
+        for target in targets:
+            target.linear.parametrizations.weight[0].mask.copy_(masks[target.name])
+
+    def scores(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Layer name -> a copy of the scores a learned method accumulated (empty for other methods)."""
+        if not self.learns_scores:
+            return {}
+        return {t.name: t.linear.parametrizations.weight[0].scores.clone() for t in self.targets(model)}
+
+    @torch.no_grad()
+    def load_scores(self, model: nn.Module, scores: Mapping[str, torch.Tensor]) -> None:
+        """Puts saved :meth:`scores` back into the layers (a resumed fit)."""
+        for target in self.targets(model):
+            if target.name in scores:
+                buffer = target.linear.parametrizations.weight[0].scores
+                buffer.copy_(scores[target.name].to(device=buffer.device, dtype=buffer.dtype))
+
+    def frozen_layer(self, model: nn.Module) -> str | None:
+        """The first target whose weight gets no gradient (frozen: e.g. a LoRA base layer left unmerged), if any."""
+        for target in self.targets(model):
+            if not target.linear.parametrizations.weight.original.requires_grad:
+                return target.name
+        return None
 
     def _one_shot(
         self,

@@ -1,6 +1,8 @@
 """Pruning methods by name (``prune.weight.method``, ``prune.activation.method``): the methods that rank entries from
-the tensor alone (:data:`PRUNE_METHODS`: ``l1``, ``random``) and the one-shot weight methods that also need
-calibration data (:data:`ONESHOT_METHODS`: ``wanda``, ``sparsegpt``, registered in :mod:`adls_lightning.prune.oneshot`)."""
+the tensor alone (:data:`PRUNE_METHODS`: ``l1``, ``random``), the one-shot weight methods that also need
+calibration data (:data:`ONESHOT_METHODS`: ``wanda``, ``sparsegpt``, registered in :mod:`adls_lightning.prune.oneshot`)
+and the weight methods whose scores are learned while training (:data:`LEARNED_METHODS`: ``movement``, registered in
+:mod:`adls_lightning.prune.movement`)."""
 
 from __future__ import annotations
 
@@ -25,9 +27,15 @@ PRUNE_METHODS: Registry[ScoreFn] = Registry("pruning method")
 ONESHOT_METHODS: Registry[Callable[..., Any]] = Registry("one-shot pruning method")
 
 
+#: Method name -> the weight-mask parametrization (a :class:`~adls_lightning.prune.masks.WeightMask` subclass) that
+#: accumulates the method's scores from the training gradients, filled by
+#: :func:`adls_lightning.prune.movement.register_learned`. Weights only; pruned on ``prune.schedule``.
+LEARNED_METHODS: Registry[type] = Registry("learned pruning method")
+
+
 def weight_methods() -> list[str]:
-    """Every name ``prune.weight.method`` accepts: the scores, then the one-shot methods."""
-    return [*PRUNE_METHODS, *ONESHOT_METHODS]
+    """Every name ``prune.weight.method`` accepts: the scores, the one-shot methods, then the learned ones."""
+    return [*PRUNE_METHODS, *ONESHOT_METHODS, *LEARNED_METHODS]
 
 
 def register_method(name: str) -> Callable[[ScoreFn], ScoreFn]:

@@ -1,0 +1,147 @@
+"""Movement pruning (Sanh et al. 2020, "Movement Pruning: Adaptive Sparsity by Fine-Tuning") and the cubic sparsity
+schedule (Zhu & Gupta 2017) that pruning during training follows.
+
+**Scores.** Magnitude pruning keeps the weights that are large; movement pruning keeps the weights that fine-tuning
+moves away from zero. Each pruned layer accumulates the first-order movement score
+
+    S = -Σ_t W_t ⊙ ∂L/∂W'_t
+
+over every backward pass of the fit, where ``W' = M ⊙ W`` is the masked weight the layer computes with. This is the
+paper's hard movement score under its straight-through estimator (``∂L/∂S = ∂L/∂W' ⊙ W``), summed instead of
+learned by SGD: the score learning rate only scales S and top-k ranks the same. Pruned entries keep accumulating
+(straight-through, their gradient through the mask is ``∂L/∂W'``, not 0), so a pruned weight whose score overtakes
+a kept one comes back. There is no score parameter and no optimizer: S is a float32 buffer beside the mask
+(:class:`MovementMask`), added to by a backward hook on the masked weight.
+
+**Masks.** After every optimizer step the masks keep the highest ``1 - s_t`` of each layer's scores (exactly
+``round(s_t · n)`` zeros, ties by position, :func:`~adls_lightning.prune.masks.masks_from_scores`), with ``s_t``
+the schedule's sparsity for the next step. Until the first backward every score is 0 and the layers stay dense.
+
+**Schedule** (:class:`CubicSchedule`, ``prune.schedule``): of a fit of ``T`` optimizer steps, the first
+``t_w = round(warmup · T)`` steps train at the initial sparsity ``s_i``, the last ``t_c = round(cooldown · T)`` at
+the final one ``s_f`` (``prune.weight.sparsity``), and in between
+
+    s_t = s_f + (s_i - s_f) · (1 - (t - t_w) / (T - t_w - t_c))³
+
+(Zhu & Gupta's cubic ramp, with Sanh et al.'s warm-up and cool-down). The mask computed after the last step has
+``s_T = s_f``, so the trained model ends at the final sparsity even with ``cooldown = 0``. Any score method follows
+the same schedule (``l1`` on it is Zhu & Gupta's gradual magnitude pruning); only learned methods need it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from adls_lightning.errors import ConfigError, require_fraction
+from adls_lightning.prune.masks import WeightMask, num_to_prune
+from adls_lightning.prune.scores import LEARNED_METHODS
+from adls_lightning.registry import named_decorator
+
+#: ``prune.schedule``'s keys (the final sparsity is ``prune.weight.sparsity``).
+SCHEDULE_KEYS = ("initial_sparsity", "warmup", "cooldown")
+
+
+def register_learned(name: str) -> Callable[[type], type]:
+    """Decorator: make a :class:`~adls_lightning.prune.masks.WeightMask` subclass that accumulates its own ranking
+    scores in a ``scores`` buffer (the highest are kept) available as ``method: <name>``."""
+    return named_decorator(LEARNED_METHODS, name)
+
+
+@register_learned("movement")
+class MovementMask(WeightMask):
+    """A :class:`~adls_lightning.prune.masks.WeightMask` that also accumulates movement scores ``-W ⊙ ∂L/∂W'``.
+
+    The ``scores`` buffer is not persistent: the model's ``state_dict`` keeps exactly the keys of any other pruned
+    layer, so checkpoints, exports and evaluations load alike; the pruning callback saves the scores in its own
+    state, which is what a resumed fit needs.
+    """
+
+    def __init__(self, mask: Tensor) -> None:
+        super().__init__(mask)
+        scores = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        self.register_buffer("scores", scores, persistent=False)
+
+    def forward(self, weight: Tensor) -> Tensor:
+        masked = super().forward(weight)
+        if masked.requires_grad:  # a training forward: score the gradient it gets
+            original = weight.detach()
+            masked.register_hook(lambda grad: self._accumulate(grad, original))
+        return masked
+
+    @torch.no_grad()
+    def _accumulate(self, grad: Tensor, weight: Tensor) -> None:
+        # the gradient of the masked weight, for every entry: straight-through, pruned ones are scored too
+        self.scores.addcmul_(grad.to(self.scores.dtype), weight.to(self.scores.dtype), value=-1.0)
+
+
+@dataclass(frozen=True)
+class CubicSchedule:
+    """The sparsity of each training step (see the module docstring for the formula).
+
+    Args:
+        final_sparsity: ``s_f``, reached after ``T - t_c`` steps (``prune.weight.sparsity``).
+        initial_sparsity: ``s_i`` in ``[0, s_f]``, the sparsity of the warm-up steps.
+        warmup: Fraction of the fit's steps at ``s_i``, in ``[0, 1)``.
+        cooldown: Fraction of the fit's steps at ``s_f``, at its end, in ``[0, 1)``; ``warmup + cooldown < 1``.
+        key: Config key prefix for error messages.
+
+    Raises:
+        ConfigError: On a value out of range.
+    """
+
+    final_sparsity: float
+    initial_sparsity: float = 0.0
+    warmup: float = 0.1
+    cooldown: float = 0.1
+    key: str = "prune.schedule"
+
+    def __post_init__(self) -> None:
+        for name in ("warmup", "cooldown"):
+            require_fraction(f"{self.key}.{name}", getattr(self, name))
+        if self.warmup + self.cooldown >= 1:
+            raise ConfigError(
+                f"{self.key}.warmup={self.warmup} + {self.key}.cooldown={self.cooldown}: must be below 1, leaving "
+                "training steps for the sparsity to rise in"
+            )
+        require_fraction(f"{self.key}.initial_sparsity", self.initial_sparsity)
+        if self.initial_sparsity > self.final_sparsity:
+            raise ConfigError(
+                f"{self.key}.initial_sparsity={self.initial_sparsity}: must be at most the final sparsity "
+                f"{self.final_sparsity} (prune.weight.sparsity); the schedule only rises"
+            )
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any] | None, final_sparsity: float, key: str = "prune.schedule"
+    ) -> CubicSchedule:
+        """The schedule of a ``{initial_sparsity, warmup, cooldown}`` mapping; ``None`` = the defaults.
+
+        Raises:
+            ConfigError: On an unknown key or a value out of range.
+        """
+        config = {k: v for k, v in (config or {}).items() if v is not None}
+        unknown = sorted(set(config) - set(SCHEDULE_KEYS))
+        if unknown:
+            raise ConfigError(f"{key}.{unknown[0]}: unknown key; valid keys are {', '.join(SCHEDULE_KEYS)}")
+        return cls(final_sparsity=final_sparsity, key=key, **config)
+
+    def bounds(self, total_steps: int) -> tuple[int, int]:
+        """``(t_w, T - t_c)``: the first step of the ramp and the first step at the final sparsity."""
+        # num_to_prune is the exact round-half-up of fraction x count the masks' counts use
+        return num_to_prune(total_steps, self.warmup), total_steps - num_to_prune(total_steps, self.cooldown)
+
+    def sparsity(self, step: int, total_steps: int) -> float:
+        """The sparsity of the masks step ``step`` (0-based; ``total_steps`` = after the last) trains with."""
+        start, end = self.bounds(total_steps)
+        if step >= end:
+            return self.final_sparsity
+        if step < start:
+            return self.initial_sparsity
+        remaining = 1 - (step - start) / (end - start)
+        # s_f + (s_i - s_f) r³ written from s_i: exactly s_i at the ramp's first step (r = 1), never below it
+        return self.initial_sparsity + (self.final_sparsity - self.initial_sparsity) * (1 - remaining**3)

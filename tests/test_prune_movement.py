@@ -1,0 +1,283 @@
+"""Movement pruning and the cubic sparsity schedule: scores against -Σ W·∂L/∂W' computed by hand, exact top-k masks,
+the schedule against its formula, ``train.py prune=movement_0.9`` end to end, kill-and-resume, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from adls_lightning.app.training import run
+from adls_lightning.build import build
+from adls_lightning.errors import ConfigError
+from adls_lightning.prune import CubicSchedule, MovementMask, Pruner, WeightMask
+from tests.helpers import assert_one_line_error, kill_and_resume, run_train
+
+SMALL = ["data.train_size=64", "data.val_size=16", "data.test_size=16", "data.max_length=32"]
+MASK_SUFFIX = ".parametrizations.weight.0.mask"
+# tiny_random: 2 layers x (q, k, v, attention.output 32x32; intermediate 64x32; output 32x64) + pooler 32x32
+TINY_LAYER_SIZES = [32 * 32] * 4 + [64 * 32] * 2
+TINY_SIZES = TINY_LAYER_SIZES * 2 + [32 * 32]
+
+
+def zeros_at(n: int, sparsity: float) -> int:
+    """round(sparsity * n), half up, in exact rational arithmetic (independent of the library's Decimal)."""
+    return int(Fraction(str(sparsity)) * n + Fraction(1, 2))
+
+
+class TwoLinears(nn.Module):
+    """A tiny model of two prunable linears (none named like the default-excluded classifier)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = nn.Linear(6, 5)
+        self.second = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.tanh(self.first(x)))
+
+
+def test_scores_are_minus_weight_times_masked_weight_gradient_summed_over_steps():
+    """Scores after a few SGD steps equal -Σ_t W_t ⊙ (∂L/∂W'_t) with the gradient of y = x W'ᵀ + b under an MSE loss
+    written out by hand; after half the weights are masked, the pruned entries keep scoring (straight-through)."""
+    torch.manual_seed(0)
+    layer = nn.Linear(6, 4)
+    pruner = Pruner(weight={"method": "movement", "sparsity": 0.5})
+    pruner.register_placeholders(layer)
+    assert isinstance(layer.parametrizations.weight[0], MovementMask)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    expected = torch.zeros(4, 6, dtype=torch.float64)
+    for step in range(5):
+        if step == 3:  # from here on half of the weights are masked
+            pruner.prune_scheduled(layer, 0.5)
+        x, target = torch.randn(8, 6), torch.randn(8, 4)
+        weight = layer.parametrizations.weight.original.detach().double().clone()
+        mask = layer.parametrizations.weight[0].mask.double()
+        # by hand: y = x (M ⊙ W)ᵀ + b, L = mean((y - t)²), ∂L/∂y = 2 (y - t) / numel, ∂L/∂W' = (∂L/∂y)ᵀ x
+        y = x.double() @ (mask * weight).T + layer.bias.detach().double()
+        grad_masked = (2 * (y - target.double()) / y.numel()).T @ x.double()
+        expected -= weight * grad_masked
+        optimizer.zero_grad()
+        nn.functional.mse_loss(layer(x), target).backward()
+        optimizer.step()
+        scores = layer.parametrizations.weight[0].scores
+        torch.testing.assert_close(scores.double(), expected, rtol=1e-5, atol=1e-6)
+    assert not bool(mask.all())  # the last steps had masked entries ...
+    assert bool((expected[mask == 0] != 0).all())  # ... and those kept being scored
+    # the weights' own gradient is still masked: pruned weights are not trained
+    assert bool((layer.parametrizations.weight.original.grad[mask == 0] == 0).all())
+
+
+def test_mask_keeps_exactly_the_highest_scores_of_each_layer():
+    model = TwoLinears()
+    pruner = Pruner(weight={"method": "movement", "sparsity": 0.8})
+    pruner.register_placeholders(model)
+    generator = torch.Generator().manual_seed(3)
+    scores = {
+        name: torch.randn(size, generator=generator) for name, size in [("first", (5, 6)), ("second", (3, 5))]
+    }
+    pruner.load_scores(model, scores)
+    for sparsity in (0.0, 0.3, 0.55, 0.8):
+        pruner.prune_scheduled(model, sparsity)
+        for name, value in scores.items():
+            mask = getattr(model, name).parametrizations.weight[0].mask
+            kept = value.numel() - zeros_at(value.numel(), sparsity)
+            assert int(mask.sum()) == kept, (name, sparsity)
+            top = value.flatten().argsort(descending=True)[:kept]  # independent: a full sort of the scores
+            assert set(mask.flatten().nonzero().flatten().tolist()) == set(top.tolist())
+            assert bool((getattr(model, name).weight[~mask] == 0).all())
+
+
+def test_layers_stay_dense_until_a_score_is_learned():
+    model = TwoLinears()
+    pruner = Pruner(weight={"method": "movement", "sparsity": 0.5})
+    pruner.register_placeholders(model)
+    pruner.prune_scheduled(model, 0.5)  # all scores 0: nothing to rank by
+    assert all(bool(layer.parametrizations.weight[0].mask.all()) for layer in (model.first, model.second))
+
+
+def test_scores_are_not_model_state():
+    """A movement-pruned layer has the state keys of any pruned layer (checkpoints, exports and evaluations load
+    alike); its scores travel in the callback's state instead."""
+    movement, plain = TwoLinears(), TwoLinears()
+    Pruner(weight={"method": "movement", "sparsity": 0.5}).register_placeholders(movement)
+    Pruner(weight={"method": "l1", "sparsity": 0.5}).register_placeholders(plain)
+    assert type(plain.first.parametrizations.weight[0]) is WeightMask
+    assert list(movement.state_dict()) == list(plain.state_dict())
+    plain.load_state_dict(movement.state_dict())
+
+
+def test_cubic_schedule_follows_its_formula():
+    s_i, s_f, total = 0.1, 0.9, 50
+    schedule = CubicSchedule(final_sparsity=s_f, initial_sparsity=s_i, warmup=0.2, cooldown=0.1)
+    t_w, t_c = 10, 5  # 0.2 * 50 and 0.1 * 50 steps
+    assert schedule.bounds(total) == (t_w, total - t_c)
+    for step in (0, 5, 9):
+        assert schedule.sparsity(step, total) == s_i
+    for step in (10, 11, 20, 27, 44):
+        formula = s_f + (s_i - s_f) * (1 - (step - t_w) / (total - t_w - t_c)) ** 3
+        assert schedule.sparsity(step, total) == pytest.approx(formula, abs=1e-12), step
+    for step in (45, 49, 50):  # the cool-down, and the masks after the last step
+        assert schedule.sparsity(step, total) == s_f
+    values = [schedule.sparsity(step, total) for step in range(total + 1)]
+    assert values == sorted(values)  # it only rises
+    # no cool-down: the final sparsity is that of the masks computed after the last step
+    no_cooldown = CubicSchedule(final_sparsity=s_f, cooldown=0.0)
+    assert no_cooldown.sparsity(total - 1, total) < s_f == no_cooldown.sparsity(total, total)
+
+
+def test_l1_on_a_schedule_prunes_gradually_and_keeps_what_it_pruned():
+    model = TwoLinears()
+    pruner = Pruner(weight={"method": "l1", "sparsity": 0.8}, schedule={"warmup": 0.0, "cooldown": 0.0})
+    pruner.register_placeholders(model)
+    previous = {name: torch.ones(1, dtype=torch.bool) for name in ("first", "second")}
+    for sparsity in (0.2, 0.5, 0.8):
+        with torch.no_grad():  # training moves the kept weights between steps
+            for layer in (model.first, model.second):
+                layer.parametrizations.weight.original.mul_(torch.rand_like(layer.weight) + 0.5)
+        pruner.prune_scheduled(model, sparsity)
+        for name in previous:
+            layer = getattr(model, name)
+            mask, weight = layer.parametrizations.weight[0].mask, layer.parametrizations.weight.original
+            assert int((~mask).sum()) == zeros_at(mask.numel(), sparsity)
+            assert bool((~previous[name] <= ~mask).all())  # pruned once, pruned from then on
+            assert float(weight[mask].abs().min()) >= float(weight[~mask & previous[name]].abs().max())
+            previous[name] = mask.clone()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"schedule": {"warmup": 1.5}}, "prune.schedule.warmup=1.5: must be a number in [0.0, 1.0)"),
+        ({"schedule": {"cooldown": -0.1}}, "prune.schedule.cooldown=-0.1: must be a number in [0.0, 1.0)"),
+        (
+            {"schedule": {"warmup": 0.6, "cooldown": 0.4}},
+            "prune.schedule.warmup=0.6 + prune.schedule.cooldown=0.4",
+        ),
+        ({"schedule": {"initial_sparsity": 0.95}}, "prune.schedule.initial_sparsity=0.95: must be at most"),
+        ({"schedule": {"end": 0.5}}, "prune.schedule.end: unknown key"),
+        (
+            {"weight": {"method": "movement", "sparsity": 0.5, "pattern": "2:4"}},
+            "prune.weight.pattern='2:4': a pattern",
+        ),
+        (
+            {"weight": {"method": "wanda", "sparsity": 0.5}, "schedule": {}},
+            "prune.schedule: prune.weight.method=wanda",
+        ),
+        (
+            {"activation": {"method": "movement", "sparsity": 0.5}},
+            "prune.activation.method='movement': must be one of",
+        ),
+    ],
+)
+def test_bad_settings_are_one_line(kwargs, message):
+    kwargs = {"weight": {"method": "movement", "sparsity": 0.9}, **kwargs}
+    with pytest.raises(ConfigError) as err:
+        Pruner(**kwargs, key="prune")
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["prune=movement_0.9", "train=false"],
+            "prune.weight.method=movement: learns its scores from the training gradients, and train=false",
+        ),
+        (["prune=movement_0.9", "prune.at=1"], "prune.at=1: prune.schedule prunes from the fit's first step"),
+        (["prune=movement_0.9", "prune.schedule.warmup=2"], "prune.schedule.warmup=2: must be a number in"),
+        (
+            ["compress=l1_0.5", "compress.prune.weight.method=movement"],
+            "compress.prune.weight.method=movement: learns its masks while training",
+        ),
+    ],
+)
+def test_bad_presets_fail_on_construction(compose_cfg, overrides, message):
+    cfg = compose_cfg(overrides)
+    group = overrides[0].split("=")[0]
+    with pytest.raises(ConfigError) as err:
+        build(
+            cfg[group], group, _convert_="partial"
+        )  # as instantiate_callbacks does, before anything is written
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_a_fit_without_training_steps_is_refused(compose_cfg):
+    with pytest.raises(ConfigError, match=r"^prune.schedule: the fit has no training steps"):
+        run(compose_cfg([*SMALL, "prune=movement_0.9", "+trainer.limit_train_batches=0"]))
+
+
+def test_frozen_weights_are_refused(compose_cfg):
+    with pytest.raises(ConfigError, match=r"^prune.weight.method=movement: layer .* is frozen"):
+        run(compose_cfg([*SMALL, "prune=movement_0.9", "model.merge_lora_before_compress=false"]))
+
+
+def _checkpoint(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _masks(checkpoint: dict) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in checkpoint["state_dict"].items() if k.endswith(MASK_SUFFIX)}
+
+
+def test_movement_preset_runs_through_train_py(tiny_imdb_dir, cache_dir, tmp_path):
+    out = tmp_path / "movement"
+    proc = run_train(tiny_imdb_dir, cache_dir, out, *SMALL, "prune=movement_0.9", "trainer.max_epochs=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    # every layer ends with exactly round(0.9 n) zeros (nothing else is zero in a trained float weight)
+    assert metrics["prune/weight_sparsity"] == sum(zeros_at(n, 0.9) for n in TINY_SIZES) / sum(TINY_SIZES)
+    assert metrics["prune/weight_sparsity"] == pytest.approx(0.9, abs=1e-3)
+    assert metrics["prune/scheduled_sparsity"] == pytest.approx(0.9)
+    best = _checkpoint(next((out / "checkpoints").glob("best-*.ckpt")))
+    masks = _masks(best)
+    assert sorted(mask.numel() for mask in masks.values()) == sorted(TINY_SIZES)
+    for key, mask in masks.items():  # the best checkpoint is one at the final sparsity
+        assert int((~mask).sum()) == zeros_at(mask.numel(), 0.9), key
+    scores = best["callbacks"]["PruningCallback"]["scores"]
+    assert len(scores) == len(TINY_SIZES) and all(bool(value.any()) for value in scores.values())
+
+
+def test_train_false_is_one_line_on_the_command_line(tiny_imdb_dir, cache_dir, tmp_path):
+    proc = run_train(tiny_imdb_dir, cache_dir, tmp_path / "bad", "prune=movement_0.9", "train=false")
+    assert_one_line_error(
+        proc, "error: prune.weight.method=movement: learns its scores", "train=false trains"
+    )
+    assert not [path for path in (tmp_path / "bad").rglob("*")]  # refused before anything was written
+
+
+@pytest.mark.slow
+def test_killed_movement_run_resumes_with_the_same_scores_and_masks(tiny_imdb_dir, cache_dir, tmp_path):
+    """Killed mid-ramp (step 11 of 16; warm-up 2 steps, cool-down 2) and resumed from the last.ckpt of step 9: the
+    same masks and scores at the end as an uninterrupted run, and the same metrics bit for bit."""
+    overrides = [
+        *SMALL,
+        "prune=movement_0.9",
+        "trainer.max_epochs=2",
+        "data.batch_size=8",
+        "callbacks.last_checkpoint.every_n_train_steps=3",
+    ]
+    runs = kill_and_resume(tiny_imdb_dir, cache_dir, tmp_path, overrides, 11)
+    assert runs["resumed_from_step"] == 9
+    for name in (
+        "last.ckpt",
+        "best-epoch01-step16.ckpt",
+    ):  # the last step-checkpoint (15) and the final model
+        whole, resumed = (_checkpoint(runs[run] / "checkpoints" / name) for run in ("whole", "killed"))
+        assert whole["global_step"] == resumed["global_step"] > 11
+        whole_masks, resumed_masks = _masks(whole), _masks(resumed)
+        assert whole_masks.keys() == resumed_masks.keys() and len(whole_masks) == len(TINY_SIZES)
+        assert all(torch.equal(whole_masks[key], resumed_masks[key]) for key in whole_masks)
+        whole_scores, resumed_scores = (c["callbacks"]["PruningCallback"]["scores"] for c in (whole, resumed))
+        assert whole_scores.keys() == resumed_scores.keys()
+        assert all(torch.equal(whole_scores[key], resumed_scores[key]) for key in whole_scores)
+    whole_metrics, resumed_metrics = (
+        json.loads((runs[n] / "metrics.json").read_text()) for n in ("whole", "killed")
+    )
+    for key in ("val/acc", "test/loss", "test/acc", "prune/weight_sparsity"):
+        assert resumed_metrics[key] == whole_metrics[key], key
