@@ -4,6 +4,10 @@
 in ``load_state_dict`` with a page of key names. Here each becomes a :class:`ConfigError` naming the key, the
 file and what is wrong: not a checkpoint, truncated, not a Lightning checkpoint, or the first tensor whose shape
 differs. Checks run before anything of the run is written.
+
+torch is imported by the functions that need it, not by this module: the pre-flight check runs
+:func:`check_checkpoint_file` (and, for a file that passes, :func:`read_checkpoint`) before the run has imported
+anything heavy, and a refused file should not cost torch's import (seconds).
 """
 
 from __future__ import annotations
@@ -12,11 +16,12 @@ import pickle
 import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from adls_lightning.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 # torch.save's archive is a zip; every zip starts with a local file header.
 ZIP_MAGIC = b"PK\x03\x04"
@@ -52,18 +57,23 @@ def check_checkpoint_file(path: str | Path, key: str) -> None:
         )
 
 
-def read_checkpoint(path: str | Path, key: str) -> dict[str, Any]:
+def read_checkpoint(path: str | Path, key: str, mmap: bool = False) -> dict[str, Any]:
     """Load a Lightning checkpoint onto the CPU.
+
+    ``mmap``: map the tensors' bytes instead of reading them; what is checked is the same (the whole archive's
+    structure is unpickled), for a caller that needs no weights (the pre-flight check, before the run reads it).
 
     Raises:
         ConfigError: ``KEY=PATH: <what is wrong>`` for a missing, empty, non-checkpoint, truncated or
             non-Lightning file.
     """
+    import torch
+
     check_checkpoint_file(path, key)
     try:
         # Lightning checkpoints hold plain containers and tensors (hyper-parameters are saved as dicts), so the
         # safe loader suffices and a hostile file cannot run code while being read.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, KeyError, ValueError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"{key}={path}: damaged or truncated checkpoint ({reason[:200]})") from None
@@ -86,6 +96,8 @@ def check_shapes(
     Raises:
         ConfigError: ``KEY=PATH: shapes of key K differ: checkpoint a x b vs model c x d``, or no key in common.
     """
+    import torch
+
     own = model.state_dict()
     common = [k for k in state_dict if k in own]
     if not common:

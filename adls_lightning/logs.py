@@ -120,13 +120,25 @@ def configure_tool() -> None:
     """What a command-line tool without Hydra's job (export, evaluate) shares with a run's console: the library
     warnings the user cannot act on silenced, and no redrawn progress bars where there is no terminal."""
     quiet_library_warnings()
-    if not is_terminal():
-        # Progress bars redrawn with carriage returns are one garbled line each in a file or a pipe; the project
-        # logs what it tokenizes and loads instead (and callbacks/progress.py prints timed progress lines).
-        import datasets
+    quiet_progress_bars()
+
+
+def quiet_progress_bars(transformers_too: bool = True) -> None:
+    """No redrawn progress bars of ``datasets`` (and transformers) where there is no terminal.
+
+    The pre-flight check reads a run's data files before the run's console is set up: it quiets ``datasets`` only,
+    leaving transformers (seconds to import) to the run.
+    """
+    if is_terminal():
+        return
+    # Progress bars redrawn with carriage returns are one garbled line each in a file or a pipe; the project
+    # logs what it tokenizes and loads instead (and callbacks/progress.py prints timed progress lines).
+    import datasets
+
+    datasets.disable_progress_bars()
+    if transformers_too:
         import transformers
 
-        datasets.disable_progress_bars()
         transformers.utils.logging.disable_progress_bar()
 
 

@@ -22,9 +22,6 @@ from transformers import BertConfig, BertForSequenceClassification
 from adls_lightning.errors import ConfigError
 from adls_lightning.models import build_from_config
 
-# Knobs of the searched architecture, in the order the search space samples them.
-ARCH_KNOBS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size")
-
 
 def square_linears(model: nn.Module) -> list[str]:
     """Names of the ``nn.Linear`` modules of ``model`` whose weight is square, in module order."""

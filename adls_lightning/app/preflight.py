@@ -4,6 +4,8 @@
 checks every target and value, and turns a refusal into one line on stderr and exit code 2 -- before Hydra
 instantiates its callbacks or writes anything into a run folder. Objects check their own arguments (the data
 module its ``data.*`` keys, the sweeper its ``hydra.sweeper.*``); this module checks only what no object owns.
+A single run's input files (local data, checkpoints) are then read by the same library functions the run calls
+(:func:`check_run_inputs`), so a bad file is refused before torch or Lightning is imported.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import contextlib
 import copy
 import functools
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +104,8 @@ def validate_run_config(cfg: Mapping) -> None:
     """Check the values of a composed ``train.yaml`` config that no object checks itself.
 
     Unknown keys are already rejected by Hydra (``Key 'x' is not in struct``); of ``data.*``, the loader settings
-    are checked here and the data itself by the data module when it is built (before anything is written).
+    are checked here and the data itself by the data module when it is built (before anything is written; a single
+    run's local files are read before that by :func:`check_run_inputs`).
 
     Raises:
         ConfigError: naming every offending key.
@@ -141,10 +144,7 @@ def validate_run_config(cfg: Mapping) -> None:
         require_fraction("model.warmup_ratio", _get(cfg, "model.warmup_ratio", 0.0))
     with problems.check():
         require_choice("runtime.gemm", _get(cfg, "runtime.gemm", "auto"), GEMM_BACKENDS)
-    for key in ("init_ckpt", "ckpt_path"):
-        path = cfg.get(key)
-        if path is None or (key == "ckpt_path" and path in ("last", "best")):
-            continue
+    for key, path in checkpoint_files(cfg):
         if not Path(str(path)).is_file():
             valid = "a .ckpt path, 'last', or null" if key == "ckpt_path" else "a .ckpt path or null"
             problems.found.append(f"{key}={path}: no such checkpoint file (give {valid})")
@@ -156,11 +156,52 @@ def validate_run_config(cfg: Mapping) -> None:
     problems.raise_all()
 
 
-def check_composed_config(cfg: Any, multirun: bool, sweep_overrides: bool = False) -> None:
+def checkpoint_files(cfg: Mapping) -> Iterator[tuple[str, Any]]:
+    """``(key, path)`` of each checkpoint file a run config names: ``init_ckpt``, and ``ckpt_path`` unless it is
+    ``last`` or ``best`` (found by the run)."""
+    for key in ("init_ckpt", "ckpt_path"):
+        path = cfg.get(key)
+        if path is not None and not (key == "ckpt_path" and path in ("last", "best")):
+            yield key, path
+
+
+def check_run_inputs(job: Mapping) -> None:
+    """A single run's input files, read and checked as the run reads them, before it imports Lightning: the data
+    module's local splits (:func:`~adls_lightning.data.sources.check_local_data`; the run then takes them from
+    this process's cache) and the checkpoints' contents (the guarded reader, tensors mapped, not read: a plain
+    tensor, a hostile pickle or a file that is not Lightning's is refused here). Whether a checkpoint fits the
+    model is the run's check, once the model is built.
+
+    Not for a multirun: its jobs may sweep the data keys, and each job checks its own when built.
+
+    Raises:
+        ConfigError: naming every problem found.
+    """
+    problems = Problems()
+    data = job.get("data") or {}
+    if str(data.get("_target_", "")).startswith("adls_lightning.data."):
+        from adls_lightning.data.sources import check_local_data
+        from adls_lightning.logs import quiet_progress_bars
+
+        quiet_progress_bars(transformers_too=False)  # read before the run's console is set up
+        with problems.check():
+            check_local_data(data)
+    for key, path in checkpoint_files(job):
+        from adls_lightning.checkpoints import read_checkpoint
+
+        with problems.check():
+            read_checkpoint(path, key, mmap=True)
+    problems.raise_all()
+
+
+def check_composed_config(cfg: Any, multirun: bool, sweep_overrides: bool = False) -> dict:
     """Every check that needs no object built: targets of the whole config (``hydra`` included), values, run dir.
 
     ``cfg`` is composed with ``return_hydra_config=True`` (as Hydra will run it); ``sweep_overrides``: the command
     line holds sweep overrides (``key=interval(...)``), a search's parameters.
+
+    Returns:
+        The job's config, resolved, without ``hydra`` (what :func:`check_run_inputs` reads).
     """
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
@@ -219,6 +260,7 @@ def check_composed_config(cfg: Any, multirun: bool, sweep_overrides: bool = Fals
             run_dir, job, "hydra.sweep.dir" if multirun else "hydra.run.dir", earlier_run=not multirun
         )
     problems.raise_all()
+    return job
 
 
 def preflight(hydra_main: Callable[[], Any], config_dir: Path, config_name: str) -> Callable[[], Any]:
@@ -251,7 +293,9 @@ def preflight(hydra_main: Callable[[], Any], config_dir: Path, config_name: str)
                     "MULTIRUN",
                     "RunMode.MULTIRUN",
                 )
-                check_composed_config(cfg, multirun, sweeps)
+                job = check_composed_config(cfg, multirun, sweeps)
+                if not multirun:
+                    check_run_inputs(job)
             except ConfigError as err:
                 exit_with(str(err))
             except (HydraException, OmegaConfBaseException) as err:

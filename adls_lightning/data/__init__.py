@@ -1,5 +1,6 @@
 """Data: tasks as data (:mod:`.tasks`), one module per source (:mod:`.folder` files or a hub data set,
-:mod:`.glue` GLUE's TSVs or ``nyu-mll/glue``) and the LightningDataModules over them (:mod:`.datamodule`).
+:mod:`.glue` GLUE's TSVs or ``nyu-mll/glue``) and the LightningDataModules over them (:mod:`.datamodule`);
+:mod:`.sources` reads a single run's local files in the pre-flight check with the data modules' own functions.
 
 The data modules are imported on first use (``adls_lightning.data.IMDbDataModule``), so importing the package for
 its task table (the config resolver) stays light.

@@ -27,12 +27,19 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
-from adls_lightning.data.folder import default_data_dir, find_split_files, folder_task, load_raw_splits
+from adls_lightning.data.folder import (
+    AUTO,
+    IMDB_HUB_NAME,
+    IMDB_LABELS,
+    folder_data_dir,
+    imdb_data_dir,
+    load_folder,
+    resolve_data_dir,
+)
 from adls_lightning.data.glue import HUB_NAME as GLUE_HUB_NAME
 from adls_lightning.data.glue import load_glue
-from adls_lightning.data.settings import check_loader_settings
+from adls_lightning.data.settings import check_loader_settings, check_val_size
 from adls_lightning.data.tasks import Task, default_metrics, glue_task, with_main_metric
-from adls_lightning.errors import ConfigError
 from adls_lightning.models import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -211,10 +218,7 @@ class TextDataModule(LightningDataModule):
         task = self.task  # checks data.main_metric against the task's metrics before anything is tokenized
         classes = not task.is_regression
         train_labels = np.asarray(raw["train"]["label"])
-        if hp.val_size >= len(train_labels):
-            raise ConfigError(
-                f"data.val_size={hp.val_size}: larger than or equal to the {len(train_labels)} training rows"
-            )
+        check_val_size(hp.val_size, len(train_labels))
         rest, val_idx = train_test_split(
             np.arange(len(train_labels)),
             test_size=hp.val_size,
@@ -333,23 +337,10 @@ class FolderDataModule(TextDataModule):
         # a plain list (not Hydra's ListConfig) in the hyperparameters, so checkpoints load with weights_only
         labels = None if labels is None else list(labels)
         super().__init__(tokenizer, **kwargs)
-        self.data_dir = self._resolve_dir(data_dir)
-        if self.data_dir is None and not hub_name:
-            raise ConfigError(
-                "data.data_dir: required (a folder with train and test files), or set data.hub_name"
-            )
+        self.data_dir = folder_data_dir(data_dir, hub_name)
         self.hub_name = hub_name
         self.labels = labels
         self._encoded: tuple[datasets.DatasetDict, str, Task] | None = None
-
-    @staticmethod
-    def _resolve_dir(data_dir: str | None) -> Path | None:
-        if data_dir is None:
-            return None
-        path = Path(data_dir)
-        if not path.is_dir():
-            raise ConfigError(f"data.data_dir={data_dir}: no such directory")
-        return path
 
     def _describe_task(self) -> Task:
         if self.labels is None:  # inferred from the training labels
@@ -358,13 +349,7 @@ class FolderDataModule(TextDataModule):
 
     def load(self) -> tuple[datasets.DatasetDict, str, Task]:
         if self._encoded is None:
-            raw, identity = load_raw_splits(self.data_dir, self.hub_name)
-            if self.data_dir is None:
-                sources = {split: f"{self.hub_name} {split}" for split in raw}
-            else:
-                sources = {split: str(path) for split, path in find_split_files(self.data_dir).items()}
-            encoded, task = folder_task(raw, self.labels, self.hparams.main_metric, sources)
-            self._encoded = encoded, identity, task
+            self._encoded = load_folder(self.data_dir, self.hub_name, self.labels, self.hparams.main_metric)
         return self._encoded
 
 
@@ -380,16 +365,15 @@ class IMDbDataModule(FolderDataModule):
     def __init__(
         self,
         tokenizer: str,
-        data_dir: str | None = "auto",
-        hub_name: str = "stanfordnlp/imdb",
-        labels: Sequence | None = (0, 1),
+        data_dir: str | None = AUTO,
+        hub_name: str = IMDB_HUB_NAME,
+        labels: Sequence | None = IMDB_LABELS,
         **kwargs,
     ) -> None:
         labels = None if labels is None else list(labels)  # plain, as in FolderDataModule
-        if data_dir == "auto":
-            found = default_data_dir()
-            data_dir = None if found is None else str(found)
-        super().__init__(tokenizer, data_dir=data_dir, hub_name=hub_name, labels=labels, **kwargs)
+        super().__init__(
+            tokenizer, data_dir=imdb_data_dir(data_dir), hub_name=hub_name, labels=labels, **kwargs
+        )
 
 
 class GlueDataModule(TextDataModule):
@@ -406,7 +390,7 @@ class GlueDataModule(TextDataModule):
         self.spec = glue_task(task)  # refuses an unknown task before the tokenizer loads
         super().__init__(tokenizer, **kwargs)
         self.task_name = task
-        self.data_dir = FolderDataModule._resolve_dir(data_dir)
+        self.data_dir = resolve_data_dir(data_dir)
         self._loaded: tuple[datasets.DatasetDict, str, Task] | None = None
 
     def _describe_task(self) -> Task:

@@ -22,6 +22,10 @@ DATA_EXTENSIONS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".jso
 SPLITS = ("train", "test")
 # Project root, used to find ../shared/data/imdb beside the checkout when data_dir is 'auto'.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
+# The IMDb preset's source: its data module's defaults, and what the pre-flight check assumes for an absent key.
+AUTO = "auto"
+IMDB_HUB_NAME = "stanfordnlp/imdb"
+IMDB_LABELS = (0, 1)
 
 
 def default_data_dir() -> Path | None:
@@ -30,6 +34,42 @@ def default_data_dir() -> Path | None:
         return Path(env)
     shared = PROJECT_ROOT.parent / "shared" / "data" / "imdb"
     return shared if shared.is_dir() else None
+
+
+def imdb_data_dir(data_dir: str | None) -> str | None:
+    """IMDb's ``data.data_dir``: ``auto`` = :func:`default_data_dir` (None when there is none: the hub)."""
+    if data_dir != AUTO:
+        return data_dir
+    found = default_data_dir()
+    return None if found is None else str(found)
+
+
+def resolve_data_dir(data_dir: str | None) -> Path | None:
+    """A ``data.data_dir`` as a folder; None = the hub.
+
+    Raises:
+        ConfigError: the path is not a folder.
+    """
+    if data_dir is None:
+        return None
+    path = Path(data_dir)
+    if not path.is_dir():
+        raise ConfigError(f"data.data_dir={data_dir}: no such directory")
+    return path
+
+
+def folder_data_dir(data_dir: str | None, hub_name: str | None) -> Path | None:
+    """The folder task's source folder, or None for the hub data set ``hub_name``.
+
+    Raises:
+        ConfigError: no such folder, or neither a folder nor a hub data set.
+    """
+    path = resolve_data_dir(data_dir)
+    if path is None and not hub_name:
+        raise ConfigError(
+            "data.data_dir: required (a folder with train and test files), or set data.hub_name"
+        )
+    return path
 
 
 def find_split_files(data_dir: Path) -> dict[str, Path]:
@@ -223,3 +263,21 @@ def folder_task(
     num_labels = 1 if regression else len(label_set)
     metrics = with_main_metric(default_metrics(num_labels), main_metric)
     return encoded, Task(name, names, metrics)
+
+
+def load_folder(
+    data_dir: Path | None, hub_name: str | None, labels: Sequence | None, main_metric: str | None
+) -> tuple[datasets.DatasetDict, str, Task]:
+    """The folder task's splits (labels encoded), their identity and the :class:`Task`: what the data module
+    trains on, and what the pre-flight check reads (the raw splits are then in this process's cache).
+
+    Raises:
+        ConfigError: naming the file (or hub split) and what is wrong with it.
+    """
+    raw, identity = load_raw_splits(data_dir, hub_name)
+    if data_dir is None:
+        sources = {split: f"{hub_name} {split}" for split in raw}
+    else:
+        sources = {split: str(path) for split, path in find_split_files(data_dir).items()}
+    encoded, task = folder_task(raw, labels, main_metric, sources)
+    return encoded, identity, task

@@ -31,3 +31,13 @@ def check_loader_settings(settings: Mapping[str, Any]) -> None:
     side = settings.get("truncation_side", "right")
     if side not in TRUNCATION_SIDES:
         raise ConfigError(f"data.truncation_side={side!r}: must be 'left' or 'right'")
+
+
+def check_val_size(val_size: int, train_rows: int) -> None:
+    """Validation is carved out of train: ``data.val_size`` must leave training rows.
+
+    Raises:
+        ConfigError: ``val_size`` is as large as the training split.
+    """
+    if val_size >= train_rows:
+        raise ConfigError(f"data.val_size={val_size}: larger than or equal to the {train_rows} training rows")

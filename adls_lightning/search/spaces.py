@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
-from torch import nn
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.nas import ARCH_KNOBS, square_linear_names
-from adls_lightning.quant.linear import SLOTS
-from adls_lightning.quant.quantizers import QUANTIZERS
-from adls_lightning.quant.recipe import OperandRecipe
-from adls_lightning.quant.transform import dimension_problem, find_linear_layers
 from adls_lightning.registry import import_plugins
 
+if TYPE_CHECKING:
+    from torch import nn
+
+# The model libraries (torch, transformers: seconds to import) are imported where a space samples or measures a
+# model, not with this module: the pre-flight check builds the configured space to check its choices, and a search
+# refused there (a bad value, an empty choice list) should not pay for them.
+
 LAYER_CHOICES = ("linear", "identity")
+# Knobs of the searched architecture (arguments of adls_lightning.nas.build_nas_bert), in the order they are sampled.
+ARCH_KNOBS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size")
 
 
 def _check_choices(
@@ -76,6 +79,8 @@ class NasSpace:
         self.target = target
 
     def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
+        from adls_lightning.nas import square_linear_names
+
         arch = {knob: trial.suggest_categorical(knob, choices) for knob, choices in self.knobs.items()}
         try:
             squares = square_linear_names(**arch)
@@ -148,6 +153,10 @@ class MixedPrecisionSpace:
         plugins: Sequence[str] | None = None,
         precision: str | None = None,
     ) -> None:
+        from adls_lightning.quant.linear import SLOTS
+        from adls_lightning.quant.quantizers import QUANTIZERS
+        from adls_lightning.quant.transform import find_linear_layers
+
         import_plugins(plugins, "hydra.sweeper.search_space.plugins")
         if formats is None:
             formats = {FULL_PRECISION: {}} | {
@@ -186,6 +195,10 @@ class MixedPrecisionSpace:
         self.target = target
 
     def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
+        from adls_lightning.quant.quantizers import QUANTIZERS
+        from adls_lightning.quant.recipe import OperandRecipe
+        from adls_lightning.quant.transform import dimension_problem
+
         overrides: dict[str, Any] = {}
         for layer in self.layers:
             fmt = trial.suggest_categorical(f"{layer}/format", self.use) if len(self.use) > 1 else self.use[0]

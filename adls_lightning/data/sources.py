@@ -1,0 +1,63 @@
+"""A run's local data files, read and checked before torch or Lightning is imported.
+
+The pre-flight check (:mod:`adls_lightning.app.preflight`) calls :func:`check_local_data` on a single run's
+composed ``data`` node. For the project's data modules reading a local folder, the splits are read with the
+functions the data module calls when the run builds it (:func:`~adls_lightning.data.folder.load_folder`,
+:func:`~adls_lightning.data.glue.load_glue`): a bad file is refused in seconds instead of after the model
+libraries have loaded, and a good one is read once, since both keep what they read in this process's cache.
+A hub data set is not fetched here: a download is the run's, with its log lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from adls_lightning.data.folder import (
+    AUTO,
+    IMDB_LABELS,
+    folder_data_dir,
+    imdb_data_dir,
+    load_folder,
+    resolve_data_dir,
+)
+from adls_lightning.data.glue import load_glue
+from adls_lightning.data.settings import check_val_size
+
+# Where the project's data modules are importable from (the package re-exports them from .datamodule).
+DATA_MODULE_PACKAGES = ("adls_lightning.data", "adls_lightning.data.datamodule")
+# A value left out on the command line: the run's build reports it in Hydra's words.
+MISSING = "???"
+
+
+def check_local_data(data: Mapping[str, Any]) -> None:
+    """Read and check the splits that ``data`` (a resolved ``data`` node) names in a local folder, as the data
+    module will: the files (parsed whole, columns, texts), the labels, the main metric, ``data.val_size``
+    against the training rows. Another ``_target_``, a hub source or a missing ``data_dir`` is left to the run.
+
+    Raises:
+        ConfigError: the data module's own message (the key, the file and the row).
+    """
+    package, _, name = str(data.get("_target_", "")).rpartition(".")
+    if package not in DATA_MODULE_PACKAGES or data.get("data_dir") == MISSING:
+        return
+    if name == "GlueDataModule":
+        folder = resolve_data_dir(data.get("data_dir"))
+        if folder is None or "task" not in data:
+            return
+        raw = load_glue(folder, data["task"])[0]
+    elif name in ("IMDbDataModule", "FolderDataModule"):
+        if name == "IMDbDataModule":  # its defaults: the data module's signature
+            folder = resolve_data_dir(imdb_data_dir(data.get("data_dir", AUTO)))
+            labels = data.get("labels", IMDB_LABELS)
+        else:
+            folder = folder_data_dir(data.get("data_dir"), data.get("hub_name"))
+            labels = data.get("labels")
+        if folder is None:
+            return
+        labels = None if labels is None else list(labels)
+        raw = load_folder(folder, data.get("hub_name"), labels, data.get("main_metric"))[0]
+    else:
+        return
+    if "val_size" in data:
+        check_val_size(data["val_size"], len(raw["train"]))
