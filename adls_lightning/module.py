@@ -120,6 +120,10 @@ class SequenceClassifier(LightningModule):
         self.head_modules = tuple(lora.modules_to_save or ()) if lora is not None else ()
         self.lora_merged = False
         self._init_loaded = False
+        #: knowledge distillation set by a callback (compress.distill: an ``adls_lightning.distill.Distiller``): the
+        #: training loss mixes in its teacher's soft targets. A plain attribute, not a submodule: the teacher is not
+        #: model state (checkpoints keep their keys) and its parameters are in no optimizer.
+        self.distiller = None
         if freeze_embeddings:
             embeddings = getattr(backbone.base_model, "embeddings", None)
             if embeddings is None:
@@ -156,8 +160,12 @@ class SequenceClassifier(LightningModule):
         return logits.squeeze(-1) if self.regression else logits.argmax(dim=-1)
 
     def training_step(self, batch, batch_idx):
-        loss = self(**batch).loss
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["labels"].shape[0])
+        out = self(**batch)
+        loss, size = out.loss, batch["labels"].shape[0]
+        if self.distiller is not None:
+            loss, parts = self.distiller.loss(batch, out.logits, loss)
+            self.log_dict({f"train/{name}": value for name, value in parts.items()}, batch_size=size)
+        self.log("train/loss", loss, prog_bar=True, batch_size=size)
         return loss
 
     def _eval_step(self, batch, metrics: MetricCollection) -> None:

@@ -8,11 +8,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
 from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
+from adls_lightning.distill import Distiller, check_distillation
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import Pruner
@@ -46,6 +47,11 @@ class CompressionCallback(L.Callback):
     then quantize the pruned weights (zeros stay exactly zero). Checkpoints saved before compression hold a
     different model, so the "best" checkpoint is forgotten at compression time and chosen among compressed ones.
 
+    With ``distill`` the post-compression epochs learn from the model as it was just before compression (LoRA
+    merged): a frozen copy in eval mode, the teacher of :class:`~adls_lightning.distill.Distiller`, which the module's
+    ``training_step`` asks for its loss. The teacher is no model state and in no optimizer; its weights are this
+    callback's state, so a fit resumed after the compression step distills from the same teacher.
+
     Args:
         at_epoch: Epochs of training before compressing (>= 1).
         post_epochs: Epochs of training after compressing (>= 0).
@@ -55,6 +61,9 @@ class CompressionCallback(L.Callback):
         prune: ``{weight, activation, include, exclude, seed}`` as for :class:`~callbacks.pruning.PruningCallback`,
             or ``None`` for no pruning.
         monitor: The validation metric reported before/after compression and at the end.
+        distill: Distil the post-compression epochs from the model before compression.
+        distill_temperature: ``T`` of the softened distributions (> 0).
+        distill_weight: The distillation term's share of the loss, in [0, 1] (0: the task loss alone).
 
     Raises:
         ConfigError: On invalid settings, at construction time.
@@ -67,6 +76,9 @@ class CompressionCallback(L.Callback):
         quant: Mapping[str, Any] | str | QuantRecipe | None = None,
         prune: Mapping[str, Any] | None = None,
         monitor: str = DEFAULT_MAIN_METRIC,
+        distill: bool = False,
+        distill_temperature: float = 2.0,
+        distill_weight: float = 0.5,
     ) -> None:
         if isinstance(at_epoch, bool) or not isinstance(at_epoch, int) or at_epoch < 1:
             raise ConfigError(
@@ -100,6 +112,16 @@ class CompressionCallback(L.Callback):
                     f"compress.prune.weight.method={self.pruner.weight.method}: one-shot methods need calibration "
                     "batches, which compress= does not draw; prune with prune= instead (e.g. prune=wanda_0.5)"
                 )
+        if not isinstance(distill, bool):
+            raise ConfigError(f"compress.distill={distill!r}: must be true or false")
+        check_distillation(distill_temperature, distill_weight)
+        if distill and post_epochs == 0:
+            raise ConfigError(
+                "compress.distill=true: compress.post_epochs=0 trains nothing after compression to distill into"
+            )
+        self.distill = distill
+        self.distill_temperature = distill_temperature
+        self.distill_weight = distill_weight
         # Parse now (no model needed) so a bad config fails before training, not after at_epoch epochs.
         self.quant = to_recipe(quant, key="compress.quant") if quant else None
         self.at_epoch = at_epoch
@@ -112,6 +134,10 @@ class CompressionCallback(L.Callback):
         self.act_sparsity: float | None = None
         self._module: L.LightningModule | None = None
         self._load_hooks: list[Any] = []
+        self.distiller: Distiller | None = None
+        self._teacher_model: torch.nn.Module | None = (
+            None  # the uncompressed model a resumed teacher loads into
+        )
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -146,6 +172,9 @@ class CompressionCallback(L.Callback):
 
     def _compress(self, pl_module: L.LightningModule) -> None:
         """Applies quantization (module swap) and then pruning masks on the wrapped layers."""
+        if self.distill:
+            # the model as it is now, before any compression: the teacher, or the structure a saved one loads into
+            self._teacher_model = copy.deepcopy(self._inner_model(pl_module))
         if self.quant is not None:
             quantize_model(self._inner_model(pl_module), self.quant)
         if self.pruner is not None:
@@ -175,6 +204,9 @@ class CompressionCallback(L.Callback):
     def _after_model_load(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
         """A prune-only compressed checkpoint has the same keys; its masks show that compression was applied."""
         if not self.compressed and self.pruner is not None and self.pruner.has_pruned_weights(module):
+            if self.distill:
+                # the structure a saved teacher loads into, copied before the activation hooks go on
+                self._teacher_model = copy.deepcopy(self._inner_model(module))
             self.pruner.attach_activation(module)
             self.compressed = True
 
@@ -190,6 +222,8 @@ class CompressionCallback(L.Callback):
         self._compress(pl_module)
         if self.pruner is not None:
             log_sparsity(trainer, self.pruner, pl_module, prefix="compress")
+        if self.distill:
+            self._start_distilling(pl_module, None)
         forget_best_checkpoints(trainer)
         validate_mid_fit(trainer)
         self.after = self._metric(trainer)
@@ -198,6 +232,34 @@ class CompressionCallback(L.Callback):
         )
         for logger in trainer.loggers:
             logger.log_metrics(self._accuracies(), step=trainer.global_step)
+
+    def _start_distilling(
+        self, pl_module: L.LightningModule, teacher_state: Mapping[str, Any] | None
+    ) -> None:
+        """The distiller of the post-compression epochs, its teacher the copy taken before compression (with the
+        weights a checkpoint saved, on resume), handed to the module's training step."""
+        assert self._teacher_model is not None
+        if not hasattr(pl_module, "distiller"):
+            raise ConfigError(
+                f"compress.distill=true: {type(pl_module).__name__} has no `distiller` to use in its training step "
+                "(adls_lightning.module.SequenceClassifier has)"
+            )
+        self.distiller = Distiller(self._teacher_model, self.distill_temperature, self.distill_weight)
+        self._teacher_model = None  # Distiller keeps its own frozen copy
+        if teacher_state is not None:
+            self.distiller.teacher.load_state_dict(teacher_state)
+        pl_module.distiller = self.distiller
+
+    # a resumed fit rebuilt its teacher while the checkpoint loaded, before Lightning moved the model to its device
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.distiller is not None:
+            self.distiller.teacher.to(pl_module.device)
+        elif self.distill and self.compressed:
+            rank_zero_warn(
+                "compress.distill=true: the checkpoint holds no teacher (saved without distillation); the epochs "
+                "after it train on the task loss alone"
+            )
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -236,12 +298,23 @@ class CompressionCallback(L.Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"compressed": self.compressed, "before": self.before, "after": self.after}
+        state = {"compressed": self.compressed, "before": self.before, "after": self.after}
+        if self.distiller is not None:
+            # the teacher is no model state; a fit resumed after the compression step needs the same one
+            state["teacher"] = self.distiller.teacher.state_dict()
+        return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.before = state_dict.get("before", self.before)
         self.after = state_dict.get("after", self.after)
+        teacher = state_dict.get("teacher")
+        if self.distill and teacher is not None:
+            assert self._module is not None
+            if self.distiller is not None:
+                self.distiller.teacher.load_state_dict(teacher)
+            elif self._teacher_model is not None:  # resumed: the checkpoint's compressed model was rebuilt
+                self._start_distilling(self._module, teacher)
         if state_dict.get("compressed", False) and not self.compressed:
             # Only activation pruning leaves no trace in the model state: restore it from callback state.
             assert self._module is not None and self.pruner is not None
