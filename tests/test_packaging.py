@@ -90,7 +90,9 @@ def test_installed_package_is_the_wheel_not_the_checkout(installed, tmp_path):
         [str(installed / "python"), "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
     ).stdout
     assert str(ROOT) not in where and "site-packages" in where
-    assert list((Path(where.split()[0]).parent / "conf" / "quant").glob("int8.yaml"))
+    package = Path(where.split()[0]).parent
+    assert list((package / "conf" / "quant").glob("int8.yaml"))
+    assert list(package.glob("_C.*so")), "the wheel holds no compiled extension (adls_lightning._C)"
 
 
 @pytest.mark.slow
