@@ -3,6 +3,7 @@ the schedule against its formula, ``train.py prune=movement_0.9`` end to end, ki
 
 from __future__ import annotations
 
+import csv
 import json
 from fractions import Fraction
 from pathlib import Path
@@ -215,6 +216,27 @@ def test_a_fit_without_training_steps_is_refused(compose_cfg):
 def test_frozen_weights_are_refused(compose_cfg):
     with pytest.raises(ConfigError, match=r"^prune.weight.method=movement: layer .* is frozen"):
         run(compose_cfg([*SMALL, "prune=movement_0.9", "model.merge_lora_before_compress=false"]))
+
+
+def _train_losses(run_dir: Path) -> list[tuple[str, str]]:
+    with (run_dir / "csv" / "metrics.csv").open(newline="") as handle:
+        return [(row["step"], row["train/loss"]) for row in csv.DictReader(handle) if row.get("train/loss")]
+
+
+@pytest.mark.slow
+def test_dense_steps_train_exactly_like_l1_on_the_same_schedule(compose_cfg, tmp_path):
+    """The score hook reads the gradients and changes nothing: until the masks prune (warm-up 80 % of 16 steps),
+    movement trains step for step as l1 on the same schedule; then they differ (other weights pruned)."""
+    common = [*SMALL, "trainer.max_epochs=2", "logger=csv", "trainer.log_every_n_steps=1"]
+    run(compose_cfg([*common, "prune=movement_0.9", "prune.schedule.warmup=0.8"], tmp_path / "movement"))
+    l1 = ["prune=l1_0.9", "prune.activation=null", "prune.schedule={warmup: 0.8}"]
+    run(compose_cfg([*common, *l1], tmp_path / "l1"))
+    movement, magnitude = _train_losses(tmp_path / "movement"), _train_losses(tmp_path / "l1")
+    assert len(movement) == len(magnitude) == 16
+    # t_w = round(0.8 * 16) = 13 starts the ramp at s_i = 0, t_c = round(1.6) = 2: steps 0..13 dense, 14 and 15 at 0.9
+    dense = 14
+    assert movement[:dense] == magnitude[:dense]
+    assert movement[dense:] != magnitude[dense:]
 
 
 def _checkpoint(path: Path) -> dict:
