@@ -21,9 +21,6 @@ import torch
 from adls_lightning.io_utils import AtomicCheckpointIO, ResumableCSVWriter, atomic_write_json
 from tests.helpers import kill_and_resume, recorded_batches
 
-# every test here starts training runs or processes (minutes in all): `make test-fast` skips them
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parent.parent
 STEPS_PER_EPOCH = 8  # 64 rows / batch 8
 KILL_AT_STEP = 11  # second epoch, two steps after the last.ckpt of step 9
@@ -55,10 +52,19 @@ def _train_steps(rows: list[dict[str, str]]) -> list[int]:
     return [int(row["step"]) for row in rows if row.get("train/loss")]
 
 
+# The plain run is `make test-fast`'s kill-and-resume test; the compressed ones are slow (3 runs each).
 @pytest.mark.parametrize(
     "preset",
-    [[], ["quant=int8"], ["prune=l1_0.5"], ["quant=int8", "model.merge_lora_before_compress=false"]],
-    ids=["plain", "int8", "l1_0.5", "int8-unmerged"],
+    [
+        pytest.param([], id="plain"),
+        pytest.param(["quant=int8"], id="int8", marks=pytest.mark.slow),
+        pytest.param(["prune=l1_0.5"], id="l1_0.5", marks=pytest.mark.slow),
+        pytest.param(
+            ["quant=int8", "model.merge_lora_before_compress=false"],
+            id="int8-unmerged",
+            marks=pytest.mark.slow,
+        ),
+    ],
 )
 def test_killed_run_resumes_exactly(tmp_path, tiny_imdb_dir, cache_dir, preset):
     logged_before_resume: list[list[dict[str, str]]] = []
@@ -83,6 +89,8 @@ def test_killed_run_resumes_exactly(tmp_path, tiny_imdb_dir, cache_dir, preset):
     resumed_metrics = json.loads((killed_dir / "metrics.json").read_text())
     for key in COMPARED_METRICS:
         assert resumed_metrics[key] == whole_metrics[key], key
+    # The resumed process counts only what it trained: steps 9 to 15, 7 batches of 8.
+    assert resumed_metrics["train/samples_seen"] == (2 * STEPS_PER_EPOCH - 9) * 8
     # The CSV log holds the killed run's rows up to the checkpoint and the resumed run's after it: row for row
     # the uninterrupted run's log (the rows the killed run logged after its checkpoint were not kept twice).
     # The killed run had logged every step it trained, also the two after its checkpoint (9, 10).
@@ -158,6 +166,7 @@ else:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["last.ckpt", "metrics.json"])
 def test_kill_during_write_keeps_previous_file(tmp_path, name):
     target = tmp_path / name

@@ -11,7 +11,7 @@ import torch
 from adls_lightning.app.training import run
 from adls_lightning.build import build
 from adls_lightning.errors import ConfigError
-from tests.helpers import assert_one_line_error, kill_and_resume, run_train
+from tests.helpers import assert_one_line_error, run_train
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED_METRICS = {
@@ -232,18 +232,6 @@ def test_hub_model_offline_is_one_line(tiny_imdb_dir, cache_dir, tmp_path):
         tiny_imdb_dir, cache_dir, tmp_path / "offline", "model=bert_tiny", env={"HF_HUB_OFFLINE": "1"}
     )
     assert_one_line_error(proc, starts="error: data.tokenizer=prajjwal1/bert-tiny: cannot load")
-
-
-def test_killed_run_resumes_from_last_checkpoint(tiny_imdb_dir, cache_dir, tmp_path):
-    # 300 train rows / batch 8 = 38 steps per epoch (the last of 4 rows); last.ckpt every 5 steps; killed before
-    # step 48 of 114, in the second epoch, three steps after the last.ckpt of step 45.
-    extra = ["trainer.max_epochs=3", "callbacks.last_checkpoint.every_n_train_steps=5"]
-    runs = kill_and_resume(tiny_imdb_dir, cache_dir, tmp_path, extra, kill_at_step=48, uninterrupted=False)
-    assert runs["resumed_from_step"] == 45
-    metrics = json.loads((runs["killed"] / "metrics.json").read_text())
-    assert {"val/acc", "test/acc"} <= metrics.keys()
-    # The resumed run trained only what was left: 3 epochs of 300 rows less epoch 0 and 7 batches of 8.
-    assert metrics["train/samples_seen"] == 3 * 300 - 300 - 7 * 8
 
 
 def test_raw_splits_are_read_once_per_process_and_source(tiny_imdb_dir, tmp_path):
