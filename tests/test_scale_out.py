@@ -24,7 +24,7 @@ import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
-from test_search_sweeper import ok, toy  # noqa: F401  (toy is a fixture)
+from test_search_sweeper import job_started, ok, toy  # noqa: F401  (toy is a fixture)
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.search.storage import mask_password, storage_spec, unmask_for_job
@@ -164,14 +164,18 @@ def test_two_workers_run_exactly_n_trials(shared, toy, tmp_path):  # noqa: F811
         assert PG_PASSWORD not in "".join(outputs)
 
 
-def _wait_running(where, name: str, timeout: float = 120) -> optuna.trial.FrozenTrial:
+def _wait_running(
+    where, name: str, timeout: float = 120, started: Path | None = None
+) -> optuna.trial.FrozenTrial:
+    """The first RUNNING trial with sampled parameters. With ``started`` (the toy's ``log_pid`` folder), only once
+    its job has started: the space samples x, then y for an odd x, and a trial read between the two lacks y."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
             # RUNNING with its parameters sampled: the job is starting
             running = [t for t in _study(where, name).trials if t.state == TrialState.RUNNING and t.params]
-            if running:
-                return running[0]
+            if running and (started is None or job_started(started)):
+                return _study(where, name).trials[running[0].number]
         except Exception:  # the worker is still creating the study
             pass
         time.sleep(0.3)
@@ -185,9 +189,9 @@ def test_killed_worker_rerun_at_once_completes_exactly_n_trials(shared, toy, tmp
     name = f"toy-{kind}-killed"  # one PostgreSQL server serves the session: a study of its own
     args = [*_storage_args(kind, tmp_path, url), f"hydra.sweeper.study_name={name}", "hydra.sweeper.n_trials=3",
             "hydra/sweeper/sampler=random", "hydra.sweeper.grace_period=600"]  # fmt: skip
-    worker = toy(*args, "sleep=60", wait=False)
+    worker = toy(*args, "sleep=60", f"log_pid={tmp_path / 'pids'}", wait=False)
     where = _where(kind, tmp_path, url, name)
-    crashed = _wait_running(where, name)
+    crashed = _wait_running(where, name, started=tmp_path / "pids")
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait()
 

@@ -148,6 +148,11 @@ def first_trial_is_running(db: Path) -> bool:
     return running > 0
 
 
+def job_started(pids: Path) -> bool:
+    """Whether a toy job run with ``log_pid=<pids>`` has started (its trial's parameters are then all sampled)."""
+    return pids.is_dir() and any(pids.iterdir())
+
+
 def states(study: optuna.Study) -> list[str]:
     return [t.state.name for t in study.trials]
 
@@ -273,10 +278,14 @@ def test_job_raising_trial_pruned_is_recorded_pruned(toy, tmp_path):
 
 
 def test_crashed_worker_trial_is_retried_with_its_parameters(toy, tmp_path):
-    worker = toy("hydra.sweeper.n_trials=3", "sleep=60", "hydra/sweeper/sampler=random", wait=False)
+    pids = tmp_path / "pids"
+    worker = toy(
+        "hydra.sweeper.n_trials=3", "sleep=60", "hydra/sweeper/sampler=random", f"log_pid={pids}", wait=False
+    )
     db = tmp_path / "sweep" / "toy-random.db"
     deadline = time.time() + 120
-    while time.time() < deadline and not first_trial_is_running(db):
+    # its job started: the trial holds all its parameters (a kill between sampling x and y would leave x alone)
+    while time.time() < deadline and not (first_trial_is_running(db) and job_started(pids)):
         time.sleep(0.5)
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait()

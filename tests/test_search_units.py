@@ -454,3 +454,43 @@ def test_one_command_redraws_the_lab_figures_from_stored_studies(tmp_path):
     assert any(line.startswith("mixed_precision-integer-minilm") and "0.8800" in line for line in lines)
     assert sum("mean of 3 seeds" in line for line in lines) == 3
     assert any(line.startswith("Pareto front (") and "of 48 trials" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "UNIQUE constraint failed: alembic_version.version_num",  # SQLite (IntegrityError below)
+        'type "studydirection" already exists',  # PostgreSQL's enum: ProgrammingError (DuplicateObject)
+        'relation "studies" already exists',  # PostgreSQL's table: ProgrammingError (DuplicateTable)
+    ],
+)
+def test_a_worker_that_loses_the_schema_race_opens_the_storage_on_its_next_try(monkeypatch, message):
+    """Workers opening a new storage together race to create its schema; the loser's error, whichever the
+    database, is retried (and the winner's tables are there), while any other error is one line at once."""
+    import sqlalchemy.exc
+
+    from adls_lightning.search import storage
+
+    kind = sqlalchemy.exc.IntegrityError if "UNIQUE" in message else sqlalchemy.exc.ProgrammingError
+    calls = []
+
+    def rdb_storage(spec, **kwargs):
+        calls.append(spec)
+        if len(calls) == 1:
+            raise kind("CREATE ...", {}, Exception(message))
+        return "opened"
+
+    monkeypatch.setattr(storage, "RDBStorage", rdb_storage)
+    monkeypatch.setattr(storage.time, "sleep", lambda seconds: None)
+    assert storage.open_storage("postgresql+psycopg://u:pw@h/d") == "opened" and len(calls) == 2
+
+    def refused(spec, **kwargs):
+        raise sqlalchemy.exc.ProgrammingError(
+            "CREATE ...", {}, Exception("permission denied for schema public")
+        )
+
+    monkeypatch.setattr(storage, "RDBStorage", refused)
+    with pytest.raises(
+        ConfigError, match=r"^hydra.sweeper.storage=postgresql\+psycopg://u:\*\*\*@h/d: cannot be"
+    ):
+        storage.open_storage("postgresql+psycopg://u:pw@h/d")

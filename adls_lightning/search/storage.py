@@ -142,9 +142,15 @@ def open_storage(spec: str, key: str = "hydra.sweeper.storage", **rdb_kwargs: An
     for attempt in range(1, CREATE_ATTEMPTS + 1):
         try:
             return RDBStorage(spec, **rdb_kwargs)
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
+        except (
+            sqlalchemy.exc.IntegrityError,
+            sqlalchemy.exc.OperationalError,
+            sqlalchemy.exc.ProgrammingError,
+        ) as err:
             # Processes opening a new storage together race to create the schema ("UNIQUE constraint failed:
-            # alembic_version", "table ... already exists"): the loser finds the winner's tables on its next try.
+            # alembic_version", SQLite's "table ... already exists", PostgreSQL's 'type "studydirection" already
+            # exists' and 'relation ... already exists', which SQLAlchemy raises as ProgrammingError): the loser
+            # finds the winner's tables on its next try.
             lost_race = isinstance(err, sqlalchemy.exc.IntegrityError) or "already exists" in str(err)
             if not lost_race or attempt == CREATE_ATTEMPTS:
                 raise ConfigError(
