@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,51 +21,25 @@ from lightning.pytorch.core.saving import save_hparams_to_yaml
 from lightning.pytorch.loggers.csv_logs import CSVLogger, ExperimentWriter
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-TMP_SUFFIX = ".tmp"
+# the atomic writes themselves need no torch (adls_lightning.atomic_files); re-exported here, where they were
+from adls_lightning.atomic_files import (
+    TMP_SUFFIX,
+    atomic_write,
+    atomic_write_bytes,
+    atomic_write_json,
+    remove_stale_tmp,
+)
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def remove_stale_tmp(path: str | os.PathLike) -> None:
-    """Delete temporary files an earlier, killed write of ``path`` left beside it."""
-    path = Path(path)
-    for stale in path.parent.glob(f".{path.name}.*{TMP_SUFFIX}"):
-        stale.unlink(missing_ok=True)
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
-    """Let ``write`` fill a temporary file in ``path``'s folder, then ``os.replace`` it over ``path``.
-
-    The file gets the mode a plain ``open(path, "w")`` would give (0666 less the umask), not mkstemp's 0600.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_tmp(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        with open(tmp, "rb+") as handle:
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (:func:`atomic_write`)."""
-    atomic_write(path, lambda tmp: tmp.write_bytes(data))
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Serialise ``obj`` as indented JSON and write it atomically."""
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+__all__ = [
+    "TMP_SUFFIX",
+    "AtomicCheckpointIO",
+    "ResumableCSVLogger",
+    "ResumableCSVWriter",
+    "atomic_write",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "remove_stale_tmp",
+]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

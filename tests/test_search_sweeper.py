@@ -377,6 +377,18 @@ def test_random_and_tpe_draw_their_own_start_up_trials(toy, tmp_path):
     assert sum(a != b for a, b in zip(draws["random"], draws["tpe"])) >= 5, draws
 
 
+def test_the_sweeper_loads_without_torch_or_lightning():
+    """The sweeper's own process needs neither (each trial's run loads them where it runs): a search that refuses
+    its input, waits on another worker or launches its trials elsewhere starts in a second, not after ~10 CPU-s of
+    imports, and so does every toy app run here."""
+    code = (
+        "import sys, hydra_plugins.adls_optuna_sweeper._impl\n"
+        "print([m for m in ('torch', 'lightning', 'transformers') if m in sys.modules])"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
+
+
 def test_startup_trials_sets_the_samplers_random_start():
     from omegaconf import OmegaConf
 

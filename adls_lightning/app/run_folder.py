@@ -9,7 +9,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from adls_lightning.io_utils import atomic_write_bytes
+from adls_lightning.atomic_files import atomic_write_bytes
 
 RUN_RECORD_DIR = ".hydra"
 
