@@ -209,11 +209,20 @@ def test_rerun_waits_for_a_live_workers_trial_and_says_so(toy, tmp_path):  # noq
     """The budget is used up by another (live) worker's running trial: the re-run waits for it, saying what it
     waits for, then exits with the study complete."""
     args = ["hydra.sweeper.n_trials=1", "hydra/sweeper/sampler=random", "hydra.sweeper.study_name=toy-wait"]
-    slow = toy(*args, "sleep=45", wait=False)  # long enough for the second command to start up
+    release = tmp_path / "release"
+    slow = toy(*args, "sleep=180", f"until={release}", wait=False)  # runs until released (at most 180 s)
     _wait_running(f"sqlite:///{tmp_path / 'sweep' / 'toy-wait.db'}", "toy-wait")
-    proc = ok(toy(*args))
-    assert slow.wait(timeout=120) == 0
-    assert "waiting for running trial(s) 0" in proc.stdout + proc.stderr
+    rerun = toy(*args, wait=False)
+    said = []
+    for line in iter(rerun.stdout.readline, b""):  # ends at the re-run's exit, at the latest
+        said.append(line.decode())
+        if "waiting for running trial(s) 0" in said[-1]:
+            break
+    assert rerun.poll() is None, "".join(said)  # it waits while the other worker's trial runs ...
+    release.touch()
+    said.append(rerun.communicate(timeout=120)[0].decode())
+    assert rerun.returncode == 0 and slow.wait(timeout=120) == 0, "".join(said)  # ... and ends after it
+    assert "waiting for running trial(s) 0" in "".join(said)
     trials = _study(f"sqlite:///{tmp_path / 'sweep' / 'toy-wait.db'}", "toy-wait").trials
     assert [t.state for t in trials] == [TrialState.COMPLETE]
 

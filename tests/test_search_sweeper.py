@@ -37,7 +37,12 @@ def main(cfg):
     if cfg.log_pid:
         Path(cfg.log_pid).mkdir(exist_ok=True)
         (Path(cfg.log_pid) / f"{cfg.search.trial.number}").write_text(str(os.getpid()))
-    time.sleep(cfg.sleep)
+    if cfg.until:  # sleep until the file exists (at most cfg.sleep seconds)
+        deadline = time.time() + cfg.sleep
+        while time.time() < deadline and not Path(cfg.until).exists():
+            time.sleep(0.1)
+    else:
+        time.sleep(cfg.sleep)
     if x in cfg.fail_at:
         raise RuntimeError(f"toy failure at x={x}")
     if cfg.report:  # a job that reports per-step values to its trial and is pruned like a Lightning run
@@ -66,6 +71,7 @@ seed: 0
 x: 0
 y: 0
 sleep: 0.0
+until: null
 fail_at: []
 report: false
 two_objectives: false
