@@ -96,8 +96,6 @@ def check_shapes(
     Raises:
         ConfigError: ``KEY=PATH: shapes of key K differ: checkpoint a x b vs model c x d``, or no key in common.
     """
-    import torch
-
     own = model.state_dict()
     common = [k for k in state_dict if k in own]
     if not common:
@@ -110,13 +108,37 @@ def check_shapes(
             f"{key}={path}: no weight of this model in the checkpoint (another model? e.g. it has "
             f"{next(iter(state_dict), 'no keys')}, the model has {next(iter(own), 'no keys')})"
         )
+    if any(_differs(state_dict[name], own[name]) for name in common):
+        shrunk = _structured_copy(model, state_dict)
+        if shrunk is not None:
+            # a structurally pruned checkpoint (prune.structured): compared with this model at the checkpoint's
+            # head and FFN sizes, which the pruning callback gives it before the weights load
+            own = shrunk.state_dict()
+            own = own if any(k in own for k in common) else _merged_layout(shrunk) or own
     for name in common:
-        theirs, ours = state_dict[name], own[name]
-        if isinstance(theirs, torch.Tensor) and isinstance(ours, torch.Tensor) and theirs.shape != ours.shape:
+        theirs, ours = state_dict[name], own.get(name)
+        if _differs(theirs, ours):
             raise ConfigError(
                 f"{key}={path}: shapes of key {name} differ: checkpoint {_shape(theirs.shape)} vs model "
                 f"{_shape(ours.shape)} (a checkpoint of another architecture)"
             )
+
+
+def _differs(theirs: Any, ours: Any) -> bool:
+    import torch
+
+    return isinstance(theirs, torch.Tensor) and isinstance(ours, torch.Tensor) and theirs.shape != ours.shape
+
+
+def _structured_copy(model: torch.nn.Module, state_dict: Mapping[str, Any]) -> torch.nn.Module | None:
+    """A copy of ``model`` shrunk to the head and FFN sizes of a structurally pruned ``state_dict``, or None when
+    the state's sizes are not those of a structured pruning of it."""
+    import copy
+
+    from adls_lightning.prune.structured import fit_structure_to_state
+
+    copied = copy.deepcopy(model)
+    return copied if fit_structure_to_state(copied, state_dict) else None
 
 
 def _merged_layout(model: torch.nn.Module) -> dict[str, Any] | None:

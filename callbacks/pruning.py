@@ -14,7 +14,16 @@ from typing_extensions import override
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
-from adls_lightning.prune import DEFAULT_EXCLUDE, Pruner, lab_pruning_specs, make_pruning_permanent
+from adls_lightning.prune import (
+    DEFAULT_EXCLUDE,
+    Pruner,
+    StructuredPruner,
+    fit_structure_to_state,
+    lab_pruning_specs,
+    make_pruning_permanent,
+    structured_layer_sparsity,
+    structured_weight_sparsity,
+)
 from callbacks.calibration import calibration_batches, model_forward
 from callbacks.trainer_control import forget_best_checkpoints
 
@@ -78,6 +87,10 @@ class PruningCallback(L.Callback):
             at ``at`` (``movement``: the schedule's defaults).
         train: Whether the run trains (the root ``train``); a schedule prunes during training and refuses a run that
             does not.
+        structured: ``{heads, neurons, method: l1|random}``: remove those fractions of every layer's attention heads
+            and FFN neurons physically (:mod:`adls_lightning.prune.structured`), at fit start (before training, after
+            ``init_ckpt`` loads; the optimizer is then rebuilt on the smaller parameters); needs ``weight`` and
+            ``activation`` null. A checkpoint of such a run reloads at its own sizes (read from its shapes).
 
     Raises:
         ConfigError: On invalid settings, at construction time.
@@ -102,7 +115,9 @@ class PruningCallback(L.Callback):
         sparsegpt: Mapping[str, Any] | None = None,
         schedule: Mapping[str, Any] | None = None,
         train: bool = True,
+        structured: Mapping[str, Any] | None = None,
     ) -> None:
+        self.structured = self._structured(structured, weight, activation, config, at, schedule, seed)
         if config is not None:
             weight, activation = lab_pruning_specs(config, "prune.config")
         if at != "fit_start" and (isinstance(at, bool) or not isinstance(at, int) or at < 1):
@@ -134,6 +149,41 @@ class PruningCallback(L.Callback):
         self._dense_reload = False
         self._total_steps = 0  # optimizer steps of the fit, known at its start
         self._scheduled_step: int | None = None  # the global step the masks were last computed for
+        #: per layer, the head and FFN-neuron indices structured pruning kept (callback state, for the record)
+        self.kept: dict[str, list[list[int]]] | None = None
+
+    @staticmethod
+    def _structured(
+        structured: Mapping[str, Any] | None,
+        weight: Any,
+        activation: Any,
+        config: Any,
+        at: str | int,
+        schedule: Any,
+        seed: int,
+    ) -> StructuredPruner | None:
+        if not structured:
+            return None
+        unknown = sorted(set(structured) - {"heads", "neurons", "method"})
+        if unknown:
+            raise ConfigError(f"prune.structured.{unknown[0]}: unknown key; valid: heads, neurons, method")
+        clash = [
+            name
+            for name, value in (("weight", weight), ("activation", activation), ("config", config))
+            if value
+        ]
+        if clash or schedule is not None:
+            what = f"prune.{clash[0]}" if clash else "prune.schedule"
+            raise ConfigError(
+                f"{what} and prune.structured are both set: structured pruning removes whole heads and neurons "
+                f"alone; set {what}=null"
+            )
+        if at != "fit_start":
+            raise ConfigError(
+                f"prune.at={at!r}: structured pruning replaces parameters the optimizer holds, so it prunes at "
+                "fit_start; prune a trained model with init_ckpt=<its checkpoint> instead"
+            )
+        return StructuredPruner(**structured, seed=seed, key="prune.structured")
 
     def _check_schedule(self, at: str | int, train: bool) -> None:
         method = self.pruner.weight.method
@@ -169,7 +219,9 @@ class PruningCallback(L.Callback):
     # module's init_ckpt load after setup, and the masks must come from the weights that are trained or scored.
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.pruner.schedule is not None:
+        if self.structured is not None:
+            self._apply_at_start(trainer, pl_module)
+        elif self.pruner.schedule is not None:
             self._start_schedule(trainer, pl_module)
         else:
             self._apply_at_start(trainer, pl_module)
@@ -235,16 +287,62 @@ class PruningCallback(L.Callback):
         self._apply_at_start(trainer, pl_module)
 
     def _apply_at_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.at == "fit_start" and not self.applied and self.pruner.schedule is None:
+        if self.structured is not None:
+            if not self.applied:
+                self._apply_structured(trainer, pl_module)
+        elif self.at == "fit_start" and not self.applied and self.pruner.schedule is None:
             self._apply(trainer, pl_module)
+
+    def _apply_structured(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        assert self.structured is not None
+        fitting = trainer.state.fn == "fit"
+        if fitting and trainer.world_size > 1:
+            raise ConfigError(
+                "prune.structured: a distributed fit has wrapped the parameters it would replace; structure-prune "
+                "in one process (train.py trainer.devices=1), then fine-tune that checkpoint with init_ckpt="
+            )
+        with torch.inference_mode(False), torch.no_grad():
+            self.kept = self.structured.prune(pl_module)
+        self.applied = True
+        if fitting:
+            # the optimizer (built before on_fit_start) holds the replaced, larger parameters
+            trainer.strategy.setup_optimizers(trainer)
+        sizes = f"{len(self.kept['heads'][0])} heads and {len(self.kept['neurons'][0])} FFN neurons"
+        rank_zero_info(f"prune: structured ({self.structured.method}), {sizes} kept in each layer")
+        self._log_structured(trainer, pl_module)
+
+    def _structured_layers(self, model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
+        return {target.name: target.linear for target in self.pruner.targets(model)}
+
+    def _log_structured(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        layers = self._structured_layers(pl_module)
+        metrics = {"prune/weight_sparsity": structured_weight_sparsity(pl_module, layers)}
+        per_layer = structured_layer_sparsity(pl_module, layers)
+        metrics.update({f"prune/layer/{name}": value for name, value in per_layer.items()})
+        rank_zero_info(
+            f"prune: {len(per_layer)} layers, weight sparsity {metrics['prune/weight_sparsity']:.4f} "
+            "(removed or zero, of the dense weights)"
+        )
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
 
     def _before_model_load(
         self, module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any
     ) -> None:
         assert self._module is not None
+        if self.structured is not None:
+            # a checkpoint of a structured run (resume, best, init_ckpt): the layers take its sizes before it loads;
+            # callback state comes after the model's, so the sizes are read from the state's shapes
+            with torch.inference_mode(False), torch.no_grad():
+                if fit_structure_to_state(self._module, state_dict, prefix):
+                    self.applied = True
+                    rank_zero_info("prune: the checkpoint is structurally pruned; the layers take its sizes")
+            return
         self._dense_reload = self.pruner.loads_dense_state(self._module, state_dict, prefix)
 
     def _after_model_load(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
+        if self.structured is not None:
+            return
         # A validate/test run that loads a checkpoint pruned after N epochs: callback state is only restored when
         # fitting, so learn from the loaded masks that pruning was applied and switch on activation pruning.
         if not self.applied and self.pruner.has_pruned_weights(module):
@@ -308,6 +406,10 @@ class PruningCallback(L.Callback):
         ``prune/act_sparsity`` (zeros counted in their inputs during the last test pass, if one ran)."""
         if self._module is None:
             return {}
+        if self.structured is not None:
+            # removed weights count as zeros of the dense layers: the fraction of the dense weights gone or zero
+            layers = self._structured_layers(self._module)
+            return {"prune/weight_sparsity": structured_weight_sparsity(self._module, layers)}
         metrics = {"prune/weight_sparsity": self.pruner.weight_sparsity(self._module)}
         if self.act_sparsity is not None:
             metrics["prune/act_sparsity"] = self.act_sparsity
@@ -316,6 +418,10 @@ class PruningCallback(L.Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         state = {"applied": self.applied, "act_sparsity": self.act_sparsity}
+        if self.kept is not None:
+            state["structured_kept"] = (
+                self.kept
+            )  # which heads and neurons of the dense model remain (a record)
         if self.pruner.learns_scores and self._module is not None:
             # learned scores are not model state (the model's keys stay those of any pruned model): saved here
             state["scores"] = self.pruner.scores(self._module)
@@ -324,6 +430,7 @@ class PruningCallback(L.Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.act_sparsity = state_dict.get("act_sparsity", self.act_sparsity)
+        self.kept = state_dict.get("structured_kept", self.kept)
         if self.pruner.learns_scores and "scores" in state_dict:
             assert self._module is not None
             self.pruner.load_scores(self._module, state_dict["scores"])

@@ -191,6 +191,7 @@ def load_checkpoint_model(ckpt: Path, overrides: Sequence[str]) -> LoadedRun:
     from adls_lightning.build import build
     from adls_lightning.checkpoints import read_checkpoint
     from adls_lightning.lora import merge_lora
+    from adls_lightning.prune.structured import fit_structure_to_state
     from adls_lightning.quant import quantize_model
 
     overrides = merge_overrides(run_overrides(ckpt), overrides)
@@ -225,6 +226,9 @@ def load_checkpoint_model(ckpt: Path, overrides: Sequence[str]) -> LoadedRun:
         merge_lora(module)
     if quantized is not None:  # QAT: the checkpoint holds the quantized layers
         quantize_model(module.model, compression.quant, key=compression.quant_key)
+    # a structurally pruned run (prune.structured) saved smaller layers: the model takes their sizes (and records
+    # them in its config as structured_pruning, which format=hf keeps)
+    fit_structure_to_state(module, state)
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as error:

@@ -34,9 +34,10 @@ def load_folder(folder: Path, recipe: ExportRecipe | None = None):
     if (folder / CONFIG_FILE).is_file():
         model = load_packed(folder)
     else:
-        from transformers import AutoModelForSequenceClassification
+        from adls_lightning.prune.structured import load_pretrained_structured
 
-        model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+        # from_pretrained, or the sizes a structurally pruned export records in its config rebuilt first
+        model = load_pretrained_structured(folder).eval()
     return apply_recipe(model, folder, recipe) if recipe is not None else model
 
 

@@ -25,13 +25,15 @@ prune first, then quantize the pruned weights.
 One-shot weight pruning from calibration data (``wanda``, ``sparsegpt``) and ``N:M`` patterns (``pattern: "2:4"``,
 for any method) are in :mod:`~adls_lightning.prune.oneshot` and :func:`~adls_lightning.prune.masks.pattern_pruned`;
 movement pruning (scores learned while training) and the cubic sparsity schedule in
-:mod:`~adls_lightning.prune.movement`.
+:mod:`~adls_lightning.prune.movement`; structured pruning, which physically removes whole attention heads and FFN
+neurons (smaller linears, faster on CPU), in :mod:`~adls_lightning.prune.structured`.
 
 Modules, one per family: :mod:`~adls_lightning.prune.scores` (the method registries, ``l1``, ``random``),
 :mod:`~adls_lightning.prune.masks` (specs, exact counts, patterns, :class:`WeightMask`),
 :mod:`~adls_lightning.prune.activations` (:class:`ActivationSparsifier`), :mod:`~adls_lightning.prune.oneshot`
-(Wanda, SparseGPT), :mod:`~adls_lightning.prune.movement` (:class:`MovementMask`, :class:`CubicSchedule`) and
-:mod:`~adls_lightning.prune.pruner` (:class:`Pruner`, layer selection). Every public name is
+(Wanda, SparseGPT), :mod:`~adls_lightning.prune.movement` (:class:`MovementMask`, :class:`CubicSchedule`),
+:mod:`~adls_lightning.prune.pruner` (:class:`Pruner`, layer selection) and :mod:`~adls_lightning.prune.structured`
+(:class:`StructuredPruner`, reloading at the pruned sizes). Every public name is
 re-exported here.
 """
 
@@ -78,6 +80,14 @@ from adls_lightning.prune.scores import (
     register_method,
     weight_methods,
 )
+from adls_lightning.prune.structured import (
+    STRUCTURED_METHODS,
+    StructuredPruner,
+    fit_structure_to_state,
+    load_pretrained_structured,
+)
+from adls_lightning.prune.structured import layer_sparsity as structured_layer_sparsity
+from adls_lightning.prune.structured import weight_sparsity as structured_weight_sparsity
 
 __all__ = [
     "ACTIVATION_SCOPES",
@@ -90,6 +100,7 @@ __all__ = [
     "PRUNE_METHODS",
     "SCHEDULE_KEYS",
     "SCOPES",
+    "STRUCTURED_METHODS",
     "ActivationSparsifier",
     "CubicSchedule",
     "MaskSpec",
@@ -99,15 +110,18 @@ __all__ = [
     "Pruner",
     "ScoreFn",
     "SparseGPTConfig",
+    "StructuredPruner",
     "WeightMask",
     "check_pattern",
     "compute_weight_masks",
     "count_true",
     "find_prune_targets",
+    "fit_structure_to_state",
     "is_weight_pruned",
     "kth_smallest",
     "l1_scores",
     "lab_pruning_specs",
+    "load_pretrained_structured",
     "make_pruning_permanent",
     "masks_from_scores",
     "num_to_prune",
@@ -120,6 +134,8 @@ __all__ = [
     "register_oneshot",
     "smallest_k",
     "sparsegpt",
+    "structured_layer_sparsity",
+    "structured_weight_sparsity",
     "wanda",
     "weight_methods",
 ]
