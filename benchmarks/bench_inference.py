@@ -12,9 +12,15 @@ Variants (all the same merged model: LoRA folded in, pruning masks baked, by the
   format=onnx int8=true`` writes them (:mod:`adls_lightning.export.onnx`), sessions with ``intra_op_num_threads``
   = the row's thread count;
 * ``MXINT8 packed``: the ``format=mxint8`` folder (``pack_for_export`` + ``save_packed``, group 32, classifier
-  float) rebuilt by ``load_packed``, ``torch.inference_mode()``.
+  float) rebuilt by ``load_packed``, ``torch.inference_mode()``;
+* ``fake-quant int8 (scaled)``: the checkpoint under ``--quant-overrides`` (default ``quant=int8_scaled
+  quant.mode=ptq``: per-channel int8 weights, static per-tensor int8 inputs, calibrated as the run's callback
+  calibrates), fake-quantized in PyTorch: what the run evaluates, the accuracy reference of the int8 row;
+* ``ours int8 (scaled, static)``: that model as ``format=onnx int8=scaled`` writes it
+  (:mod:`adls_lightning.export.int8`: the same weight codes and input scales, QDQ fused by ONNX Runtime into
+  integer kernels).
 
-The project has no real int8 path of its own yet (its quantization is fake-quant for QAT), so no row for one.
+Below the table: the int8 export against the fake-quantized model (accuracy difference, same labels).
 
 Timing: random token ids, no padding, ``batch x tokens``; each variant warmed up, then ``--repeats`` rounds in
 which every variant runs once in turn (so load from other processes hits all alike); the median round is kept.
@@ -57,7 +63,20 @@ from bench_gemm import peak  # noqa: E402
 from adls_lightning.gemm import choose, cpu_name, gemm_backend, onednn_available  # noqa: E402
 
 BASELINE = "torch eager fp32"
-VARIANTS = (BASELINE, "ours fp32", "torch int8 (dynamic)", "ORT fp32", "ORT int8", "MXINT8 packed")
+FAKE_QUANT = "fake-quant int8 (scaled)"
+SCALED_INT8 = "ours int8 (scaled, static)"
+VARIANTS = (
+    BASELINE,
+    "ours fp32",
+    "torch int8 (dynamic)",
+    "ORT fp32",
+    "ORT int8",
+    "MXINT8 packed",
+    FAKE_QUANT,
+    SCALED_INT8,
+)
+# the quantization of the int8 rows: the project's scaled-int8 preset, post-training (calibrated at load)
+QUANT_OVERRIDES = ["quant=int8_scaled", "quant.mode=ptq"]
 # the shape whose GEMM rate is printed: MiniLM's FFN up-projection, the layer with the most multiply-adds
 GEMM_SHAPE = "384->1536"
 # --tiny: the project's tiny random BERT (hidden 32, 2 layers, MiniLM tokenizer), no checkpoint needed
@@ -79,6 +98,7 @@ class Variant:
     # share of the reviews given the most frequent label: 1.0 means "agree" compared constant predictions
     top_label_share: float | None = None
     ms: dict[str, float] = field(default_factory=dict)
+    predictions: np.ndarray | None = None
 
 
 def torch_runner(model, context: Callable[[], object]) -> Runner:
@@ -89,8 +109,9 @@ def torch_runner(model, context: Callable[[], object]) -> Runner:
     return run
 
 
-def build_variants(model, work: Path) -> list[Variant]:
-    """Every variant of the merged float ``model``; exported files go to ``work``."""
+def build_variants(model, work: Path, fake_quant=None) -> list[Variant]:
+    """Every variant of the merged float ``model`` (and of ``fake_quant``, its calibrated scaled-int8 model, when
+    given); exported files go to ``work``."""
     from adls_lightning.export import load_packed, pack_for_export, save_packed
     from adls_lightning.export import onnx as onnx_export
     from adls_lightning.models import set_attn_implementation
@@ -160,7 +181,33 @@ def build_variants(model, work: Path) -> list[Variant]:
             f"{len(packed.linear)} linears, group 32",
         )
     )
+    if fake_quant is not None:
+        from adls_lightning.export import int8 as int8_export
+
+        variants.append(
+            Variant(
+                FAKE_QUANT, lambda rows: torch_runner(fake_quant, torch.inference_mode), "PyTorch, calibrated"
+            )
+        )
+        int8_path = work / int8_export.INT8_SCALED_FILE
+        layers = int8_export.export_int8_graph(fake_quant, int8_path)
+        int8_export.check_int8(int8_path, fake_quant)  # the export's own check: a wrong file fails here
+        variants.append(
+            Variant(SCALED_INT8, ort_runner(int8_path), f"ONNX Runtime QDQ, {len(layers)} linears")
+        )
     return variants
+
+
+def scaled_int8_model(ckpt: Path, overrides: list[str]):
+    """The checkpoint's fake-quantized scaled-int8 model, calibrated as ``format=onnx int8=scaled`` does."""
+    from adls_lightning.export import int8 as int8_export
+    from adls_lightning.export.__main__ import load_checkpoint_model
+
+    loaded = load_checkpoint_model(ckpt, overrides, keep_quantized=True)
+    if int8_export.uncalibrated(loaded.model):
+        batches = int8_export.calibrate_as_run(loaded.model, loaded.config)
+        print(f"{FAKE_QUANT}: input scales calibrated on {batches} training batches")
+    return loaded.model.eval()
 
 
 class _Both:
@@ -237,7 +284,20 @@ def accuracy(variants: list[Variant], overrides: list[str], rows: int) -> int:
         variant.accuracy = float((predicted == labels).mean())
         variant.agree = float((predicted == baseline).mean())
         variant.top_label_share = float(np.bincount(predicted).max() / len(predicted))
+        variant.predictions = predicted
     return len(labels)
+
+
+def int8_against_fake_quant(variants: list[Variant]) -> dict[str, float] | None:
+    """The int8 export's accuracy minus the fake-quantized model's, and the share of equal labels."""
+    found = {v.name: v for v in variants if v.name in (FAKE_QUANT, SCALED_INT8)}
+    if len(found) < 2 or found[FAKE_QUANT].predictions is None:
+        return None
+    fake, int8 = found[FAKE_QUANT], found[SCALED_INT8]
+    return {
+        "accuracy_difference": int8.accuracy - fake.accuracy,
+        "agree": float((int8.predictions == fake.predictions).mean()),
+    }
 
 
 def gemm_rates(rows: int, repeats: int) -> dict[str, float]:
@@ -317,6 +377,13 @@ def main() -> None:
         help=f"Hydra overrides the checkpoint was trained with (default {DEFAULT_OVERRIDES}; --tiny: "
         f"{TINY_OVERRIDES})",
     )
+    parser.add_argument(
+        "--quant-overrides",
+        nargs="*",
+        default=QUANT_OVERRIDES,
+        help=f"the scaled-int8 rows' quantization, on top of --overrides (default {QUANT_OVERRIDES}; none: no "
+        "int8 rows)",
+    )
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--tokens", type=int, nargs="+", default=[128, 256])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -360,7 +427,14 @@ def main() -> None:
         max_tokens = model.config.max_position_embeddings
         if max(args.tokens) > max_tokens:
             sys.exit(f"error: --tokens {max(args.tokens)}: the model takes at most {max_tokens}")
-        variants = build_variants(model, work)
+        fake_quant = None
+        if args.quant_overrides:
+            # --tiny: a smoke-sized calibration (2 batches of 64 training reviews), small data sets suffice
+            smoke = (
+                ["data.train_size=64", "data.val_size=16", "quant.calibration.batches=2"] if args.tiny else []
+            )
+            fake_quant = scaled_int8_model(ckpt, [*overrides, *args.quant_overrides, *smoke])
+        variants = build_variants(model, work, fake_quant)
         columns = []
         gemm = {}
         for threads in args.threads:
@@ -388,6 +462,12 @@ def main() -> None:
     )
     table = markdown(variants, columns, rows_used)
     print(table)
+    against = int8_against_fake_quant(variants) if rows_used else None
+    if against:
+        print(
+            f"\n{SCALED_INT8} vs {FAKE_QUANT}: accuracy {against['accuracy_difference'] * 100:+.2f} pt, same label "
+            f"on {against['agree']:.1%} of the {rows_used} reviews"
+        )
     if args.figure:
         title = f"{ckpt.name if args.ckpt else 'tiny random BERT'}; {cpu_name()}; median of {args.repeats}"
         figure(variants, columns, args.figure, title)
@@ -398,6 +478,7 @@ def main() -> None:
                 {
                     "columns": columns,
                     "accuracy_rows": rows_used,
+                    "int8_vs_fake_quant": against,
                     "gemm_gflops": gemm,
                     "peak_gflops_per_core": per_core,
                     "variants": [

@@ -14,7 +14,17 @@ from pathlib import Path
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "bench_inference.py"
-VARIANTS = ("torch eager fp32", "ours fp32", "torch int8 (dynamic)", "ORT fp32", "ORT int8", "MXINT8 packed")
+FAKE_QUANT, SCALED_INT8 = "fake-quant int8 (scaled)", "ours int8 (scaled, static)"
+VARIANTS = (
+    "torch eager fp32",
+    "ours fp32",
+    "torch int8 (dynamic)",
+    "ORT fp32",
+    "ORT int8",
+    "MXINT8 packed",
+    FAKE_QUANT,
+    SCALED_INT8,
+)
 FP32 = ("torch eager fp32", "ours fp32", "ORT fp32")
 ROWS = 60  # enough reviews that a tiny random model's labels are mixed (it is tuned to give input-dependent ones)
 
@@ -47,3 +57,11 @@ def test_tiny_run_has_every_variant_and_fp32_agrees(tmp_path, tiny_imdb_dir, cac
         assert variants[name]["accuracy"] == variants["torch eager fp32"]["accuracy"]
     # the labels are input-dependent, else "agree" would hold trivially
     assert variants["torch eager fp32"]["top_label_share"] < 1.0
+    # the int8 graph computes on the fake-quantized model's integer grid (logits within ~1e-6 on this model,
+    # tests/test_export_int8.py): the same label on every review, so the same accuracy
+    assert data["int8_vs_fake_quant"] == {"accuracy_difference": 0.0, "agree": 1.0}
+    assert variants[SCALED_INT8]["accuracy"] == variants[FAKE_QUANT]["accuracy"]
+    assert (
+        f"{SCALED_INT8} vs {FAKE_QUANT}: accuracy +0.00 pt, same label on 100.0% of the {ROWS} reviews"
+        in (result.stdout)
+    )

@@ -1,8 +1,10 @@
 """``python -m adls_lightning.export ckpt=PATH out=DIR [format=mxint8|hf|onnx] [options] [model overrides]``.
 
 Options: ``group_size=32``, ``exclude=classifier`` (comma-separated module names left float),
-``pack_embeddings=false`` (also pack the word embeddings), ``int8=false`` (``format=onnx`` only: also write
-ONNX Runtime's dynamic int8 model), ``overwrite=false`` (allow a non-empty ``out``).
+``pack_embeddings=false`` (also pack the word embeddings), ``int8=false`` (``format=onnx`` only: ``true`` also
+writes ONNX Runtime's dynamic int8 model; ``scaled`` writes instead the int8 graph of a ``quant=int8_scaled`` run
+with the run's own weight codes and calibrated activation scales, :mod:`adls_lightning.export.int8`),
+``overwrite=false`` (allow a non-empty ``out``).
 The model, its data and its compression are the run's own: the overrides Hydra recorded next to the checkpoint
 (``<run>/.hydra/overrides.yaml``, for a checkpoint in ``<run>/checkpoints/``); every other ``key=value`` is a
 Hydra override of ``conf/train.yaml`` on top of them (without a run record: on top of the MiniLM + LoRA of
@@ -101,10 +103,14 @@ def check_options(options: dict[str, str | None]) -> dict:
     if group_size <= 0:
         raise ConfigError(f"group_size={options['group_size']}: must be a positive integer, e.g. 32")
     exclude = tuple(name for name in str(options["exclude"]).split(",") if name)
-    int8 = _boolean(options, "int8")
+    int8: bool | str = "scaled" if str(options["int8"]).lower() == "scaled" else None
+    if int8 is None:
+        if str(options["int8"]).lower() not in BOOLEANS:
+            raise ConfigError(f"int8={options['int8']}: must be true, false or scaled")
+        int8 = _boolean(options, "int8")
     if int8 and options["format"] != "onnx":
         raise ConfigError(
-            f"int8=true: only with format=onnx (ONNX Runtime's dynamic int8); format={options['format']} "
+            f"int8={options['int8']}: only with format=onnx (ONNX Runtime's int8); format={options['format']} "
             "takes int8=false"
         )
     return {
@@ -152,6 +158,8 @@ class LoadedRun:
     recipe: ExportRecipe
     activation_state: dict[str, torch.Tensor]
     note: str | None = None
+    #: the run's composed config (what the int8 export calibrates from)
+    config: Any = None
 
     def activation_compression(self) -> str | None:
         """The first thing that acts on activations (a layer and its format, or the pruning), or None."""
@@ -180,11 +188,12 @@ def compose_train_config(overrides: Sequence[str], return_hydra_config: bool = F
         raise ConfigError(f"overrides {list(overrides)}: {str(error).splitlines()[0]}") from error
 
 
-def load_checkpoint_model(ckpt: Path, overrides: Sequence[str]) -> LoadedRun:
+def load_checkpoint_model(ckpt: Path, overrides: Sequence[str], keep_quantized: bool = False) -> LoadedRun:
     """The merged Hugging Face model of a ``train.py`` checkpoint, with what its run's compression computed.
 
     The model and its compression come from the run's own overrides (Hydra's record next to the checkpoint's
-    folder), then ``overrides`` on top.
+    folder), then ``overrides`` on top. ``keep_quantized``: leave the fake-quantized layers in place (the model
+    the run evaluated, for the int8 export) instead of baking them.
     """
     from peft import PeftModel
 
@@ -241,14 +250,16 @@ def load_checkpoint_model(ckpt: Path, overrides: Sequence[str]) -> LoadedRun:
     model = module.model.eval()
     if compression.quant is not None and quantized is None:  # PTQ: quantized for evaluation, as the run did
         quantize_model(model, compression.quant, key=compression.quant_key)
-    baked = bake_quantized_layers(model, compression.quant) if compression.quant is not None else None
+    baked = None
+    if compression.quant is not None and not keep_quantized:
+        baked = bake_quantized_layers(model, compression.quant)
     recipe = ExportRecipe(
         run_overrides=list(overrides),
         activation_quant=baked.activations if baked else {},
         activation_prune=ExportRecipe.prune_spec(compression.pruner),
         baked={"quantized_layers": len(baked.layers) if baked else 0, "pruned_layers": pruned},
     )
-    return LoadedRun(model, tokenizer, recipe, baked.state if baked else {}, compression.note)
+    return LoadedRun(model, tokenizer, recipe, baked.state if baked else {}, compression.note, cfg)
 
 
 def save_tokenizer(name: str | None, out: Path) -> bool:
@@ -266,6 +277,9 @@ def save_tokenizer(name: str | None, out: Path) -> bool:
 def export(options: dict, overrides: Sequence[str]) -> None:
     from adls_lightning.export import WEIGHTS_FILE, folder_bytes, pack_for_export, save_packed
 
+    if options["format"] == "onnx" and options["int8"] == "scaled":
+        export_scaled_int8(options, overrides)
+        return
     loaded = load_checkpoint_model(options["ckpt"], overrides)
     model, recipe = loaded.model, loaded.recipe
     if options["format"] != "hf":
@@ -310,6 +324,51 @@ def export(options: dict, overrides: Sequence[str]) -> None:
         )
     if loaded.note:
         print(f"note: {loaded.note}")
+
+
+def export_scaled_int8(options: dict, overrides: Sequence[str]) -> None:
+    """``format=onnx int8=scaled``: :data:`~adls_lightning.export.int8.INT8_SCALED_FILE` of a scaled-int8 run,
+    checked in ONNX Runtime against the fake-quantized model; every refusal comes before anything is written."""
+    from adls_lightning.export import int8 as int8_export
+
+    loaded = load_checkpoint_model(options["ckpt"], overrides, keep_quantized=True)
+    model = loaded.model
+    if loaded.recipe.activation_prune:
+        raise ConfigError(
+            "int8=scaled: the run prunes input activations, which the int8 graph does not carry; valid: override "
+            "prune.activation=null"
+        )
+    calibrated = ""
+    if int8_export.uncalibrated(model):
+        # a PTQ run calibrates at evaluation, after its checkpoint was written: its ranges are not in the file
+        batches = int8_export.calibrate_as_run(model, loaded.config)
+        if batches:
+            calibrated = (
+                f"; input scales calibrated here on {batches} training batches (a PTQ checkpoint has none)"
+            )
+    # refuses what the graph cannot carry before anything is written
+    if not int8_export.scaled_int8_layers(model):
+        raise ConfigError(
+            "int8=scaled: the run quantizes no linear layer; pass its quant=int8_scaled overrides (a float "
+            "checkpoint: quant=int8_scaled quant.mode=ptq), or int8=true for ONNX Runtime's dynamic int8"
+        )
+    out: Path = options["out"]
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / int8_export.INT8_SCALED_FILE
+    layers = int8_export.export_int8_graph(model, path)
+    check = int8_export.check_int8(path, model)
+    loaded.recipe.baked["quantized_layers"] = len(layers)
+    loaded.recipe.write(out, {})
+    tokenizer_saved = save_tokenizer(loaded.tokenizer, out)
+    from adls_lightning.export import onnx as onnx_export
+
+    print(
+        f"exported onnx int8=scaled to {out}: {path.name} {path.stat().st_size / 1e6:.1f} MB, {len(layers)} linear "
+        f"layers on the run's int8 grid (weights per output channel, static input scales){calibrated}; ONNX "
+        f"Runtime vs the fake-quantized PyTorch model on {onnx_export.SAMPLE_ROWS}×{onnx_export.SAMPLE_TOKENS} "
+        f"tokens: {check.describe()} (tolerance {int8_export.INT8_ATOL:g} + {int8_export.INT8_RTOL:g}·|logit|)"
+        f"{' (tokenizer included)' if tokenizer_saved else ''}"
+    )
 
 
 def refuse_compression_beyond_weights(loaded: LoadedRun, format: str) -> None:

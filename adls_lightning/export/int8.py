@@ -1,0 +1,330 @@
+"""``format=onnx int8=scaled``: a ``quant=int8_scaled`` run as an int8 ONNX graph with the run's own scales.
+
+Each linear layer the run quantized becomes ``QuantizeLinear -> DequantizeLinear`` on its input (the run's
+calibrated static per-tensor scale, zero point 0) and ``DequantizeLinear`` on an int8 initializer holding the
+run's weight codes (one scale per output channel): the QDQ form, which ONNX Runtime's graph optimizer fuses into
+integer kernels (``MatMulIntegerToFloat`` / ``QGemm``: int8 x int8 products summed in int32, scaled to float
+once). What the run kept float stays float: embeddings, LayerNorm, attention's two matmuls and softmax, biases
+(added in float, as the fake quantizer adds them), and any layer the run did not quantize.
+
+Exactness against the fake-quantized model (what the run evaluated): the weight codes are the fake quantizer's
+``clamp(round(w / s), -127, 127)`` (checked on export: ``codes * s`` equals the quantizer's output bit for bit),
+and each input goes through ``Clip(±127 s)`` before ``QuantizeLinear``, so its codes are the quantizer's too
+(``QuantizeLinear`` alone saturates to -128, one code below the fake quantizer's symmetric grid). What remains
+is arithmetic order: the fake model sums float products, the engine exact int32 sums; a float difference that
+crosses a rounding boundary moves an activation code by one in the next layer. :func:`check_int8` bounds the
+resulting logit difference (:data:`INT8_ATOL`).
+
+A PTQ run keeps no activation ranges in its checkpoint (it calibrates at evaluation, after the checkpoint was
+written): the export calibrates as the run did (``quant.calibration.batches`` training batches of the run's data,
+seeded with the run's seed) and says so; a QAT checkpoint carries its ranges and they are used as saved.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from adls_lightning.errors import ConfigError
+from adls_lightning.layers import swap_module
+from adls_lightning.quant.linear import QuantLinear
+from adls_lightning.quant.scaled import ScaledIntegerQuantizer, calibrate, scaled_quantizers
+from adls_lightning.quant.transform import find_linear_layers
+
+INT8_SCALED_FILE = "model_int8_scaled.onnx"
+#: the symmetric int8 grid of ``scaled_integer`` width 8 (restricted range: -128 is never a code)
+QMAX = 127
+#: int8 logits vs the fake-quantized PyTorch model: |Δ| <= INT8_ATOL + INT8_RTOL·|logit|. Both compute on the same
+#: integer grid; they differ only in summation order (float vs int32), which moves an activation code by one
+#: where a value lies within float rounding of a rounding boundary. One code moves an output by one step
+#: s_in·s_w·|w_code|, a few hundredths of a logit at most on the models here; measured: under 2e-3 on the tiny
+#: test models and on MiniLM (docs/inference.md). A wrong scale or code is off by a whole logit.
+INT8_ATOL = 2e-2
+INT8_RTOL = 2e-2
+# the model inputs a calibration forward gives (labels would only add the loss)
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@dataclass
+class ScaledInt8Layer:
+    """One linear layer on the int8 grid: ``y = (x_codes · s_in) @ (codes · s_w)ᵀ + bias``."""
+
+    name: str
+    #: int8 codes of the weight, ``[out, in]``: the fake quantizer's integers
+    codes: torch.Tensor
+    #: one float32 step per output channel (a per-tensor weight scale repeated)
+    weight_scale: torch.Tensor
+    #: the static per-tensor step of the input
+    input_scale: float
+
+
+def _int8_symmetric(quantizer: Any, operand: str, name: str, granularities: tuple[str, ...]) -> str | None:
+    """Why ``quantizer`` is not a symmetric 8-bit ``scaled_integer`` of one of ``granularities`` (None: it is)."""
+    if quantizer is None:
+        return f"layer {name} leaves its {operand} float"
+    if not isinstance(quantizer, ScaledIntegerQuantizer):
+        return f"layer {name} quantizes its {operand} as {getattr(quantizer, 'format_name', type(quantizer).__name__)}"
+    if quantizer.width != 8 or not quantizer.symmetric or quantizer.granularity not in granularities:
+        return (
+            f"layer {name} quantizes its {operand} as scaled_integer width {quantizer.width}, "
+            f"{'symmetric' if quantizer.symmetric else 'asymmetric'}, granularity {quantizer.granularity}"
+        )
+    if getattr(quantizer, "lsq", False):
+        return f"layer {name} learns its {operand} steps (lsq)"
+    return None
+
+
+@torch.no_grad()
+def scaled_int8_layers(model: nn.Module) -> dict[str, ScaledInt8Layer]:
+    """The int8 codes and scales of every :class:`QuantLinear` of ``model`` (a fake-quantized model, calibrated).
+
+    Raises:
+        ConfigError: a layer whose quantization is not int8 weights (per channel or tensor, symmetric) with a
+            calibrated static per-tensor symmetric int8 input, or that also quantizes its bias or output.
+    """
+    layers: dict[str, ScaledInt8Layer] = {}
+    for layer in find_linear_layers(model):
+        module = layer.module
+        if not isinstance(module, QuantLinear):
+            continue  # the run kept it float: so does the graph
+        name = layer.name
+        why = _int8_symmetric(
+            module.weight_quantizer, "weight", name, ("channel", "tensor")
+        ) or _int8_symmetric(module.data_in_quantizer, "input", name, ("tensor",))
+        for operand in ("bias", "data_out"):
+            if why is None and module.quantizer(operand) is not None:
+                why = f"layer {name} quantizes its {operand}"
+        if why is not None:
+            raise ConfigError(
+                f"int8=scaled: {why}; the int8 graph carries symmetric 8-bit scaled_integer weights (per channel or "
+                "tensor) with a static per-tensor input scale (quant=int8_scaled)"
+            )
+        data_in: ScaledIntegerQuantizer = module.data_in_quantizer
+        if not data_in.is_static:
+            raise ConfigError(
+                f"int8=scaled: layer {name}'s input scale was never calibrated (quant.calibration.batches=0 and "
+                "no ranges in the checkpoint); give the run's quant.calibration.batches=N"
+            )
+        quantizer: ScaledIntegerQuantizer = module.weight_quantizer
+        weight = module.linear.weight.detach().float()  # through a pruning mask, as the forward reads it
+        if quantizer.fixed_scale.numel():
+            scale, zero = quantizer.fixed_scale, quantizer.fixed_zero
+        else:
+            scale, zero = quantizer.grid(weight)
+        scale = scale.reshape(-1).to(torch.float32)
+        if zero.abs().max() != 0:
+            raise ConfigError(f"int8=scaled: layer {name}'s weight grid has a zero point")
+        scale = scale.expand(weight.shape[0]).contiguous() if scale.numel() == 1 else scale
+        codes = torch.round(weight / scale[:, None]).clamp(-QMAX, QMAX)
+        # the safety net: these must be the very integers the run multiplied with
+        if not torch.equal(codes * scale[:, None], quantizer(weight)):
+            raise ConfigError(
+                f"int8=scaled: layer {name}: the weight codes do not reproduce its fake quantizer"
+            )
+        input_scale, input_zero = data_in.grid(weight.new_zeros(1))
+        if float(input_zero.reshape(-1)[0]) != 0:
+            raise ConfigError(f"int8=scaled: layer {name}'s input grid has a zero point")
+        layers[name] = ScaledInt8Layer(name, codes.to(torch.int8), scale, float(input_scale.reshape(-1)[0]))
+    return layers
+
+
+def uncalibrated(model: nn.Module) -> list[ScaledIntegerQuantizer]:
+    """The static (``tensor``) scaled-integer quantizers of ``model`` that never observed a range."""
+    return [q for q in scaled_quantizers(model) if q.granularity == "tensor" and not q.is_static]
+
+
+def calibrate_as_run(model: nn.Module, cfg: Any) -> int:
+    """Calibrate ``model``'s static scales as the run's quantization callback does: ``quant.calibration.batches``
+    training batches of the run's data (seeded with its seed); returns the batches run (0: none configured)."""
+    import lightning as L
+
+    from adls_lightning.build import build
+
+    count = int(((cfg.get("quant") or {}).get("calibration") or {}).get("batches") or 0)
+    if not count:
+        return 0
+    L.seed_everything(cfg.get("seed"), verbose=False)
+    data = build(cfg.data, "data")
+    data.setup("fit")
+
+    def forward(batch):
+        return model(**{key: batch[key] for key in MODEL_INPUTS if key in batch})
+
+    return calibrate(model, data.train_dataloader(), forward, count)
+
+
+# ------------------------------------------------------------------------------------------------ the graph
+def _weight_keys(model: nn.Module) -> dict[bytes, tuple[str, bool]]:
+    """Every linear weight of ``model`` by its bytes: as stored ``[out, in]`` (a ``Gemm`` with ``transB``) and
+    transposed (the exporter's ``MatMul`` initializer) → (layer name, transposed)."""
+    keys: dict[bytes, tuple[str, bool]] = {}
+    for layer in find_linear_layers(model):
+        weight = layer.module.weight.detach().float().numpy()
+        for transposed, array in ((False, weight), (True, np.ascontiguousarray(weight.T))):
+            key = array.tobytes()
+            if key in keys:
+                raise ConfigError(
+                    f"int8=scaled: layers {keys[key][0]} and {layer.name} have identical weights"
+                )
+            keys[key] = (layer.name, transposed)
+    return keys
+
+
+def qdq_graph(
+    fp32_path: Path, out_path: Path, float_model: nn.Module, layers: dict[str, ScaledInt8Layer]
+) -> None:
+    """Rewrite the fp32 graph of ``float_model`` (weights as the run quantized them) into the QDQ graph of
+    ``layers``: every ``MatMul`` / ``Gemm`` whose weight is one of those layers' takes int8 codes and the run's
+    scales; the rest of the graph is unchanged."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    graph_model = onnx.load(str(fp32_path))
+    graph = graph_model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    keys = _weight_keys(float_model)
+    nodes, done = [], set()
+    for node in graph.node:
+        weight = node.input[1] if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 else None
+        found = (
+            keys.get(numpy_helper.to_array(initializers[weight]).tobytes())
+            if weight in initializers
+            else None
+        )
+        if found is None or found[0] not in layers:
+            nodes.append(node)
+            continue
+        name, transposed = found
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        # the graph's B must be the weight as the layer applies it: MatMul(x, Wᵀ) or Gemm(x, W, transB=1)
+        gemm_ok = attributes.get("transB", 0) == 1 and not attributes.get("transA", 0)
+        gemm_ok = gemm_ok and attributes.get("alpha", 1.0) == 1.0 and attributes.get("beta", 1.0) == 1.0
+        if transposed != (node.op_type == "MatMul") or (node.op_type == "Gemm" and not gemm_ok):
+            raise ConfigError(f"int8=scaled: layer {name}: unexpected {node.op_type} layout {attributes}")
+        layer = layers[name]
+        prefix = f"int8.{name}."
+        codes = layer.codes.numpy()
+        step = np.float32(layer.input_scale)
+        graph.initializer.extend(
+            [
+                numpy_helper.from_array(np.ascontiguousarray(codes.T) if transposed else codes, prefix + "w"),
+                numpy_helper.from_array(layer.weight_scale.numpy().astype(np.float32), prefix + "w_scale"),
+                numpy_helper.from_array(np.zeros(codes.shape[0], np.int8), prefix + "w_zero"),
+                numpy_helper.from_array(np.array(step, np.float32), prefix + "x_scale"),
+                numpy_helper.from_array(np.array(0, np.int8), prefix + "x_zero"),
+                numpy_helper.from_array(np.array(-QMAX * step, np.float32), prefix + "x_min"),
+                numpy_helper.from_array(np.array(QMAX * step, np.float32), prefix + "x_max"),
+            ]
+        )
+        x, q = prefix + "x", prefix
+        nodes += [
+            # the fake quantizer's clamp to ±127 codes (QuantizeLinear alone would give -128 below -127.5 s)
+            helper.make_node("Clip", [node.input[0], q + "x_min", q + "x_max"], [x + "_clipped"]),
+            helper.make_node("QuantizeLinear", [x + "_clipped", q + "x_scale", q + "x_zero"], [x + "_q"]),
+            helper.make_node("DequantizeLinear", [x + "_q", q + "x_scale", q + "x_zero"], [x + "_dq"]),
+            # per output channel: axis 1 of MatMul's [in, out], axis 0 of Gemm's [out, in]
+            helper.make_node(
+                "DequantizeLinear",
+                [q + "w", q + "w_scale", q + "w_zero"],
+                [q + "w_dq"],
+                axis=1 if transposed else 0,
+            ),
+        ]
+        node.input[0], node.input[1] = x + "_dq", q + "w_dq"
+        nodes.append(node)
+        done.add(name)
+    missing = sorted(set(layers) - done)
+    if missing:
+        raise ConfigError(
+            f"int8=scaled: layer {missing[0]}: no MatMul or Gemm with its weight in the exported graph"
+        )
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {name for node in graph.node for name in node.input}
+    kept = [init for init in graph.initializer if init.name in used]  # the float weights the codes replace go
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    onnx.checker.check_model(graph_model)
+    onnx.save(graph_model, str(out_path))
+
+
+@torch.no_grad()
+def bake_weights(model: nn.Module) -> nn.Module:
+    """``model`` with each :class:`QuantLinear` replaced by a plain ``nn.Linear`` holding the weight its quantizer
+    computes (inputs left float), in place: the float graph whose weights :func:`qdq_graph` finds and replaces."""
+    for layer in find_linear_layers(model):
+        module = layer.module
+        if isinstance(module, QuantLinear):
+            weight = module.linear.weight
+            plain = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+            plain.weight.copy_(weight if module.weight_quantizer is None else module.weight_quantizer(weight))
+            if module.bias is not None:
+                plain.bias.copy_(module.linear.bias)
+            swap_module(model, layer.path, plain)
+    return model
+
+
+def export_int8_graph(fake_model: nn.Module, out_path: Path) -> dict[str, ScaledInt8Layer]:
+    """``out_path``: the QDQ graph of ``fake_model`` (a fake-quantized Hugging Face classifier, calibrated, eval
+    mode); returns the layers written on the int8 grid."""
+    from adls_lightning.export.onnx import export_onnx
+
+    layers = scaled_int8_layers(fake_model)
+    if not layers:
+        raise ConfigError(
+            "int8=scaled: the run quantizes no linear layer; export it with quant=int8_scaled overrides, or "
+            "int8=true (ONNX Runtime's dynamic int8 of the float model)"
+        )
+    float_model = bake_weights(copy.deepcopy(fake_model))
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32_path = Path(tmp) / "model.onnx"
+        export_onnx(float_model, fp32_path)
+        qdq_graph(fp32_path, out_path, float_model, layers)
+    return layers
+
+
+def check_int8(path: Path, fake_model: nn.Module):
+    """ONNX Runtime's logits of ``path`` vs ``fake_model``'s on the export's sample batch.
+
+    Raises:
+        ExportCheckError: a logit off by more than ``INT8_ATOL + INT8_RTOL·|logit|``, or a different argmax.
+    """
+    from adls_lightning.export import onnx as onnx_export
+
+    inputs = onnx_export.sample_inputs(fake_model)
+    with torch.inference_mode():
+        expected = onnx_export.LogitsOnly(fake_model)(**inputs).numpy()
+    actual = onnx_export.onnx_logits(onnx_export.onnx_session(path), inputs)
+    check = onnx_export.OnnxCheck(
+        max_abs_diff=float(np.abs(actual - expected).max()),
+        argmax_agree=int((actual.argmax(-1) == expected.argmax(-1)).sum()),
+        rows=len(expected),
+    )
+    if not np.allclose(actual, expected, rtol=INT8_RTOL, atol=INT8_ATOL) or check.argmax_agree != check.rows:
+        raise onnx_export.ExportCheckError(
+            f"{path}: ONNX Runtime int8 logits differ from the fake-quantized PyTorch model's by up to "
+            f"{check.max_abs_diff:.3g} (tolerance {INT8_ATOL:g} + {INT8_RTOL:g}·|logit|), argmax agrees "
+            f"{check.argmax_agree}/{check.rows}; the file is left for inspection"
+        )
+    return check
+
+
+__all__ = [
+    "INT8_ATOL",
+    "INT8_RTOL",
+    "INT8_SCALED_FILE",
+    "ScaledInt8Layer",
+    "calibrate_as_run",
+    "check_int8",
+    "export_int8_graph",
+    "qdq_graph",
+    "scaled_int8_layers",
+    "uncalibrated",
+]
