@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from functools import partial
@@ -12,6 +13,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from adls_lightning.distill import Distiller, check_distillation
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import (
@@ -91,6 +93,11 @@ class PruningCallback(L.Callback):
             and FFN neurons physically (:mod:`adls_lightning.prune.structured`), at fit start (before training, after
             ``init_ckpt`` loads; the optimizer is then rebuilt on the smaller parameters); needs ``weight`` and
             ``activation`` null. A checkpoint of such a run reloads at its own sizes (read from its shapes).
+        distill: With ``structured``: the fit learns from the model as it was just before the structured pruning
+            (the dense ``init_ckpt`` model) as well as from the labels (:class:`~adls_lightning.distill.Distiller`);
+            the teacher's weights are callback state, so a resumed fit distills from the same teacher.
+        distill_temperature: The distillation temperature T.
+        distill_weight: The distillation term's share of the loss, in [0, 1].
 
     Raises:
         ConfigError: On invalid settings, at construction time.
@@ -116,8 +123,28 @@ class PruningCallback(L.Callback):
         schedule: Mapping[str, Any] | None = None,
         train: bool = True,
         structured: Mapping[str, Any] | None = None,
+        distill: bool = False,
+        distill_temperature: float = 2.0,
+        distill_weight: float = 0.5,
     ) -> None:
         self.structured = self._structured(structured, weight, activation, config, at, schedule, seed)
+        if not isinstance(distill, bool):
+            raise ConfigError(f"prune.distill={distill!r}: must be true or false")
+        if distill and self.structured is None:
+            raise ConfigError(
+                "prune.distill=true: distils into a structurally pruned model (prune=structured_0.5); for masks "
+                "use compress=l1_0.5 compress.distill=true"
+            )
+        if distill and not train:
+            raise ConfigError("prune.distill=true: distillation trains, and train=false trains nothing")
+        check_distillation(distill_temperature, distill_weight, key="prune")
+        self.distill, self.distill_temperature, self.distill_weight = (
+            distill,
+            distill_temperature,
+            distill_weight,
+        )
+        self.distiller: Distiller | None = None
+        self._teacher_model: torch.nn.Module | None = None  # a resumed fit's teacher skeleton (dense sizes)
         if config is not None:
             weight, activation = lab_pruning_specs(config, "prune.config")
         if at != "fit_start" and (isinstance(at, bool) or not isinstance(at, int) or at < 1):
@@ -247,6 +274,8 @@ class PruningCallback(L.Callback):
     # after the training state (the global step) is restored: a resumed fit recomputes the masks of its step
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.distiller is not None:  # a resumed fit rebuilt its teacher before Lightning moved the model
+            self.distiller.teacher.to(pl_module.device)
         if self.pruner.schedule is not None:
             self._schedule_step(trainer, pl_module)
 
@@ -301,6 +330,9 @@ class PruningCallback(L.Callback):
                 "prune.structured: a distributed fit has wrapped the parameters it would replace; structure-prune "
                 "in one process (train.py trainer.devices=1), then fine-tune that checkpoint with init_ckpt="
             )
+        if fitting and self.distill:
+            # the teacher: the model just before its heads and neurons go (the dense init_ckpt model)
+            self._start_distilling(pl_module, self._inner_model(pl_module), None)
         with torch.inference_mode(False), torch.no_grad():
             self.kept = self.structured.prune(pl_module)
         self.applied = True
@@ -310,6 +342,26 @@ class PruningCallback(L.Callback):
         sizes = f"{len(self.kept['heads'][0])} heads and {len(self.kept['neurons'][0])} FFN neurons"
         rank_zero_info(f"prune: structured ({self.structured.method}), {sizes} kept in each layer")
         self._log_structured(trainer, pl_module)
+
+    @staticmethod
+    def _inner_model(pl_module: torch.nn.Module) -> torch.nn.Module:
+        inner = getattr(pl_module, "model", None)
+        return inner if isinstance(inner, torch.nn.Module) else pl_module
+
+    def _start_distilling(
+        self, pl_module: torch.nn.Module, teacher: torch.nn.Module, state: Mapping[str, Any] | None
+    ) -> None:
+        if not hasattr(pl_module, "distiller"):
+            raise ConfigError(
+                f"prune.distill=true: {type(pl_module).__name__} has no `distiller` to use in its training step "
+                "(adls_lightning.module.SequenceClassifier has)"
+            )
+        # Distiller keeps its own frozen copy of the teacher
+        self.distiller = Distiller(teacher, self.distill_temperature, self.distill_weight)
+        if state is not None:
+            self.distiller.teacher.load_state_dict(state)
+        pl_module.distiller = self.distiller
+        rank_zero_info("prune: distilling from the model as it was before structured pruning")
 
     def _structured_layers(self, model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
         return {target.name: target.linear for target in self.pruner.targets(model)}
@@ -334,7 +386,11 @@ class PruningCallback(L.Callback):
             # a checkpoint of a structured run (resume, best, init_ckpt): the layers take its sizes before it loads;
             # callback state comes after the model's, so the sizes are read from the state's shapes
             with torch.inference_mode(False), torch.no_grad():
+                dense = copy.deepcopy(self._inner_model(self._module)) if self.distill else None
                 if fit_structure_to_state(self._module, state_dict, prefix):
+                    self._teacher_model = (
+                        dense  # the teacher's skeleton; its weights come with the callback state
+                    )
                     self.applied = True
                     rank_zero_info("prune: the checkpoint is structurally pruned; the layers take its sizes")
             return
@@ -419,9 +475,11 @@ class PruningCallback(L.Callback):
     def state_dict(self) -> dict[str, Any]:
         state = {"applied": self.applied, "act_sparsity": self.act_sparsity}
         if self.kept is not None:
-            state["structured_kept"] = (
-                self.kept
-            )  # which heads and neurons of the dense model remain (a record)
+            # which heads and neurons of the dense model remain (a record)
+            state["structured_kept"] = self.kept
+        if self.distiller is not None:
+            # the teacher is no model state; a resumed fit needs the same one
+            state["teacher"] = self.distiller.teacher.state_dict()
         if self.pruner.learns_scores and self._module is not None:
             # learned scores are not model state (the model's keys stay those of any pruned model): saved here
             state["scores"] = self.pruner.scores(self._module)
@@ -431,6 +489,16 @@ class PruningCallback(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.act_sparsity = state_dict.get("act_sparsity", self.act_sparsity)
         self.kept = state_dict.get("structured_kept", self.kept)
+        teacher = state_dict.get("teacher")
+        if self.distill and teacher is not None:
+            assert self._module is not None
+            if self.distiller is not None:
+                self.distiller.teacher.load_state_dict(teacher)
+            elif (
+                self._teacher_model is not None
+            ):  # resumed: the dense skeleton copied before the checkpoint loaded
+                self._start_distilling(self._module, self._teacher_model, teacher)
+                self._teacher_model = None
         if self.pruner.learns_scores and "scores" in state_dict:
             assert self._module is not None
             self.pruner.load_scores(self._module, state_dict["scores"])

@@ -9,6 +9,7 @@ import copy
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -183,9 +184,11 @@ def _dense_tiny_random_params() -> int:
 
 @pytest.fixture(scope="module")
 def structured_run(tmp_path_factory, tiny_imdb_dir, cache_dir) -> tuple[Path, str]:
-    """One epoch of ``train.py model=tiny_random prune=structured_0.5``: its output folder and its output."""
+    """One epoch of ``train.py model=tiny_random prune=structured_0.5 prune.distill=true`` (the documented command,
+    distilling from the model before pruning): its output folder and its output."""
     out = tmp_path_factory.mktemp("structured_run")
-    proc = run_train(tiny_imdb_dir, cache_dir, out, *SMALL, "prune=structured_0.5", "trainer.max_epochs=1")
+    overrides = ["prune=structured_0.5", "prune.distill=true", "trainer.max_epochs=1"]
+    proc = run_train(tiny_imdb_dir, cache_dir, out, *SMALL, *overrides)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc.stderr + proc.stdout
 
@@ -193,12 +196,14 @@ def structured_run(tmp_path_factory, tiny_imdb_dir, cache_dir) -> tuple[Path, st
 def test_train_py_run_removes_half_and_counts_the_new_shapes(structured_run):
     out, output = structured_run
     assert "prune: structured (l1), 1 heads and 32 FFN neurons kept in each layer" in output
+    assert "prune: distilling from the model as it was before structured pruning" in output
     metrics = json.loads((out / "metrics.json").read_text())
     # model=tiny_random: hidden 32, 2 layers, 2 heads, FFN 64; LoRA merged before pruning (a plain model)
     assert metrics["params/total"] == _dense_tiny_random_params() - closed_form_removed(2, 2, 1, 64, 32, 32)
     # removed weights are zeros of the dense layers: 2 x (4 x 32 x 16 + 2 x 32 x 32) of 2 x 8192 + pooler 1024
     assert metrics["prune/weight_sparsity"] == pytest.approx(8192 / 17408, abs=2e-3)
     assert 0.0 <= metrics["test/acc"] <= 1.0
+    assert "train/distill_loss" in metrics and "train/task_loss" in metrics
 
 
 class RecordAfterPruning(L.Callback):
@@ -209,7 +214,7 @@ class RecordAfterPruning(L.Callback):
 
 
 def test_the_rebuilt_optimizer_trains_the_smaller_parameters(compose_cfg):
-    cfg = compose_cfg([*SMALL, "model/lora=none", "prune=structured_0.5"])
+    cfg = compose_cfg([*SMALL, "model/lora=none", "prune=structured_0.5", "prune.distill=true"])
     model = instantiate(cfg.model, _convert_="partial")
     record = RecordAfterPruning()
     quiet = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
@@ -227,6 +232,34 @@ def test_the_rebuilt_optimizer_trains_the_smaller_parameters(compose_cfg):
     assert not torch.equal(record.query, query.detach())  # trained after pruning
     in_optimizer = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
     assert in_optimizer == {id(p) for p in model.parameters() if p.requires_grad}
+    # the teacher is the dense model before pruning, frozen and in no optimizer
+    teacher = model.distiller.teacher
+    assert teacher.bert.encoder.layer[0].attention.self.query.out_features == 32
+    assert not any(p.requires_grad for p in teacher.parameters())
+    assert not in_optimizer & {id(p) for p in teacher.parameters()}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["prune=l1_0.5", "prune.distill=true"],
+            "prune.distill=true: distils into a structurally pruned model",
+        ),
+        (
+            ["prune=structured_0.5", "prune.weight={sparsity:0.5,method:l1}"],
+            "prune.weight and prune.structured are both set",
+        ),
+        (["prune=structured_0.5", "prune.at=1"], "prune.at=1: structured pruning replaces parameters"),
+        (
+            ["prune=structured_0.5", "prune.structured.method=taylor"],
+            "prune.structured.method='taylor': must be",
+        ),
+    ],
+)
+def test_bad_combinations_fail_on_construction_in_one_line(compose_cfg, overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        instantiate(compose_cfg(overrides).prune, _convert_="partial")
 
 
 def _run(compose_cfg, out: Path, *overrides: str) -> dict[str, float]:
@@ -243,8 +276,13 @@ def test_resume_reloads_the_pruned_sizes(structured_run, compose_cfg, tmp_path):
     saved = torch.load(last, map_location="cpu", weights_only=True)
     state = next(v for k, v in saved["callbacks"].items() if "PruningCallback" in k)
     assert [len(h) for h in state["structured_kept"]["heads"]] == [1, 1]  # the kept indices are on record
+    # the teacher (the dense model before pruning) is callback state
+    assert tuple(state["teacher"]["bert.encoder.layer.0.attention.self.query.weight"].shape) == (32, 32)
     first = json.loads((run_dir / "metrics.json").read_text())
-    resumed = _run(compose_cfg, tmp_path / "resumed", f"ckpt_path={last}", "trainer.max_epochs=2")
+    resumed = _run(
+        compose_cfg, tmp_path / "resumed", f"ckpt_path={last}", "trainer.max_epochs=2", "prune.distill=true"
+    )
+    assert "train/distill_loss" in resumed  # the resumed fit distils from the restored teacher
     assert resumed["params/total"] == first["params/total"]
     best = next((tmp_path / "resumed" / "checkpoints").glob("best-*.ckpt"))
     step = torch.load(best, map_location="cpu", weights_only=True)["global_step"]
