@@ -19,6 +19,7 @@ from adls_lightning.lora import merge_before_compression
 from adls_lightning.quant import (
     QuantRecipe,
     calibrate,
+    init_learned_steps,
     quantization_report,
     quantize_model,
     quantized_layers,
@@ -161,6 +162,14 @@ class QuantizationCallback(L.Callback):
         merge_before_compression(pl_module)
         model = getattr(pl_module, "model", pl_module)
         names = quantize_model(model, self.recipe)
+        if not self.calibration_batches and any(
+            layer.data_in_quantizer is not None and getattr(layer.data_in_quantizer, "lsq", False)
+            for layer in quantized_layers(model)
+        ):
+            raise ConfigError(
+                "quant.calibration.batches=0: LSQ activation steps (lsq: true on data_in) start from "
+                "calibrated ranges; give quant.calibration.batches=N (N >= 1)"
+            )
         if self.train_base:
             for layer in quantized_layers(model):
                 layer.linear.requires_grad_(True)
@@ -192,11 +201,14 @@ class QuantizationCallback(L.Callback):
             self._prepare(trainer, pl_module)
 
     def _prepare(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.calibrated or not self.quantized or not (self.calibration_batches or self.gptq):
+        if self.calibrated or not self.quantized:
             return
         from adls_lightning.quant.scaled import scaled_quantizers
 
         self.calibrated = True
+        if not (self.calibration_batches or self.gptq):
+            self._start_learned_steps(pl_module)
+            return
         datamodule = trainer.datamodule
         if datamodule is None:
             log.warning(
@@ -234,6 +246,15 @@ class QuantizationCallback(L.Callback):
         if self.calibration_batches and static and not all(int(q.batches_observed) > 0 for q in static):
             run = calibrate(pl_module, datamodule.train_dataloader(), forward, self.calibration_batches)
             log.info("Calibrated %d activation scales on %d training batches", len(static), run)
+        self._start_learned_steps(pl_module)
+
+    def _start_learned_steps(self, pl_module: L.LightningModule) -> None:
+        try:
+            started = init_learned_steps(pl_module)
+        except ValueError as err:
+            raise ConfigError(f"quant.config: {err}") from None
+        if started:
+            log.info("LSQ: %d learned steps start from calibration", started)
 
     @override
     def on_load_checkpoint(

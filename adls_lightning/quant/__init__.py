@@ -18,7 +18,12 @@ from adls_lightning.quant.linear import SLOTS, QuantLinear
 from adls_lightning.quant.mase import from_mase, to_recipe
 from adls_lightning.quant.quantizers import QUANTIZERS, Quantizer, make_quantizer, register_format
 from adls_lightning.quant.recipe import LayerRecipe, OperandRecipe, QuantRecipe
-from adls_lightning.quant.scaled import ScaledIntegerQuantizer, calibrate, calibrating
+from adls_lightning.quant.scaled import (
+    ScaledIntegerQuantizer,
+    calibrate,
+    calibrating,
+    init_learned_steps,
+)
 from adls_lightning.quant.transform import (
     find_linear_layers,
     quantization_report,
@@ -36,6 +41,7 @@ __all__ = [
     "Quantizer",
     "ScaledIntegerQuantizer",
     "calibrate",
+    "init_learned_steps",
     "calibrating",
     "find_linear_layers",
     "from_mase",

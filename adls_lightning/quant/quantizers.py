@@ -174,6 +174,11 @@ class Quantizer(nn.Module):
         """A reason why tensors with last dimension ``size`` cannot be quantized, or None when they can."""
         return None
 
+    def bind(self, shape: tuple[int, ...] | None) -> None:
+        """Told, when its layer is built, the shape of the operand it quantizes (``None`` for an activation,
+        whose leading dimensions vary): formats with learned per-row state size it here, before an optimizer
+        is made. Raises :class:`QuantizerParamError` for an operand it cannot learn on."""
+
 
 def _float_compute(x: Tensor) -> Tensor:
     return x if x.dtype == torch.float32 else x.to(torch.float32)

@@ -22,6 +22,16 @@ observed, a tensor scale is measured on the tensor itself (dynamic), so an uncal
 
 Gradients: straight-through inside the grid's range, zero outside (clipped values), as PyTorch's own
 ``fake_quantize_*``. A tensor (row, group) holding inf or NaN becomes NaN: its statistic is not finite.
+
+**LSQ** (``lsq: true``, Esser et al. 2019, "Learned Step Size Quantization"): the step of each row is a parameter
+(``step``, one per row of a weight's channels or groups, or one for a ``tensor`` scale) that QAT trains with the
+rest. Its gradient is the paper's: ``round(x/s) - x/s`` inside the grid, ``qmin`` or ``qmax`` outside, scaled by
+``g = 1 / sqrt(n * qmax)`` with ``n`` the elements that share the step (a weight row's or group's size; an
+activation tensor's elements per batch), which the paper found keeps the step's updates in proportion to the
+weights'. The steps start from calibration (:func:`init_learned_steps`: the observer's step on the weight, and on
+the ranges the calibration batches recorded for a ``tensor`` activation scale), so they are sized when the layer
+is built (:meth:`ScaledIntegerQuantizer.bind`: the optimizer must see them) and set before training starts.
+Symmetric grids only (the paper learns a step, not a zero point).
 """
 
 from __future__ import annotations
@@ -66,6 +76,8 @@ class ScaledIntegerQuantizer(Quantizer):
         percentile: for ``observer=percentile``, in (50, 100].
         averaging_constant: weight of a new batch's range in a running one (``moving_average``, and QAT's
             training updates of a tensor scale), in (0, 1].
+        lsq: learn the steps in QAT (LSQ, see the module docstring); symmetric, and ``tensor`` granularity for
+            activations.
     """
 
     format_name = "scaled_integer"
@@ -80,6 +92,7 @@ class ScaledIntegerQuantizer(Quantizer):
         observer: str = "minmax",
         percentile: float = 99.99,
         averaging_constant: float = 0.01,
+        lsq: bool = False,
     ) -> None:
         super().__init__()
         self.width = _int_param("width", width, 2, 16)
@@ -107,6 +120,17 @@ class ScaledIntegerQuantizer(Quantizer):
         ):
             raise QuantizerParamError("averaging_constant", f"={averaging_constant!r}: must be in (0, 1]")
         self.averaging_constant = float(averaging_constant)
+        self.lsq = _bool_param("lsq", lsq)
+        if self.lsq and not self.symmetric:
+            raise QuantizerParamError(
+                "lsq", "=true: needs symmetric=true (LSQ learns a step, not a zero point)"
+            )
+        if self.lsq and granularity == "token":
+            raise QuantizerParamError(
+                "lsq",
+                "=true: granularity token measures each row on the fly; learned steps need tensor, "
+                "channel or group",
+            )
         if self.symmetric:
             # the restricted range [-(2^(w-1) - 1), 2^(w-1) - 1]: symmetric about 0, as int8 engines take weights
             self.qmin, self.qmax = -(2 ** (self.width - 1) - 1), 2 ** (self.width - 1) - 1
@@ -122,6 +146,10 @@ class ScaledIntegerQuantizer(Quantizer):
         self.register_buffer("fixed_zero", torch.empty(0))
         #: set by :func:`calibrating`: record ranges, pass values through unquantized
         self.observing = False
+        # LSQ: one learned step per row (sized by bind), used once learned_ready is set (init_learned_steps)
+        self.step = nn.Parameter(torch.empty(0)) if self.lsq else None
+        if self.lsq:
+            self.register_buffer("learned_ready", torch.tensor(False))
 
     # ----------------------------------------------------------------------------------------------- ranges
     def _rows(self, x: Tensor) -> Tensor:
@@ -218,12 +246,56 @@ class ScaledIntegerQuantizer(Quantizer):
         """A ``tensor`` scale that has observed a range: it no longer depends on the values quantized."""
         return self.granularity == "tensor" and int(self.batches_observed) > 0
 
+    # ------------------------------------------------------------------------------------------------- LSQ
+    def bind(self, shape: tuple[int, ...] | None) -> None:
+        """LSQ: one step per row of an operand of ``shape`` (``None``: an activation)."""
+        if not self.lsq:
+            return
+        if self.granularity == "tensor":
+            rows = 1
+        elif shape is None:
+            raise QuantizerParamError(
+                "lsq",
+                f"=true with granularity {self.granularity}: an activation's rows vary with the batch; use "
+                "granularity tensor for data_in",
+            )
+        else:
+            rows = self._rows(torch.empty(shape, device="meta")).shape[0]
+        self.step = nn.Parameter(torch.ones(rows))
+
+    def init_step(self, x: Tensor | None) -> None:
+        """Start the learned steps from the observer: on ``x`` (a weight), or on the calibrated range (``None``)."""
+        with torch.no_grad():
+            if x is None:
+                scale = self._scale(self.min_val[None], self.max_val[None])[0]
+            else:
+                rows = self._rows(_float_compute(x).detach())
+                scale = self._scale(*self._range(rows))[0]
+            self.step.copy_(scale.to(self.step))
+            self.learned_ready.fill_(True)
+
+    def _learned(self, x: Tensor) -> Tensor:
+        values = _float_compute(x)
+        rows = self._rows(values)
+        # LSQ's gradient scale: the step's value unchanged, its gradient times g
+        g = 1.0 / math.sqrt(rows.shape[1] * self.qmax)
+        step = self.step.abs().clamp(min=torch.finfo(torch.float32).tiny)
+        step = (step - step * g).detach() + step * g
+        # clamp before rounding (the same codes): the paper's gradient switches at x/s = qmax, not at its rounding
+        scaled = (rows / step[:, None]).clamp(self.qmin, self.qmax)
+        codes = (scaled.round() - scaled).detach() + scaled  # round with a straight-through gradient
+        out = codes * step[:, None]
+        return out.view_as(values).to(x.dtype)
+
     # -------------------------------------------------------------------------------------------- quantizer
     def forward(self, x: Tensor) -> Tensor:
-        if self.granularity == "tensor" and (self.observing or self.training):
+        learned = self.step is not None and bool(self.learned_ready)
+        if self.granularity == "tensor" and (self.observing or (self.training and not learned)):
             self.observe(x)
             if self.observing:
                 return x
+        if learned:
+            return self._learned(x)
         return super().forward(x)
 
     def quantize(self, x: Tensor, need_mask: bool) -> tuple[Tensor, Tensor | None]:
@@ -263,7 +335,8 @@ class ScaledIntegerQuantizer(Quantizer):
     def extra_repr(self) -> str:
         kind = "symmetric" if self.symmetric else "asymmetric"
         group = f", group_size={self.group_size}" if self.granularity == "group" else ""
-        return f"width={self.width}, {kind}, granularity={self.granularity}{group}, observer={self.observer}"
+        lsq = ", lsq" if self.lsq else ""
+        return f"width={self.width}, {kind}, granularity={self.granularity}{group}, observer={self.observer}{lsq}"
 
 
 def _quantile(rows: Tensor, q: float) -> Tensor:
@@ -275,6 +348,32 @@ def _quantile(rows: Tensor, q: float) -> Tensor:
 
 def scaled_quantizers(model: nn.Module) -> list[ScaledIntegerQuantizer]:
     return [m for m in model.modules() if isinstance(m, ScaledIntegerQuantizer)]
+
+
+def init_learned_steps(model: nn.Module) -> int:
+    """Start every LSQ step of ``model``'s quantized layers that has not started (a resumed run's have) from
+    calibration: a weight's from its observer on the weight, an activation's from its calibrated range. Returns
+    the quantizers started. Raises ``ValueError`` for an activation step without a calibrated range."""
+    from adls_lightning.quant.linear import QuantLinear
+
+    started = 0
+    for name, layer in model.named_modules():
+        if not isinstance(layer, QuantLinear):
+            continue
+        operands = {"data_in": None, "weight": layer.linear.weight, "bias": layer.linear.bias}
+        for slot, operand in operands.items():
+            quantizer = layer.quantizer(slot)
+            if not isinstance(quantizer, ScaledIntegerQuantizer) or quantizer.step is None:
+                continue
+            if bool(quantizer.learned_ready) or (slot == "bias" and operand is None):
+                continue
+            if operand is None and int(quantizer.batches_observed) == 0:
+                raise ValueError(
+                    f"{name}: an LSQ {slot} step starts from calibrated ranges; give quant.calibration.batches=N"
+                )
+            quantizer.init_step(operand)
+            started += 1
+    return started
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from adls_lightning.errors import ConfigError
 from adls_lightning.layers import FilterFn, swap_module, target_layers
 from adls_lightning.quant.linear import QuantLinear, dtype_bits
 from adls_lightning.quant.mase import to_recipe
-from adls_lightning.quant.quantizers import Quantizer
+from adls_lightning.quant.quantizers import Quantizer, QuantizerParamError
 from adls_lightning.quant.recipe import LayerRecipe
 
 
@@ -84,6 +84,7 @@ def quantize_model(model: nn.Module, config: Any, *, key: str = "config") -> lis
             continue
         quantizers = layer_recipe.quantizers()
         _check_dims(layer, quantizers, layer_recipe)
+        _bind(layer, quantizers, layer_recipe)
         planned.append((layer, quantizers))
     for layer, quantizers in planned:
         linear = layer.module.linear if isinstance(layer.module, QuantLinear) else layer.module
@@ -104,6 +105,22 @@ def _check_dims(layer: LinearLayer, quantizers: dict[str, Quantizer | None], rec
             f"{recipe.key_of(operand, 'block_size')}={getattr(quantizer, 'block_size', '?')} {problem} "
             f"in layer {layer.name}"
         )
+
+
+def _bind(layer: LinearLayer, quantizers: dict[str, Quantizer | None], recipe: LayerRecipe) -> None:
+    """Tell each quantizer its operand's shape (learned steps are sized now, before any optimizer exists)."""
+    linear = layer.module
+    shapes = {"data_in": None, "weight": tuple(linear.weight.shape), "data_out": None}
+    shapes["bias"] = None if linear.bias is None else tuple(linear.bias.shape)
+    for operand, quantizer in quantizers.items():
+        if quantizer is None or (operand == "bias" and linear.bias is None):
+            continue
+        try:
+            quantizer.bind(shapes[operand])
+        except QuantizerParamError as err:
+            raise ConfigError(
+                f"{recipe.key_of(operand, err.param)}{err.detail} (layer {layer.name})"
+            ) from None
 
 
 def dimension_problem(

@@ -1,0 +1,356 @@
+"""Per-layer quantization sensitivity: ``python -m adls_lightning.quant.sensitivity ckpt=CKPT [quant=PRESET]
+[by=layer|kind|block] [split=val|test] [out=DIR] [overwrite=false] [overrides]``.
+
+Starting from a full-precision checkpoint (LoRA merged, as the export loads it), each group of linear layers in
+turn is quantized with the preset's recipe while every other layer stays float, and the task's main metric (IMDb:
+accuracy, MRPC: F1, STS-B: Pearson) is measured on the run's validation split (``split=test``: its test split).
+Static activation scales (``quant=int8_scaled``) are calibrated for the group on the preset's
+``quant.calibration.batches`` training batches first. The groups are one linear layer each (``by=layer``), one kind
+of layer across blocks (``by=kind``: every ``attention.self.query``, ...) or one encoder block (``by=block``).
+
+Output: the table sorted by the metric's drop from full precision (largest first), printed, and written to
+``out`` as ``sensitivity.csv`` and ``sensitivity.png`` (default ``out``: ``<run>/sensitivity/<preset>-<by>`` beside
+the checkpoint's run folder), and ``search_command.txt``: a Lab 3 mixed-precision search (``search.py
+search=mixed_precision``) over the ``search_top`` most sensitive layers only, every other layer fixed at the
+preset's format (``quant.config.default``), so the trials spend their budget where precision matters. Bad input: one line naming the key, exit code 2, nothing written; an ``out`` that
+already holds files is refused unless ``overwrite=true``.
+
+The model, data and task are the run's own (the overrides Hydra recorded beside the checkpoint); other
+``key=value`` tokens are Hydra overrides of ``conf/train.yaml`` on top of them (e.g. ``data.val_size=500``).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from adls_lightning.errors import ConfigError
+from adls_lightning.layers import swap_module
+from adls_lightning.quant.linear import QuantLinear
+from adls_lightning.quant.recipe import QuantRecipe
+from adls_lightning.quant.transform import find_linear_layers, quantize_model
+
+GROUPINGS = ("layer", "kind", "block")
+SPLITS = ("val", "test")
+OPTIONS: dict[str, str | None] = {
+    "ckpt": None,
+    "quant": "int8",
+    "by": "layer",
+    "split": "val",
+    "out": None,
+    "overwrite": "false",
+    "search_top": "8",
+}
+CSV_FILE = "sensitivity.csv"
+FIGURE_FILE = "sensitivity.png"
+SEARCH_FILE = "search_command.txt"
+#: an encoder block's prefix in a canonical layer name (BERT ``encoder.layer.3.``, DistilBERT ``transformer.layer.3.``)
+_BLOCK = re.compile(r"^(.*?\blayer\.\d+)\.(.+)$")
+
+
+@dataclass(frozen=True)
+class GroupScore:
+    """One group's metric with only its layers quantized, and the drop from full precision (positive = worse)."""
+
+    group: str
+    layers: tuple[str, ...]
+    metric: float
+    drop: float
+
+
+def layer_groups(names: Iterable[str], by: str) -> dict[str, list[str]]:
+    """Layer names grouped ``by`` (see the module docstring), in first-seen order; a layer outside the encoder
+    blocks (the pooler, the classifier) is its own group under ``kind`` and ``block``."""
+    if by not in GROUPINGS:
+        raise ConfigError(f"by={by!r}: must be one of {', '.join(GROUPINGS)}")
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        match = _BLOCK.match(name)
+        if by == "layer" or match is None:
+            key = name
+        else:
+            key = match.group(2) if by == "kind" else match.group(1)
+        groups.setdefault(key, []).append(name)
+    return groups
+
+
+def quantize_only(model: nn.Module, recipe: QuantRecipe, names: Sequence[str]) -> list[str]:
+    """Quantize ``names`` of ``model`` with ``recipe``'s entries for them; every other layer stays float."""
+    entries = recipe.for_layers([layer.name for layer in find_linear_layers(model)])
+    only = QuantRecipe(layers={name: entries[name] for name in names}, key=recipe.key)
+    return quantize_model(model, only, key=recipe.key)
+
+
+def unquantize(model: nn.Module) -> None:
+    """Put every ``QuantLinear`` of ``model`` back to the linear it wraps (which it never copied)."""
+    for layer in find_linear_layers(model):
+        if isinstance(layer.module, QuantLinear):
+            swap_module(model, layer.path, layer.module.linear)
+
+
+def layer_sensitivity(
+    model: nn.Module,
+    recipe: QuantRecipe,
+    groups: dict[str, list[str]],
+    evaluate: Callable[[nn.Module], float],
+    prepare: Callable[[nn.Module], None] | None = None,
+    progress: Callable[[int, int, GroupScore], None] | None = None,
+) -> tuple[float, list[GroupScore]]:
+    """The full-precision metric and, for each group, the metric with only that group quantized (``prepare`` runs
+    after quantizing: calibration), sorted by drop, largest first. ``model`` is float again afterwards."""
+    baseline = evaluate(model)
+    scores = []
+    for index, (group, names) in enumerate(groups.items()):
+        quantize_only(model, recipe, names)
+        try:
+            if prepare is not None:
+                prepare(model)
+            metric = evaluate(model)
+        finally:
+            unquantize(model)
+        scores.append(GroupScore(group, tuple(names), metric, baseline - metric))
+        if progress is not None:
+            progress(index + 1, len(groups), scores[-1])
+    return baseline, sorted(scores, key=lambda score: (-score.drop, score.group))
+
+
+def format_table(metric_name: str, baseline: float, scores: Sequence[GroupScore]) -> str:
+    width = max([len("group"), *(len(s.group) for s in scores)])
+    lines = [
+        f"{'group':<{width}}  layers  {metric_name:>8}  drop (pt)",
+        f"{'(none: full precision)':<{width}}  {0:>6}  {baseline:>8.4f}  {0:>9.2f}",
+    ]
+    lines += [
+        f"{s.group:<{width}}  {len(s.layers):>6}  {s.metric:>8.4f}  {100 * s.drop:>9.2f}" for s in scores
+    ]
+    return "\n".join(lines)
+
+
+def write_csv(path: Path, baseline: float, scores: Sequence[GroupScore]) -> None:
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["group", "layers", "metric", "drop"])
+        writer.writerow(["(full precision)", "", f"{baseline:.6f}", "0"])
+        for s in scores:
+            writer.writerow([s.group, " ".join(s.layers), f"{s.metric:.6f}", f"{s.drop:.6f}"])
+
+
+def plot(path: Path, title: str, metric_name: str, scores: Sequence[GroupScore]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = list(reversed(scores))  # the most sensitive at the top
+    figure, axes = plt.subplots(figsize=(7.5, 0.28 * len(shown) + 1.4))
+    axes.barh([s.group for s in shown], [100 * s.drop for s in shown], color="tab:red")
+    axes.axvline(0, color="black", linewidth=0.8)
+    axes.set_xlabel(f"{metric_name} drop from full precision (points), only this group quantized")
+    axes.set_title(title, fontsize=10)
+    axes.tick_params(axis="y", labelsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+# ------------------------------------------------------------------------------------------------ command line
+def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, str | None], list[str]]:
+    options, overrides = dict(OPTIONS), []
+    for token in argv:
+        key, sep, value = token.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{token!r}: expected key=value, e.g. ckpt=PATH quant=int8 by=layer")
+        if key in OPTIONS:
+            options[key] = value
+        else:
+            overrides.append(token)
+    if not options["ckpt"]:
+        raise ConfigError("ckpt: required, the path of a full-precision train.py checkpoint (ckpt=PATH)")
+    if options["by"] not in GROUPINGS:
+        raise ConfigError(f"by={options['by']}: must be one of {', '.join(GROUPINGS)}")
+    if options["split"] not in SPLITS:
+        raise ConfigError(f"split={options['split']}: must be one of {', '.join(SPLITS)}")
+    if not (options["search_top"] or "").isdigit():
+        raise ConfigError(
+            f"search_top={options['search_top']}: must be an integer >= 0 (0: no search command)"
+        )
+    if options["overwrite"] not in ("true", "false"):
+        raise ConfigError(f"overwrite={options['overwrite']}: must be true or false")
+    if any(override.split("=", 1)[0].lstrip("+~") in ("compress", "prune") for override in overrides):
+        raise ConfigError("compress= / prune=: sensitivity measures quantization alone; leave them out")
+    return options, overrides
+
+
+def search_command(preset_default: Any, scores: Sequence[GroupScore], top: int) -> str:
+    """``search.py`` over the layers of the ``top`` most sensitive groups, every other layer at ``preset_default``
+    (the preset's ``quant.config.default``, a plain mapping)."""
+    searched = [name for score in scores[:top] for name in score.layers]
+    formats = [v["format"] for v in preset_default.values() if isinstance(v, dict) and "format" in v]
+    precision = f"search.precision={formats[0]} " if formats else ""
+    # the space's regex fullmatches layer names; a dot matching itself is all it needs here (no backslashes to
+    # escape through the shell and Hydra's parser)
+    return (
+        f"python search.py search=mixed_precision {precision}"
+        f"'hydra.sweeper.search_space.layers=\"{'|'.join(searched)}\"' "
+        f"'+quant.config.default={_flow(preset_default)}'"
+    )
+
+
+def _flow(value: Any) -> str:
+    """A plain value in Hydra's override syntax (``{a: {b: 1}}``)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_flow(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_flow(v) for v in value) + "]"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def default_out(ckpt: Path, preset: str, by: str) -> Path:
+    run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    return run / "sensitivity" / f"{preset}-{by}"
+
+
+def _batch_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    from adls_lightning.export.evaluate import MODEL_INPUTS
+
+    return {key: batch[key] for key in MODEL_INPUTS if key in batch}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from adls_lightning.logs import configure_tool
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    configure_tool()
+    try:
+        options, overrides = parse_arguments(argv)
+        ckpt = Path(options["ckpt"])
+        if not ckpt.is_file():
+            raise ConfigError(f"ckpt={ckpt}: no such file (give a train.py checkpoint)")
+        out = Path(options["out"]) if options["out"] else default_out(ckpt, options["quant"], options["by"])
+        if out.exists() and any(out.iterdir()) and options["overwrite"] != "true":
+            raise ConfigError(f"out={out}: already holds files; give another out= or overwrite=true")
+        result = run_sensitivity(ckpt, options, overrides)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    metric_name, baseline, scores, title, preset_default = result
+    table = format_table(metric_name, baseline, scores)
+    print(title)
+    print(table)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / CSV_FILE, baseline, scores)
+    plot(out / FIGURE_FILE, title, metric_name, scores)
+    written = [CSV_FILE, FIGURE_FILE]
+    top = int(options["search_top"])
+    if top and preset_default is not None:
+        command = search_command(preset_default, scores, top)
+        (out / SEARCH_FILE).write_text(command + "\n")
+        written.append(SEARCH_FILE)
+        print(
+            f"search over the {min(top, len(scores))} most sensitive groups, the rest fixed at quant={options['quant']}:"
+        )
+        print(command)
+    print(f"wrote {', '.join(str(out / name) for name in written)}")
+    return 0
+
+
+def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
+    """Load the checkpoint's float model and data, then :func:`layer_sensitivity` (for :func:`main`)."""
+    import logging
+
+    from omegaconf import OmegaConf
+
+    from adls_lightning.build import build
+    from adls_lightning.data.tasks import build_metric
+    from adls_lightning.export.__main__ import compose_train_config, load_checkpoint_model
+    from adls_lightning.export.compressed import merge_overrides, run_compression, run_overrides
+    from adls_lightning.quant.mase import to_recipe
+    from adls_lightning.quant.scaled import calibrate
+
+    log = logging.getLogger(__name__)
+    preset = options["quant"]
+    run_args = merge_overrides(run_overrides(ckpt), overrides)
+    run_cfg = compose_train_config(run_args)
+    if run_compression(run_cfg).quant is not None or run_compression(run_cfg).pruner is not None:
+        raise ConfigError(
+            f"ckpt={ckpt}: its run was compressed ({list(run_args)}); sensitivity starts from a full-precision "
+            "checkpoint"
+        )
+    preset_cfg = compose_train_config([*run_args, f"quant={preset}"])
+    if preset_cfg.quant.get("config") is None:
+        raise ConfigError(
+            f"quant={preset}: quantizes nothing; give a preset such as int8, int4 or int8_scaled"
+        )
+    config = preset_cfg.quant.config
+    preset_default = None
+    if OmegaConf.is_dict(config) and config.get("default") is not None:
+        preset_default = OmegaConf.to_container(config.default, resolve=True)
+    if OmegaConf.is_dict(config) and "_target_" in config:
+        config = build(config, "quant.config")
+    elif OmegaConf.is_config(config):
+        config = OmegaConf.to_container(config, resolve=True)
+    recipe = to_recipe(config, "quant.config")  # a lab config file's path, too
+    calibration = int((preset_cfg.quant.get("calibration") or {}).get("batches") or 0)
+    model = load_checkpoint_model(ckpt, overrides).model.eval()
+    data = build(run_cfg.data, "data")
+    task = data.task
+    data.setup("fit")  # calibration reads training batches
+    if options["split"] == "test":
+        data.setup("test")
+    loader = data.val_dataloader() if options["split"] == "val" else data.test_dataloader()
+
+    @torch.inference_mode()
+    def evaluate(candidate: nn.Module) -> float:
+        metric = build_metric(task.main_metric, task.num_labels)
+        for batch in loader:
+            logits = candidate(**_batch_inputs(batch)).logits
+            predicted = logits.squeeze(-1) if task.is_regression else logits.argmax(-1)
+            metric.update(predicted, batch["labels"])
+        return float(metric.compute())
+
+    def prepare(candidate: nn.Module) -> None:
+        if calibration:
+            calibrate(
+                candidate, data.train_dataloader(), lambda b: candidate(**_batch_inputs(b)), calibration
+            )
+
+    groups = layer_groups([layer.name for layer in find_linear_layers(model)], options["by"])
+    # only the layers the preset quantizes (a preset may keep e.g. the classifier float)
+    entries = recipe.for_layers([name for names in groups.values() for name in names])
+    groups = {g: [n for n in names if entries[n] is not None] for g, names in groups.items()}
+    groups = {g: names for g, names in groups.items() if names}
+
+    def progress(done: int, total: int, score: GroupScore) -> None:
+        log.info(
+            "%d/%d %s: %s %.4f (drop %.2f pt)",
+            done,
+            total,
+            score.group,
+            task.main_metric,
+            score.metric,
+            100 * score.drop,
+        )
+
+    log.info("%d groups (by=%s), quant=%s, %s split", len(groups), options["by"], preset, options["split"])
+    baseline, scores = layer_sensitivity(model, recipe, groups, evaluate, prepare, progress)
+    title = (
+        f"quant={preset}, one group at a time (by={options['by']}), {task.main_metric} on the {options['split']} "
+        f"split, {ckpt.name}"
+    )
+    return task.main_metric, baseline, scores, title, preset_default
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Per-layer sensitivity (``python -m adls_lightning.quant.sensitivity``): the groups against names written here,
+each group's score against the same layers quantized by hand, the model float again afterwards, and the command on
+a trained tiny checkpoint: its full-precision row is the run's own validation score, its files and its refusals."""
+
+from __future__ import annotations
+
+import copy
+import csv
+
+import pytest
+import torch
+
+from adls_lightning.quant import LayerRecipe, OperandRecipe, QuantRecipe, quantize_model
+from adls_lightning.quant.sensitivity import (
+    CSV_FILE,
+    FIGURE_FILE,
+    SEARCH_FILE,
+    GroupScore,
+    layer_groups,
+    layer_sensitivity,
+    main,
+    search_command,
+)
+from adls_lightning.quant.transform import find_linear_layers, quantized_layers
+from tests.test_export_compressed import SHORT_RUN, call, train_run
+
+NAMES = [
+    "bert.encoder.layer.0.attention.self.query",
+    "bert.encoder.layer.0.output.dense",
+    "bert.encoder.layer.1.attention.self.query",
+    "bert.encoder.layer.1.output.dense",
+    "bert.pooler.dense",
+    "classifier",
+]
+
+
+def test_groups_by_layer_kind_and_block():
+    assert list(layer_groups(NAMES, "layer")) == NAMES
+    assert layer_groups(NAMES, "kind") == {
+        "attention.self.query": [NAMES[0], NAMES[2]],
+        "output.dense": [NAMES[1], NAMES[3]],
+        "bert.pooler.dense": [NAMES[4]],
+        "classifier": [NAMES[5]],
+    }
+    assert layer_groups(NAMES, "block") == {
+        "bert.encoder.layer.0": NAMES[:2],
+        "bert.encoder.layer.1": NAMES[2:4],
+        "bert.pooler.dense": [NAMES[4]],
+        "classifier": [NAMES[5]],
+    }
+
+
+def test_search_command_searches_the_most_sensitive_layers_and_fixes_the_rest():
+    import re
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    scores = [GroupScore("kind", (NAMES[0], NAMES[2]), 0.6, 0.3), GroupScore("c", (NAMES[5],), 0.8, 0.1)]
+    scores.append(GroupScore("o", (NAMES[1], NAMES[3]), 0.9, 0.0))
+    default = {"weight": {"format": "integer", "params": {"width": 8, "frac_width": 4}}}
+    words = shlex.split(search_command(default, scores, top=2))
+    assert words[:4] == ["python", "search.py", "search=mixed_precision", "search.precision=integer"]
+    overrides = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(words[4:])}
+    regex = overrides["hydra.sweeper.search_space.layers"]
+    assert [n for n in NAMES if re.fullmatch(regex, n)] == [NAMES[0], NAMES[2], NAMES[5]]
+    assert overrides["quant.config.default"] == default
+
+
+def test_each_score_is_that_group_quantized_alone_and_the_model_ends_float(tiny_bert):
+    torch.manual_seed(0)
+    model = tiny_bert().eval()
+    inputs = torch.randint(0, model.config.vocab_size, (4, 12))
+    with torch.no_grad():
+        reference = model(input_ids=inputs).logits
+
+    def evaluate(candidate):  # closeness to the float logits: higher is better, 0 for the float model
+        with torch.no_grad():
+            return -float((candidate(input_ids=inputs).logits - reference).square().mean())
+
+    coarse = LayerRecipe(weight=OperandRecipe("integer", {"width": 4, "frac_width": 2}))
+    recipe = QuantRecipe(default=coarse)
+    groups = layer_groups([layer.name for layer in find_linear_layers(model)], "kind")
+    baseline, scores = layer_sensitivity(model, recipe, groups, evaluate)
+    assert baseline == 0.0
+    assert not quantized_layers(model)
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=inputs).logits, reference)
+    assert [s.drop for s in scores] == sorted((s.drop for s in scores), reverse=True)
+    for score in scores:
+        by_hand = copy.deepcopy(model)
+        quantize_model(by_hand, QuantRecipe(layers={name: coarse for name in score.layers}))
+        assert len(quantized_layers(by_hand)) == len(score.layers)
+        assert score.metric == evaluate(by_hand)
+        assert score.drop == baseline - score.metric
+
+
+@pytest.fixture(scope="module")
+def float_ckpt(tmp_path_factory, tiny_imdb_dir, cache_dir):
+    out = tmp_path_factory.mktemp("sensitivity_run")
+    metrics = train_run(out, [*SHORT_RUN, "model=tiny_random", "model/lora=none"], tiny_imdb_dir, cache_dir)
+    ckpt = next((out / "checkpoints").glob("best-*.ckpt"))
+    return ckpt, torch.load(ckpt, weights_only=False), metrics
+
+
+def test_command_writes_the_sorted_table_from_the_runs_own_validation_score(float_ckpt, tmp_path):
+    ckpt, checkpoint, _ = float_ckpt
+    code, stdout, stderr = call(main, f"ckpt={ckpt}", "quant=int8", "by=block", f"out={tmp_path / 's'}")
+    assert code == 0, stderr[-3000:]
+    rows = list(csv.DictReader((tmp_path / "s" / CSV_FILE).open()))
+    assert (tmp_path / "s" / FIGURE_FILE).stat().st_size > 0
+    best = next(v for v in checkpoint["callbacks"].values() if "best_model_score" in v)["best_model_score"]
+    assert float(rows[0]["metric"]) == pytest.approx(
+        float(best), abs=1e-6
+    )  # full precision = the run's val/acc
+    # the tiny model's 2 encoder blocks, its pooler and classifier, most sensitive first
+    assert sorted(r["group"] for r in rows[1:]) == sorted(
+        ["bert.encoder.layer.0", "bert.encoder.layer.1", "bert.pooler.dense", "classifier"]
+    )
+    drops = [float(r["drop"]) for r in rows[1:]]
+    assert drops == sorted(drops, reverse=True)
+    assert "drop (pt)" in stdout and "bert.encoder.layer.0" in stdout
+    # the search over the most sensitive groups (8 by default: all 4 here), the rest at the preset's format
+    command = (tmp_path / "s" / SEARCH_FILE).read_text()
+    assert command.startswith("python search.py search=mixed_precision search.precision=integer")
+    assert "+quant.config.default={data_in: {format: integer, params: {width: 8, frac_width: 4}}" in command
+
+
+def test_command_refuses_bad_input_in_one_line_and_keeps_earlier_output(float_ckpt, tmp_path):
+    ckpt, _, _ = float_ckpt
+    out = tmp_path / "earlier"
+    out.mkdir()
+    (out / CSV_FILE).write_text("kept\n")
+    for args, message in [
+        ((f"ckpt={ckpt}", f"out={out}"), f"error: out={out}: already holds files"),
+        ((f"ckpt={ckpt}", "by=head"), "error: by=head: must be one of layer, kind, block"),
+        ((f"ckpt={tmp_path / 'none.ckpt'}",), "error: ckpt="),
+        (
+            (f"ckpt={ckpt}", "prune=l1_0.5"),
+            "error: compress= / prune=: sensitivity measures quantization alone",
+        ),
+    ]:
+        code, _, stderr = call(main, *args)
+        assert code == 2 and stderr.startswith(message) and stderr.count("\n") == 1, stderr
+    assert (out / CSV_FILE).read_text() == "kept\n"
