@@ -86,12 +86,18 @@ def read_checkpoint(path: str | Path, key: str, mmap: bool = False) -> dict[str,
 
 
 def check_shapes(
-    state_dict: Mapping[str, torch.Tensor], model: torch.nn.Module, path: str | Path, key: str
+    state_dict: Mapping[str, torch.Tensor],
+    model: torch.nn.Module,
+    path: str | Path,
+    key: str,
+    structured: bool = False,
 ) -> None:
     """Refuse a checkpoint whose tensors do not fit ``model``: another architecture (width, depth, vocabulary).
 
     Only keys present in both are compared: callbacks (quantization, pruning, LoRA merge) may add or rename
-    entries when they set the model up, and ``load_state_dict`` reports those itself.
+    entries when they set the model up, and ``load_state_dict`` reports those itself. ``structured``: the run prunes
+    structurally (``prune.structured``), so its callback gives the model a structurally pruned checkpoint's head and
+    FFN sizes before loading it, and the shapes are compared at those sizes.
 
     Raises:
         ConfigError: ``KEY=PATH: shapes of key K differ: checkpoint a x b vs model c x d``, or no key in common.
@@ -110,6 +116,11 @@ def check_shapes(
         )
     if any(_differs(state_dict[name], own[name]) for name in common):
         shrunk = _structured_copy(model, state_dict)
+        if shrunk is not None and not structured:
+            raise ConfigError(
+                f"{key}={path}: a structurally pruned checkpoint (fewer heads or FFN neurons than this model); "
+                "load it with the run's prune=structured_* override"
+            )
         if shrunk is not None:
             # a structurally pruned checkpoint (prune.structured): compared with this model at the checkpoint's
             # head and FFN sizes, which the pruning callback gives it before the weights load

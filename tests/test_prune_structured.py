@@ -318,3 +318,14 @@ def test_benchmark_tiny_smoke():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "speed-up" in proc.stdout and "params" in proc.stdout
+
+
+def test_a_structured_checkpoint_without_prune_structured_is_refused_in_one_line(
+    structured_run, compose_cfg, tmp_path
+):
+    last = structured_run[0] / "checkpoints" / "last.ckpt"
+    cfg = compose_cfg([*SMALL, "train=false", f"ckpt_path={last}"], output_dir=tmp_path / "plain")
+    with pytest.raises(
+        ConfigError, match=r"ckpt_path=.*: a structurally pruned checkpoint .*prune=structured_\*"
+    ):
+        run(cfg)

@@ -137,7 +137,7 @@ def _checked_objects(cfg: DictConfig) -> tuple:
     if init:
         state = read_checkpoint(init["init_ckpt"], "init_ckpt")["state_dict"]
         check_label_count(state, datamodule.task, cfg.init_ckpt, "init_ckpt")
-        check_shapes(state, model, cfg.init_ckpt, "init_ckpt")
+        check_shapes(state, model, cfg.init_ckpt, "init_ckpt", structured=_prunes_structurally(cfg))
     callbacks = instantiate_callbacks(cfg)
     loggers = instantiate_loggers(cfg)
     # Checkpoints are written beside their target and renamed (never moved in from $TMPDIR).
@@ -159,8 +159,15 @@ def _checked_objects(cfg: DictConfig) -> tuple:
                 f"resume; start from its weights with init_ckpt={ckpt_path} instead"
             )
         check_label_count(checkpoint["state_dict"], datamodule.task, ckpt_path, "ckpt_path")
-        check_shapes(checkpoint["state_dict"], model, ckpt_path, "ckpt_path")
+        check_shapes(
+            checkpoint["state_dict"], model, ckpt_path, "ckpt_path", structured=_prunes_structurally(cfg)
+        )
     return datamodule, model, callbacks, loggers, trainer, ckpt_path
+
+
+def _prunes_structurally(cfg: DictConfig) -> bool:
+    """The run's pruning callback gives the model a structurally pruned checkpoint's sizes (prune.structured)."""
+    return bool(OmegaConf.select(cfg, "prune.structured", default=None))
 
 
 def resolve_ckpt_path(ckpt_path: str | None, trainer: L.Trainer) -> str | None:
