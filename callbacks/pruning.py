@@ -238,7 +238,7 @@ class PruningCallback(L.Callback):
         if self._load_hook is None:
             pl_module.register_load_state_dict_pre_hook(self._before_model_load)
             self._load_hook = pl_module.register_load_state_dict_post_hook(self._after_model_load)
-        if self.applied:
+        if self.applied and self.structured is None:  # structured pruning has no activation hooks
             # Moves the activation hooks to layers swapped in since (post-training quantization).
             self.pruner.attach_activation(pl_module)
 
@@ -502,7 +502,7 @@ class PruningCallback(L.Callback):
         if self.pruner.learns_scores and "scores" in state_dict:
             assert self._module is not None
             self.pruner.load_scores(self._module, state_dict["scores"])
-        if state_dict.get("applied", False) and not self.applied:
+        if state_dict.get("applied", False) and not self.applied and self.structured is None:
             # Activation-only pruning leaves no mask in the model state: re-enable the hooks from callback state.
             assert self._module is not None
             self.pruner.attach_activation(self._module)

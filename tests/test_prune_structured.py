@@ -204,6 +204,7 @@ def test_train_py_run_removes_half_and_counts_the_new_shapes(structured_run):
     assert metrics["prune/weight_sparsity"] == pytest.approx(8192 / 17408, abs=2e-3)
     assert 0.0 <= metrics["test/acc"] <= 1.0
     assert "train/distill_loss" in metrics and "train/task_loss" in metrics
+    assert "prune/act_sparsity" not in metrics  # no activation hooks: nothing counted in the test pass
 
 
 class RecordAfterPruning(L.Callback):
