@@ -111,12 +111,15 @@ def test_ties_go_by_position():
     assert lowest(torch.zeros(5, dtype=torch.float64), 2).tolist() == [2, 3, 4]
 
 
-@pytest.mark.parametrize("method", ["l1", "random"])
-def test_pruned_model_computes_the_dense_model_with_those_units_zeroed(method):
-    dense = tiny(seed=1)
+@pytest.mark.parametrize(
+    ("family", "method"),
+    [("bert", "l1"), ("bert", "random"), ("roberta", "l1"), ("electra", "l1"), ("distilbert", "l1")],
+)
+def test_pruned_model_computes_the_dense_model_with_those_units_zeroed(family, method):
+    dense = tiny(seed=1, model_type=family)
     pruned = copy.deepcopy(dense)
     kept = StructuredPruner(heads=0.5, neurons=0.5, method=method, seed=7).prune(pruned)
-    ids = torch.randint(0, 100, (3, 12))
+    ids = torch.randint(3, 100, (3, 12))  # RoBERTa counts positions from its padding id (1)
     mask = torch.ones_like(ids)
     mask[0, 9:] = 0  # padding takes the same path through the smaller heads
     with torch.no_grad():
@@ -330,3 +333,10 @@ def test_a_structured_checkpoint_without_prune_structured_is_refused_in_one_line
         ConfigError, match=r"ckpt_path=.*: a structurally pruned checkpoint .*prune=structured_\*"
     ):
         run(cfg)
+
+
+def test_an_unsupported_family_is_refused_in_one_line():
+    with pytest.raises(
+        ConfigError, match=r"model type 'deberta-v2' is not supported; valid: bert, distilbert"
+    ):
+        StructuredPruner(heads=0.5).prune(tiny(model_type="deberta-v2"))
