@@ -26,7 +26,7 @@ from adls_lightning.prune import (
     structured_layer_sparsity,
     structured_weight_sparsity,
 )
-from callbacks.calibration import calibration_batches, model_forward
+from callbacks.calibration import MODEL_INPUTS, calibration_batches, model_forward
 from callbacks.trainer_control import forget_best_checkpoints
 
 
@@ -150,6 +150,11 @@ class PruningCallback(L.Callback):
         if at != "fit_start" and (isinstance(at, bool) or not isinstance(at, int) or at < 1):
             raise ConfigError(f"prune.at={at!r}: must be fit_start or a number of epochs >= 1")
         self.calibration_batches = calibration_batches(calibration, "prune.calibration")
+        if self.structured is not None and self.structured.needs_calibration and self.calibration_batches < 1:
+            raise ConfigError(
+                f"prune.calibration.batches={self.calibration_batches}: prune.structured.method=gradient scores "
+                "heads and neurons from calibration data; give N >= 1 training batches"
+            )
         self.pruner = Pruner(
             weight,
             activation,
@@ -333,8 +338,8 @@ class PruningCallback(L.Callback):
         if fitting and self.distill:
             # the teacher: the model just before its heads and neurons go (the dense init_ckpt model)
             self._start_distilling(pl_module, self._inner_model(pl_module), None)
-        with torch.inference_mode(False), torch.no_grad():
-            self.kept = self.structured.prune(pl_module)
+        with torch.inference_mode(False):
+            self.kept = self.structured.prune(pl_module, *self._gradient_data(trainer, pl_module))
         self.applied = True
         if fitting:
             # the optimizer (built before on_fit_start) holds the replaced, larger parameters
@@ -342,6 +347,22 @@ class PruningCallback(L.Callback):
         sizes = f"{len(self.kept['heads'][0])} heads and {len(self.kept['neurons'][0])} FFN neurons"
         rank_zero_info(f"prune: structured ({self.structured.method}), {sizes} kept in each layer")
         self._log_structured(trainer, pl_module)
+
+    def _gradient_data(self, trainer: L.Trainer, pl_module: L.LightningModule) -> tuple[Any, Any, int]:
+        """``(batches, loss, count)`` of ``prune.structured.method=gradient``: training batches and the task loss."""
+        assert self.structured is not None
+        if not self.structured.needs_calibration:
+            return None, None, 0
+        if trainer.datamodule is None:
+            raise ConfigError(
+                "prune.structured.method=gradient: no datamodule to draw prune.calibration.batches from"
+            )
+
+        def loss(batch: Mapping[str, Any]) -> torch.Tensor:
+            batch = pl_module.transfer_batch_to_device(batch, pl_module.device, 0)
+            return pl_module(**{key: batch[key] for key in (*MODEL_INPUTS, "labels") if key in batch}).loss
+
+        return trainer.datamodule.train_dataloader(), loss, self.calibration_batches
 
     @staticmethod
     def _inner_model(pl_module: torch.nn.Module) -> torch.nn.Module:

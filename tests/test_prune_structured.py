@@ -27,7 +27,7 @@ from adls_lightning.export import evaluate as export_evaluate
 from adls_lightning.export.__main__ import load_checkpoint_model, main
 from adls_lightning.models import build_from_config
 from adls_lightning.prune import StructuredPruner, load_pretrained_structured
-from adls_lightning.prune.structured import blocks, lowest
+from adls_lightning.prune.structured import blocks, gradient_scores, lowest
 from tests.helpers import ROOT, assert_one_line_error, run_train
 
 SMALL = ["data.train_size=48", "data.val_size=16", "data.test_size=16", "data.max_length=24"]
@@ -340,3 +340,56 @@ def test_an_unsupported_family_is_refused_in_one_line():
         ConfigError, match=r"model type 'deberta-v2' is not supported; valid: bert, distilbert"
     ):
         StructuredPruner(heads=0.5).prune(tiny(model_type="deberta-v2"))
+
+
+def gated_loss(model, batch, layer: int, role: str, unit: int, value: float) -> float:
+    """The loss with one head's context output (or one neuron's activation) of ``layer`` scaled by ``value``."""
+    block = blocks(model)[layer]
+    width = block.head_size if role == "attn_out" else 1
+    scale = torch.ones(block.linears[role][1].in_features, dtype=torch.float64)
+    scale[unit * width : (unit + 1) * width] = value
+    handle = block.linears[role][0].register_forward_pre_hook(lambda m, args: (args[0] * scale,))
+    try:
+        with torch.no_grad():
+            return float(model(**batch).loss)
+    finally:
+        handle.remove()
+
+
+def test_gradient_importance_is_the_loss_derivative_of_each_gate():
+    """Michel et al. (2019): |dL/dξ| of a gate ξ = 1 on each unit, summed over batches; checked against central
+    finite differences of the loss in float64, unit by unit."""
+    model = tiny(seed=4)
+    generator = torch.Generator().manual_seed(0)
+    batches = [
+        {"input_ids": torch.randint(0, 100, (3, 8), generator=generator), "labels": torch.tensor([0, 1, 1])}
+        for _ in range(2)
+    ]
+    heads, neurons, run = gradient_scores(model, batches, lambda batch: model(**batch).loss, count=5)
+    assert run == 2 and all(p.grad is None for p in model.parameters())  # only the gates got gradients
+    eps = 1e-6
+    for layer in range(LAYERS):
+        for role, scores, units in (
+            ("attn_out", heads, range(HEADS)),
+            ("ffn_out", neurons, range(0, FFN, 9)),
+        ):
+            for unit in units:
+                expected = sum(
+                    abs(
+                        gated_loss(model, b, layer, role, unit, 1 + eps)
+                        - gated_loss(model, b, layer, role, unit, 1 - eps)
+                    )
+                    / (2 * eps)
+                    for b in batches
+                )
+                assert scores[layer][unit].item() == pytest.approx(expected, rel=1e-6, abs=1e-9)
+
+
+def test_gradient_method_prunes_through_train_py_from_calibration_batches(compose_cfg, tmp_path):
+    overrides = ["prune.structured.method=gradient", "prune.calibration.batches=2", "trainer.max_epochs=1"]
+    metrics = _run(compose_cfg, tmp_path / "gradient", *overrides)
+    assert metrics["params/total"] == _dense_tiny_random_params() - closed_form_removed(2, 2, 1, 64, 32, 32)
+    with pytest.raises(
+        ConfigError, match=r"prune.calibration.batches=0: prune.structured.method=gradient scores"
+    ):
+        instantiate(compose_cfg(["prune=structured_0.5", "prune.structured.method=gradient"]).prune)

@@ -13,7 +13,8 @@ those heads' context outputs and those neurons' activations zeroed (tests/test_p
 (the lower index goes first). Importance ``l1``: the L1 norm of what a unit owns (a head: its query, key and value
 rows and its output-projection columns; a neuron: its intermediate row and its output column), read from the
 effective weight (base + LoRA's ``B @ A · scaling`` when adapters are unmerged); ``random``: seeded uniform noise.
-The loss-gradient head importance of Michel et al. (2019) is not implemented.
+``gradient``: the loss-gradient importance of Michel et al. (2019), ``Σ_batches |∂L/∂ξ|`` of a gate ``ξ = 1`` on
+each head's context output (and on each neuron's activation), from calibration batches (:func:`gradient_scores`).
 
 **LoRA**: an unmerged PEFT LoRA layer is sliced consistently: an output-sliced layer loses the same rows of its
 base weight, bias and every adapter's ``lora_B``, an input-sliced one the same columns of its base weight and every
@@ -33,7 +34,8 @@ Families: BERT, RoBERTa, ELECTRA (``encoder.layer``: ``attention.self.{query,key
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +47,7 @@ from adls_lightning.errors import ConfigError
 from adls_lightning.layers import _network_prefix, _wrapped_child, canonical_name, target_layers
 from adls_lightning.prune.masks import is_weight_pruned, num_to_prune
 
-STRUCTURED_METHODS = ("l1", "random")
+STRUCTURED_METHODS = ("l1", "random", "gradient")
 #: the Hugging Face config attribute holding the kept sizes per layer
 CONFIG_ATTRIBUTE = "structured_pruning"
 
@@ -212,6 +214,58 @@ def neuron_scores(block: Block) -> torch.Tensor:
     return rows + effective_weight(*block.linears["ffn_out"]).abs().sum(dim=0).double().cpu()
 
 
+def gradient_scores(
+    model: nn.Module, batches: Iterable[Any], loss: Callable[[Any], torch.Tensor], count: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+    """Michel et al. (2019) importance per head and per FFN neuron of every layer: gates ``ξ = 1`` multiply each
+    head's context output (the attention output projection's input columns of the head) and each neuron's
+    activation (the FFN output linear's input), and the importance is ``Σ_batches |∂L/∂ξ|`` over ``count`` of
+    ``batches`` (``loss(batch)`` the task loss of ``model``), in eval mode (no dropout). Only the gates get
+    gradients (``torch.autograd.grad``): no parameter's ``.grad`` changes.
+
+    Returns:
+        Head scores and neuron scores per layer (float64, CPU), and the number of batches read.
+    """
+    found = blocks(model)
+    gates, handles = [], []
+    for block in found:
+        device = block.linears["query"][1].weight.device
+        pair = (
+            torch.ones(block.heads, device=device, requires_grad=True),
+            torch.ones(block.neurons, device=device, requires_grad=True),
+        )
+        gates.append(pair)
+        size = block.head_size
+
+        def head_gate(module, args, gate=pair[0], size=size):
+            return (args[0] * gate.repeat_interleave(size).to(args[0].dtype),)
+
+        def neuron_gate(module, args, gate=pair[1]):
+            return (args[0] * gate.to(args[0].dtype),)
+
+        handles.append(block.linears["attn_out"][0].register_forward_pre_hook(head_gate))
+        handles.append(block.linears["ffn_out"][0].register_forward_pre_hook(neuron_gate))
+    heads = [torch.zeros(b.heads, dtype=torch.float64) for b in found]
+    neurons = [torch.zeros(b.neurons, dtype=torch.float64) for b in found]
+    training = model.training
+    model.eval()
+    run = 0
+    try:
+        with torch.inference_mode(False), torch.enable_grad():
+            for batch in itertools.islice(batches, count):
+                flat = [gate for pair in gates for gate in pair]
+                grads = torch.autograd.grad(loss(batch), flat)
+                for index in range(len(found)):
+                    heads[index] += grads[2 * index].detach().abs().double().cpu()
+                    neurons[index] += grads[2 * index + 1].detach().abs().double().cpu()
+                run += 1
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(training)
+    return heads, neurons, run
+
+
 def lowest(scores: torch.Tensor, count: int) -> torch.Tensor:
     """Indices kept when the ``count`` lowest scores go (ties: the lower index goes first), ascending."""
     order = torch.sort(scores, stable=True).indices
@@ -353,7 +407,8 @@ class StructuredPruner:
     Args:
         heads: Fraction of each layer's heads removed, in ``[0, 1)``; at least one head must stay.
         neurons: Fraction of each layer's FFN neurons removed, in ``[0, 1)``; at least one must stay.
-        method: ``l1`` (importance: L1 norm of what a unit owns) or ``random`` (seeded).
+        method: ``l1`` (importance: L1 norm of what a unit owns), ``random`` (seeded) or ``gradient`` (Michel et al.
+            2019, from calibration batches given to :meth:`prune`).
         seed: Seed of ``random``.
         key: Config key for error messages.
 
@@ -397,9 +452,21 @@ class StructuredPruner:
             )
         return count
 
-    @torch.no_grad()
-    def prune(self, model: nn.Module) -> dict[str, list[list[int]]]:
+    @property
+    def needs_calibration(self) -> bool:
+        """True when the importance is read from calibration batches (``gradient``)."""
+        return self.method == "gradient"
+
+    def prune(
+        self,
+        model: nn.Module,
+        batches: Iterable[Any] | None = None,
+        loss: Callable[[Any], torch.Tensor] | None = None,
+        count: int = 0,
+    ) -> dict[str, list[list[int]]]:
         """Removes the least important heads and neurons of every layer, in place.
+
+        ``batches``, ``loss`` and ``count``: what ``gradient`` reads (:func:`gradient_scores`); unused otherwise.
 
         Returns:
             ``{"heads": [...], "neurons": [...]}``: per layer, the indices kept (of the layer as it was).
@@ -408,10 +475,27 @@ class StructuredPruner:
         for block in found:  # every count checked before any layer changes
             self._count("heads", self.heads, block.heads, block.index)
             self._count("neurons", self.neurons, block.neurons, block.index)
+        if self.needs_calibration:
+            if batches is None or loss is None or count < 1:
+                raise ConfigError(
+                    f"{self.key}.method=gradient: scores heads and neurons from calibration batches; give "
+                    "prune.calibration.batches=N (N >= 1)"
+                )
+            gradient = gradient_scores(model, batches, loss, count)
+            if gradient[2] == 0:
+                raise ConfigError(f"{self.key}.method=gradient: the calibration data held no batch")
+        with torch.no_grad():
+            return self._prune(model, found, gradient if self.needs_calibration else None)
+
+    def _prune(
+        self, model: nn.Module, found: list[Block], gradient: tuple[list, list, int] | None
+    ) -> dict[str, list[list[int]]]:
         generator = torch.Generator().manual_seed(self.seed)
         kept: dict[str, list[list[int]]] = {"heads": [], "neurons": []}
         for block in found:
-            if self.method == "l1":
+            if gradient is not None:
+                heads, neurons = gradient[0][block.index], gradient[1][block.index]
+            elif self.method == "l1":
                 heads, neurons = head_scores(block), neuron_scores(block)
             else:
                 heads = torch.rand(block.heads, generator=generator, dtype=torch.float64)
