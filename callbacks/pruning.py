@@ -89,10 +89,11 @@ class PruningCallback(L.Callback):
             at ``at`` (``movement``: the schedule's defaults).
         train: Whether the run trains (the root ``train``); a schedule prunes during training and refuses a run that
             does not.
-        structured: ``{heads, neurons, method: l1|random}``: remove those fractions of every layer's attention heads
-            and FFN neurons physically (:mod:`adls_lightning.prune.structured`), at fit start (before training, after
-            ``init_ckpt`` loads; the optimizer is then rebuilt on the smaller parameters); needs ``weight`` and
-            ``activation`` null. A checkpoint of such a run reloads at its own sizes (read from its shapes).
+        structured: ``{heads, neurons, method: l1|random|gradient}``: remove those fractions of every layer's
+            attention heads and FFN neurons physically (:mod:`adls_lightning.prune.structured`), at fit start (before
+            training, after ``init_ckpt`` loads; the optimizer is then rebuilt on the smaller parameters); needs
+            ``weight`` and ``activation`` null; ``gradient`` reads ``calibration.batches``. A checkpoint of such a
+            run reloads at its own sizes (read from its shapes).
         distill: With ``structured``: the fit learns from the model as it was just before the structured pruning
             (the dense ``init_ckpt`` model) as well as from the labels (:class:`~adls_lightning.distill.Distiller`);
             the teacher's weights are callback state, so a resumed fit distills from the same teacher.
