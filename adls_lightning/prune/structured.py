@@ -97,12 +97,8 @@ LAYOUTS: dict[str, FamilyLayout] = {
         "ffn.lin2",
     ),
 }
-_OUTPUT_SLICED = (
-    "query",
-    "key",
-    "value",
-    "ffn_in",
-)  # the roles that lose output rows; the others input columns
+#: the roles that lose output rows; the others (attention output, FFN output) lose input columns
+_OUTPUT_SLICED = ("query", "key", "value", "ffn_in")
 
 
 @dataclass
