@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import re
 
 import pytest
 import torch
@@ -51,7 +52,6 @@ def test_groups_by_layer_kind_and_block():
 
 
 def test_search_command_searches_the_most_sensitive_layers_and_fixes_the_rest():
-    import re
     import shlex
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -120,8 +120,10 @@ def test_command_writes_the_sorted_table_from_the_runs_own_validation_score(floa
     drops = [float(r["drop"]) for r in rows[1:]]
     assert drops == sorted(drops, reverse=True)
     assert "drop (pt)" in stdout and "bert.encoder.layer.0" in stdout
-    # the search over the most sensitive groups (8 by default: all 4 here), the rest at the preset's format
+    # the search over the more sensitive half of the groups (2 of 4), the rest at the preset's format
     command = (tmp_path / "s" / SEARCH_FILE).read_text()
+    searched = re.search(r'layers="([^"]*)"', command).group(1).split("|")
+    assert searched == [name for row in rows[1:3] for name in row["layers"].split()]
     assert command.startswith("python search.py search=mixed_precision search.precision=integer")
     assert "+quant.config.default={data_in: {format: integer, params: {width: 8, frac_width: 4}}" in command
 

@@ -11,9 +11,10 @@ of layer across blocks (``by=kind``: every ``attention.self.query``, ...) or one
 Output: the table sorted by the metric's drop from full precision (largest first), printed, and written to
 ``out`` as ``sensitivity.csv`` and ``sensitivity.png`` (default ``out``: ``<run>/sensitivity/<preset>-<by>`` beside
 the checkpoint's run folder), and ``search_command.txt``: a Lab 3 mixed-precision search (``search.py
-search=mixed_precision``) over the ``search_top`` most sensitive layers only, every other layer fixed at the
-preset's format (``quant.config.default``), so the trials spend their budget where precision matters. Bad input: one line naming the key, exit code 2, nothing written; an ``out`` that
-already holds files is refused unless ``overwrite=true``.
+search=mixed_precision``) over the layers of the ``search_top`` most sensitive groups only (default: the more
+sensitive half), every other layer fixed at the preset's format (``quant.config.default``), so the trials spend
+their budget where precision matters. Bad input: one line naming the key, exit code 2, nothing written; an ``out``
+that already holds files is refused unless ``overwrite=true``.
 
 The model, data and task are the run's own (the overrides Hydra recorded beside the checkpoint); other
 ``key=value`` tokens are Hydra overrides of ``conf/train.yaml`` on top of them (e.g. ``data.val_size=500``).
@@ -47,7 +48,7 @@ OPTIONS: dict[str, str | None] = {
     "split": "val",
     "out": None,
     "overwrite": "false",
-    "search_top": "8",
+    "search_top": None,
 }
 CSV_FILE = "sensitivity.csv"
 FIGURE_FILE = "sensitivity.png"
@@ -178,7 +179,7 @@ def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, str | None], list[st
         raise ConfigError(f"by={options['by']}: must be one of {', '.join(GROUPINGS)}")
     if options["split"] not in SPLITS:
         raise ConfigError(f"split={options['split']}: must be one of {', '.join(SPLITS)}")
-    if not (options["search_top"] or "").isdigit():
+    if options["search_top"] is not None and not options["search_top"].isdigit():
         raise ConfigError(
             f"search_top={options['search_top']}: must be an integer >= 0 (0: no search command)"
         )
@@ -253,7 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_csv(out / CSV_FILE, baseline, scores)
     plot(out / FIGURE_FILE, title, metric_name, scores)
     written = [CSV_FILE, FIGURE_FILE]
-    top = int(options["search_top"])
+    # default: the more sensitive half of the groups
+    top = int(options["search_top"]) if options["search_top"] is not None else (len(scores) + 1) // 2
     if top and preset_default is not None:
         command = search_command(preset_default, scores, top)
         (out / SEARCH_FILE).write_text(command + "\n")
@@ -268,8 +270,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
     """Load the checkpoint's float model and data, then :func:`layer_sensitivity` (for :func:`main`)."""
-    import logging
-
     from omegaconf import OmegaConf
 
     from adls_lightning.build import build
@@ -279,7 +279,6 @@ def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
     from adls_lightning.quant.mase import to_recipe
     from adls_lightning.quant.scaled import calibrate
 
-    log = logging.getLogger(__name__)
     preset = options["quant"]
     run_args = merge_overrides(run_overrides(ckpt), overrides)
     run_cfg = compose_train_config(run_args)
@@ -333,17 +332,16 @@ def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
     groups = {g: names for g, names in groups.items() if names}
 
     def progress(done: int, total: int, score: GroupScore) -> None:
-        log.info(
-            "%d/%d %s: %s %.4f (drop %.2f pt)",
-            done,
-            total,
-            score.group,
-            task.main_metric,
-            score.metric,
-            100 * score.drop,
+        print(
+            f"[{done}/{total}] {score.group}: {task.main_metric} {score.metric:.4f} (drop {100 * score.drop:.2f} pt)",
+            flush=True,
         )
 
-    log.info("%d groups (by=%s), quant=%s, %s split", len(groups), options["by"], preset, options["split"])
+    print(
+        f"{len(groups)} groups (by={options['by']}), quant={preset}, the {options['split']} split "
+        f"({len(loader.dataset)} rows): one evaluation each after the full-precision one",
+        flush=True,
+    )
     baseline, scores = layer_sensitivity(model, recipe, groups, evaluate, prepare, progress)
     title = (
         f"quant={preset}, one group at a time (by={options['by']}), {task.main_metric} on the {options['split']} "
