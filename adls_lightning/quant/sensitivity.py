@@ -17,7 +17,8 @@ their budget where precision matters. Bad input: one line naming the key, exit c
 that already holds files is refused unless ``overwrite=true``.
 
 The model, data and task are the run's own (the overrides Hydra recorded beside the checkpoint); other
-``key=value`` tokens are Hydra overrides of ``conf/train.yaml`` on top of them (e.g. ``data.val_size=500``).
+``key=value`` tokens are Hydra overrides of ``conf/train.yaml`` on top of them (e.g. ``data.val_size=500``); those
+under ``quant.`` change the preset only (``quant=int8_scaled quant.config.default.weight.params.width=4``).
 """
 
 from __future__ import annotations
@@ -280,6 +281,9 @@ def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
     from adls_lightning.quant.scaled import calibrate
 
     preset = options["quant"]
+    # quant.* overrides shape the preset; the run's model and data take the rest
+    preset_args = [o for o in overrides if o.lstrip("+~").startswith("quant.")]
+    overrides = [o for o in overrides if o not in preset_args]
     run_args = merge_overrides(run_overrides(ckpt), overrides)
     run_cfg = compose_train_config(run_args)
     if run_compression(run_cfg).quant is not None or run_compression(run_cfg).pruner is not None:
@@ -287,7 +291,7 @@ def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
             f"ckpt={ckpt}: its run was compressed ({list(run_args)}); sensitivity starts from a full-precision "
             "checkpoint"
         )
-    preset_cfg = compose_train_config([*run_args, f"quant={preset}"])
+    preset_cfg = compose_train_config([*run_args, f"quant={preset}", *preset_args])
     if preset_cfg.quant.get("config") is None:
         raise ConfigError(
             f"quant={preset}: quantizes nothing; give a preset such as int8, int4 or int8_scaled"
@@ -344,7 +348,8 @@ def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
     )
     baseline, scores = layer_sensitivity(model, recipe, groups, evaluate, prepare, progress)
     title = (
-        f"quant={preset}, one group at a time (by={options['by']}), {task.main_metric} on the {options['split']} "
+        f"quant={' '.join([preset, *preset_args])}, one group at a time (by={options['by']}), {task.main_metric} "
+        f"on the {options['split']} "
         f"split, {ckpt.name}"
     )
     return task.main_metric, baseline, scores, title, preset_default
