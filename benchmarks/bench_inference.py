@@ -99,6 +99,7 @@ class Variant:
     top_label_share: float | None = None
     ms: dict[str, float] = field(default_factory=dict)
     predictions: np.ndarray | None = None
+    logits: np.ndarray | None = None
 
 
 def torch_runner(model, context: Callable[[], object]) -> Runner:
@@ -279,17 +280,19 @@ def accuracy(variants: list[Variant], overrides: list[str], rows: int) -> int:
     baseline = None
     for variant in variants:
         run = variant.make(loader.batch_size * max(b["input_ids"].shape[1] for b in batches))
-        predicted = np.concatenate([run(b["input_ids"], b["attention_mask"]).argmax(-1) for b in batches])
+        logits = np.concatenate([run(b["input_ids"], b["attention_mask"]) for b in batches])
+        predicted = logits.argmax(-1)
         baseline = predicted if baseline is None else baseline
         variant.accuracy = float((predicted == labels).mean())
         variant.agree = float((predicted == baseline).mean())
         variant.top_label_share = float(np.bincount(predicted).max() / len(predicted))
-        variant.predictions = predicted
+        variant.predictions, variant.logits = predicted, logits
     return len(labels)
 
 
 def int8_against_fake_quant(variants: list[Variant]) -> dict[str, float] | None:
-    """The int8 export's accuracy minus the fake-quantized model's, and the share of equal labels."""
+    """The int8 export's accuracy minus the fake-quantized model's, the share of equal labels, and the largest
+    logit difference and the median one."""
     found = {v.name: v for v in variants if v.name in (FAKE_QUANT, SCALED_INT8)}
     if len(found) < 2 or found[FAKE_QUANT].predictions is None:
         return None
@@ -297,6 +300,8 @@ def int8_against_fake_quant(variants: list[Variant]) -> dict[str, float] | None:
     return {
         "accuracy_difference": int8.accuracy - fake.accuracy,
         "agree": float((int8.predictions == fake.predictions).mean()),
+        "max_abs_logit_difference": float(np.abs(int8.logits - fake.logits).max()),
+        "median_abs_logit_difference": float(np.median(np.abs(int8.logits - fake.logits))),
     }
 
 
@@ -466,7 +471,8 @@ def main() -> None:
     if against:
         print(
             f"\n{SCALED_INT8} vs {FAKE_QUANT}: accuracy {against['accuracy_difference'] * 100:+.2f} pt, same label "
-            f"on {against['agree']:.1%} of the {rows_used} reviews"
+            f"on {against['agree']:.1%} of the {rows_used} reviews; |Δlogit| max "
+            f"{against['max_abs_logit_difference']:.3g}, median {against['median_abs_logit_difference']:.3g}"
         )
     if args.figure:
         title = f"{ckpt.name if args.ckpt else 'tiny random BERT'}; {cpu_name()}; median of {args.repeats}"

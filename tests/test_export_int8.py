@@ -243,3 +243,16 @@ def test_cli_refuses_in_one_line_and_writes_nothing(float_checkpoint, tmp_path, 
     assert code == 2, stderr
     assert stderr.count("\n") == 1 and stderr.startswith("error: ") and message in stderr, stderr
     assert not out.exists()
+
+
+def test_self_check_fails_a_wrong_scale(exported, tmp_path):
+    model, path, _, _, _ = exported
+    assert int8_export.check_int8(path, model).argmax_agree == onnx_export.SAMPLE_ROWS
+    graph = onnx.load(str(path))
+    for init in graph.graph.initializer:
+        if init.name == "int8.classifier.w_scale":  # the head's scales tripled: logits x3
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 3, init.name))
+    wrong = tmp_path / "wrong.onnx"
+    onnx.save(graph, str(wrong))
+    with pytest.raises(onnx_export.ExportCheckError, match="differ from the fake-quantized PyTorch model's"):
+        int8_export.check_int8(wrong, model)

@@ -12,8 +12,8 @@ Exactness against the fake-quantized model (what the run evaluated): the weight 
 and each input goes through ``Clip(±127 s)`` before ``QuantizeLinear``, so its codes are the quantizer's too
 (``QuantizeLinear`` alone saturates to -128, one code below the fake quantizer's symmetric grid). What remains
 is arithmetic order: the fake model sums float products, the engine exact int32 sums; a float difference that
-crosses a rounding boundary moves an activation code by one in the next layer. :func:`check_int8` bounds the
-resulting logit difference (:data:`INT8_ATOL`).
+crosses a rounding boundary moves an activation code by one in the next layer, as running the fake-quantized
+model with float64 sums does. :func:`check_int8` bounds the resulting logit difference (:data:`INT8_ATOL`).
 
 A PTQ run keeps no activation ranges in its checkpoint (it calibrates at evaluation, after the checkpoint was
 written): the export calibrates as the run did (``quant.calibration.batches`` training batches of the run's data,
@@ -42,12 +42,15 @@ INT8_SCALED_FILE = "model_int8_scaled.onnx"
 #: the symmetric int8 grid of ``scaled_integer`` width 8 (restricted range: -128 is never a code)
 QMAX = 127
 #: int8 logits vs the fake-quantized PyTorch model: |Δ| <= INT8_ATOL + INT8_RTOL·|logit|. Both compute on the same
-#: integer grid; they differ only in summation order (float vs int32), which moves an activation code by one
-#: where a value lies within float rounding of a rounding boundary. One code moves an output by one step
-#: s_in·s_w·|w_code|, a few hundredths of a logit at most on the models here; measured: under 2e-3 on the tiny
-#: test models and on MiniLM (docs/inference.md). A wrong scale or code is off by a whole logit.
-INT8_ATOL = 2e-2
-INT8_RTOL = 2e-2
+#: integer grid and differ only in float summation order (float products vs exact int32 sums, ONNX Runtime's fused
+#: LayerNorm and attention), but an activation within float rounding of a rounding boundary takes the other code,
+#: and over 12 layers those flips add up: on the make-train MiniLM (96 test reviews) the int8 graph differs from
+#: the fake-quantized model by median 0.031 / max 0.15 logits, and the fake-quantized model from itself run with
+#: float64 sums by median 0.030 / max 0.15, the same (docs/inference.md). The bound is a few times that; a wrong
+#: scale or code moves logits by the int8 error itself or more. The tiny test models stay within 1e-5
+#: (tests/test_export_int8.py).
+INT8_ATOL = 0.25
+INT8_RTOL = 0.1
 # the model inputs a calibration forward gives (labels would only add the loss)
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -294,7 +297,8 @@ def check_int8(path: Path, fake_model: nn.Module):
     """ONNX Runtime's logits of ``path`` vs ``fake_model``'s on the export's sample batch.
 
     Raises:
-        ExportCheckError: a logit off by more than ``INT8_ATOL + INT8_RTOL·|logit|``, or a different argmax.
+        ExportCheckError: a logit off by more than ``INT8_ATOL + INT8_RTOL·|logit|`` (the argmax agreement is
+            reported, not required: a near tie may legitimately fall either way, as between float orders).
     """
     from adls_lightning.export import onnx as onnx_export
 
@@ -307,7 +311,7 @@ def check_int8(path: Path, fake_model: nn.Module):
         argmax_agree=int((actual.argmax(-1) == expected.argmax(-1)).sum()),
         rows=len(expected),
     )
-    if not np.allclose(actual, expected, rtol=INT8_RTOL, atol=INT8_ATOL) or check.argmax_agree != check.rows:
+    if not np.allclose(actual, expected, rtol=INT8_RTOL, atol=INT8_ATOL):
         raise onnx_export.ExportCheckError(
             f"{path}: ONNX Runtime int8 logits differ from the fake-quantized PyTorch model's by up to "
             f"{check.max_abs_diff:.3g} (tolerance {INT8_ATOL:g} + {INT8_RTOL:g}·|logit|), argmax agrees "
