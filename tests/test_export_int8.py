@@ -256,3 +256,42 @@ def test_self_check_fails_a_wrong_scale(exported, tmp_path):
     onnx.save(graph, str(wrong))
     with pytest.raises(onnx_export.ExportCheckError, match="differ from the fake-quantized PyTorch model's"):
         int8_export.check_int8(wrong, model)
+
+
+def test_cli_uses_the_ranges_a_qat_checkpoint_saved(tmp_path):
+    """A checkpoint holding calibrated quantizer state (a QAT run's): its ranges are the graph's scales as saved,
+    nothing is recalibrated (no data is even configured)."""
+    import lightning
+    import yaml
+
+    from adls_lightning.lora import merge_lora
+    from tests.test_export import build_module
+
+    torch.manual_seed(1)
+    module = build_module(TINY)
+    merge_lora(module)
+    cfg = compose_config("train", [*TINY, "quant=int8_scaled"])
+    quantize_model(module.model, _quant_recipe(cfg.quant.config, "quant.config"))
+    ids = [torch.randint(0, module.model.config.vocab_size, (2, 10)) for _ in range(2)]
+    calibrate(module.model, ids, lambda batch: module.model(input_ids=batch), 2)
+    saved = {
+        name: float(torch.maximum(-m.data_in_quantizer.min_val, m.data_in_quantizer.max_val)) / 127
+        for name, m in module.model.named_modules()
+        if isinstance(m, QuantLinear)
+    }
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / ".hydra").mkdir()
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([*TINY, "quant=int8_scaled"]))
+    ckpt = run / "checkpoints" / "qat.ckpt"
+    torch.save({"state_dict": module.state_dict(), "pytorch-lightning_version": lightning.__version__}, ckpt)
+
+    out = tmp_path / "out"
+    code, stdout, stderr = call(f"ckpt={ckpt}", f"out={out}", "format=onnx", "int8=scaled")
+    assert code == 0, stderr[-3000:]
+    assert "calibrated here" not in stdout
+    stored = initializers(out / int8_export.INT8_SCALED_FILE)
+    assert len(saved) == TINY_LINEARS
+    for name, scale in saved.items():
+        # named as in the model (``bert.…``); the LightningModule's ``model.`` prefix is not part of it
+        assert stored[f"int8.{name}.x_scale"] == pytest.approx(scale, rel=1e-6), name
