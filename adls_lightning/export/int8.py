@@ -17,7 +17,8 @@ model with float64 sums does. :func:`check_int8` bounds the resulting logit diff
 
 A PTQ run keeps no activation ranges in its checkpoint (it calibrates at evaluation, after the checkpoint was
 written): the export calibrates as the run did (``quant.calibration.batches`` training batches of the run's data,
-seeded with the run's seed) and says so; a QAT checkpoint carries its ranges and they are used as saved.
+seeded with the run's seed; the batches drawn can differ from the run's, whose ranges were never saved) and
+says so; a QAT checkpoint carries its ranges and they are used as saved.
 """
 
 from __future__ import annotations
