@@ -24,6 +24,7 @@ from adls_lightning.quant.sensitivity import (
 )
 from adls_lightning.quant.transform import find_linear_layers, quantized_layers
 from tests.test_export_compressed import SHORT_RUN, call, train_run
+from tests.test_quant_callback import TINY_LINEARS
 
 NAMES = [
     "bert.encoder.layer.0.attention.self.query",
@@ -145,3 +146,31 @@ def test_command_refuses_bad_input_in_one_line_and_keeps_earlier_output(float_ck
         code, _, stderr = call(main, *args)
         assert code == 2 and stderr.startswith(message) and stderr.count("\n") == 1, stderr
     assert (out / CSV_FILE).read_text() == "kept\n"
+
+
+def test_the_written_search_runs_over_the_sensitive_layers_with_the_rest_fixed(
+    float_ckpt, tmp_path, tiny_imdb_dir, cache_dir
+):
+    import shlex
+
+    import optuna
+
+    from tests.test_search import run_studies, tiny_run
+
+    ckpt, _, _ = float_ckpt
+    code, _, stderr = call(main, f"ckpt={ckpt}", "by=kind", "search_top=1", f"out={tmp_path / 's'}")
+    assert code == 0, stderr[-3000:]
+    words = shlex.split((tmp_path / "s" / SEARCH_FILE).read_text())
+    assert words[:2] == ["python", "search.py"]
+    sweep = tmp_path / "sweep"
+    overrides = [*tiny_run(tiny_imdb_dir, cache_dir), "model=tiny_random", "hydra.sweeper.n_trials=1"]
+    run_studies(tmp_path, [[*words[2:], *overrides, f"hydra.sweep.dir={sweep}"]])
+    storage = f"sqlite:///{sweep / 'mixed_precision-integer-acc-tpe'}.db"
+    (trial,) = optuna.load_study(study_name="mixed_precision-integer-acc-tpe", storage=storage).trials
+    searched = {name.split("/")[0] for name in trial.params}
+    regex = re.search(r'layers="([^"]*)"', " ".join(words)).group(1)
+    rows = list(csv.DictReader((tmp_path / "s" / CSV_FILE).open()))
+    assert searched == set(regex.split("|")) == set(rows[1]["layers"].split())  # the most sensitive group's
+    # every layer is quantized but the searched ones the trial put at fp32: the rest are fixed at int8
+    at_fp32 = sum(trial.params[f"{name}/format"] == "fp32" for name in searched)
+    assert trial.user_attrs["metrics"]["quant/layers"] == TINY_LINEARS - at_fp32
