@@ -190,6 +190,18 @@ def _check_report(command: DocCommand, values: dict, out: Path) -> str:
     return "arguments checked (needs a study or sweep)"
 
 
+def _check_sensitivity(command: DocCommand, values: dict, out: Path) -> str:
+    from adls_lightning.quant.sensitivity import parse_arguments
+
+    options, overrides = parse_arguments([_fill(a, values, out) for a in command.args])
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR)):
+        cfg = compose("train", [f"quant={options['quant']}", *overrides], return_hydra_config=True)
+    check_config_targets(cfg)
+    build(cfg.quant, "quant", _convert_="partial")
+    return "preset composed and built (needs a trained checkpoint)"
+
+
 def _check_evaluate(command: DocCommand, values: dict, out: Path) -> str:
     folders = [a for a in command.args if "=" not in a]
     assert folders and all(f.strip("[]") in ("DIR", "...") for f in folders), folders
@@ -212,6 +224,8 @@ def test_documented_command_composes_and_validates(command, placeholders, tmp_pa
         _check_evaluate(command, placeholders, out)
     elif command.entry in ("report", "search.report"):
         _check_report(command, placeholders, out)
+    elif command.entry == "quant.sensitivity":
+        _check_sensitivity(command, placeholders, out)
     else:
         pytest.fail(f"{command}: python -m adls_lightning.{command.entry} is not known to this test")
     assert not out.exists() or not any(out.iterdir()), "validation writes nothing"
