@@ -9,7 +9,7 @@ One run measures, interleaved (so machine load hits every format alike):
 
 A step is forward + backward + SGD update on ``--batch x --seq`` tokens. The ``integer (torch
 fused)`` row swaps in ``torch.fake_quantize_per_tensor_affine`` for comparison with the composite
-ops :class:`adls_lightning.quant.quantizers.IntegerQuantizer` uses.
+ops :class:`adls_lightning.quant.formats.fixed_point.IntegerQuantizer` uses.
 
 Clock: on CPU the default is this process's CPU time with one thread (``--clock cpu``), which
 other processes on a shared machine barely disturb; ``--clock wall --threads N`` measures wall
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from adls_lightning.quant import QuantLinear, quantize_model, quantized_layers  # noqa: E402
-from adls_lightning.quant.quantizers import IntegerQuantizer  # noqa: E402
+from adls_lightning.quant.formats.fixed_point import IntegerQuantizer  # noqa: E402
 
 PRESETS = (
     "int8",

@@ -64,8 +64,8 @@ def test_every_linear_type_is_routed_and_matches_aten(monkeypatch, tiny_bert):
     from torch.nn.utils import parametrize
 
     from adls_lightning.prune import WeightMask
+    from adls_lightning.quant.formats.fixed_point import IntegerQuantizer
     from adls_lightning.quant.linear import QuantLinear
-    from adls_lightning.quant.quantizers import IntegerQuantizer
 
     model = get_peft_model(tiny_bert(), LoraConfig(r=4, target_modules=["query", "value"]))
     layer = model.base_model.model.bert.encoder.layer[0]

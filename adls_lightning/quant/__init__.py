@@ -14,6 +14,7 @@ See ``docs/quantization.md``.
 """
 
 from adls_lightning.lab_config import load_lab_config
+from adls_lightning.quant import formats  # noqa: F401  (registers the built-in formats, in order, before scaled)
 from adls_lightning.quant.linear import SLOTS, QuantLinear
 from adls_lightning.quant.mase import from_mase, to_recipe
 from adls_lightning.quant.quantizers import QUANTIZERS, Quantizer, make_quantizer, register_format
