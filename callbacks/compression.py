@@ -194,7 +194,14 @@ class CompressionCallback(L.Callback):
         if self.compressed:
             return
         own = {prefix + key for key in module.state_dict(keep_vars=True)}
-        if set(state_dict) <= own:
+
+        def placeholder_pruned(key: str) -> bool:
+            # the plain weight of a layer the pruning placeholders already wrap (an uncompressed checkpoint, e.g. an
+            # init_ckpt of a fine-tuned run): the layer's own load hook takes it
+            stem, _, leaf = key.rpartition(".")
+            return f"{stem}.parametrizations.{leaf}.original" in own
+
+        if all(key in own or placeholder_pruned(key) for key in state_dict):
             return
         self._compress(module)  # masks computed here are overwritten by the checkpoint's
         rank_zero_info(

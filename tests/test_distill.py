@@ -217,3 +217,26 @@ def test_bad_settings_fail_on_construction_in_one_line(compose_cfg, overrides, m
     with pytest.raises(ConfigError) as err:
         build(cfg.compress, "compress", _convert_="partial")
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_compressing_a_fine_tuned_lora_run_compresses_after_at_epoch_and_distils(
+    compose_cfg, tmp_path, caplog
+):
+    """init_ckpt of an (unmerged LoRA) fine-tune, the labs' chain: the plain checkpoint is not mistaken for a
+    compressed one (which would compress before training and leave no teacher), so the run trains at_epoch epochs,
+    compresses, then distils."""
+    import logging
+
+    lora = [*SMALL, "trainer.max_epochs=1"]  # the tiny preset's LoRA adapters, unmerged in the checkpoint
+    run(compose_cfg(lora, tmp_path / "fine_tuned"))
+    fine_tuned = next((tmp_path / "fine_tuned" / "checkpoints").glob("best-*.ckpt"))
+    caplog.set_level(logging.INFO)
+    metrics = run(
+        compose_cfg(
+            [*lora, f"init_ckpt={fine_tuned}", "compress=int8_l1_0.5", "compress.distill=true"],
+            tmp_path / "c",
+        )
+    )
+    assert "holds a compressed model" not in caplog.text
+    assert "compress/val_acc_before" in metrics and "compress/val_acc_after_compression" in metrics
+    assert metrics["train/distill_loss"] > 0  # a teacher was there after compression
