@@ -37,6 +37,7 @@ from adls_lightning.export.compressed import (
     merge_overrides,
     run_compression,
     run_overrides,
+    split_options,
 )
 from adls_lightning.logs import configure_tool
 
@@ -61,17 +62,7 @@ BOOLEANS = {"true": True, "false": False}
 
 def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, str | None], list[str]]:
     """Split ``key=value`` tokens into this command's options and Hydra overrides of the model config."""
-    options = dict(OPTIONS)
-    overrides = []
-    for token in argv:
-        key, sep, value = token.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{token!r}: expected key=value, e.g. ckpt=PATH out=DIR format=mxint8")
-        if key in OPTIONS:
-            options[key] = value
-        else:
-            overrides.append(token)
-    return options, overrides
+    return split_options(argv, OPTIONS, "ckpt=PATH out=DIR format=mxint8")
 
 
 def _boolean(options: dict, key: str) -> bool:

@@ -56,6 +56,23 @@ def override_key(token: str) -> str:
     return token.split("=", 1)[0].lstrip("+~").replace("/", ".")
 
 
+def split_options(
+    argv: Sequence[str], defaults: Mapping[str, str | None], example: str
+) -> tuple[dict[str, str | None], list[str]]:
+    """A ``python -m`` tool's ``key=value`` tokens: its own options (``defaults`` names them) and the Hydra
+    overrides of the run's config; ``example`` shows a valid command line in the error for a token without ``=``."""
+    options, overrides = dict(defaults), []
+    for token in argv:
+        key, sep, value = token.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{token!r}: expected key=value, e.g. {example}")
+        if key in defaults:
+            options[key] = value
+        else:
+            overrides.append(token)
+    return options, overrides
+
+
 def merge_overrides(base: Sequence[str], extra: Sequence[str]) -> list[str]:
     """``base`` then ``extra``, where an override in ``extra`` replaces one of ``base`` that sets the same key
     (Hydra refuses a config group given twice)."""

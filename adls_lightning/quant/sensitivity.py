@@ -165,15 +165,9 @@ def plot(path: Path, title: str, metric_name: str, scores: Sequence[GroupScore])
 
 # ------------------------------------------------------------------------------------------------ command line
 def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, str | None], list[str]]:
-    options, overrides = dict(OPTIONS), []
-    for token in argv:
-        key, sep, value = token.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{token!r}: expected key=value, e.g. ckpt=PATH quant=int8 by=layer")
-        if key in OPTIONS:
-            options[key] = value
-        else:
-            overrides.append(token)
+    from adls_lightning.export.compressed import override_key, split_options
+
+    options, overrides = split_options(argv, OPTIONS, "ckpt=PATH quant=int8 by=layer")
     if not options["ckpt"]:
         raise ConfigError("ckpt: required, the path of a full-precision train.py checkpoint (ckpt=PATH)")
     if options["by"] not in GROUPINGS:
@@ -186,7 +180,7 @@ def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, str | None], list[st
         )
     if options["overwrite"] not in ("true", "false"):
         raise ConfigError(f"overwrite={options['overwrite']}: must be true or false")
-    if any(override.split("=", 1)[0].lstrip("+~") in ("compress", "prune") for override in overrides):
+    if any(override_key(override) in ("compress", "prune") for override in overrides):
         raise ConfigError("compress= / prune=: sensitivity measures quantization alone; leave them out")
     return options, overrides
 
@@ -276,17 +270,23 @@ def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
     from adls_lightning.build import build
     from adls_lightning.data.tasks import build_metric
     from adls_lightning.export.__main__ import compose_train_config, load_checkpoint_model
-    from adls_lightning.export.compressed import merge_overrides, run_compression, run_overrides
+    from adls_lightning.export.compressed import (
+        merge_overrides,
+        override_key,
+        run_compression,
+        run_overrides,
+    )
     from adls_lightning.quant.mase import to_recipe
     from adls_lightning.quant.scaled import calibrate
 
     preset = options["quant"]
     # quant.* overrides shape the preset; the run's model and data take the rest
-    preset_args = [o for o in overrides if o.lstrip("+~").startswith("quant.")]
+    preset_args = [o for o in overrides if override_key(o).startswith("quant.")]
     overrides = [o for o in overrides if o not in preset_args]
     run_args = merge_overrides(run_overrides(ckpt), overrides)
     run_cfg = compose_train_config(run_args)
-    if run_compression(run_cfg).quant is not None or run_compression(run_cfg).pruner is not None:
+    compression = run_compression(run_cfg)
+    if compression.quant is not None or compression.pruner is not None:
         raise ConfigError(
             f"ckpt={ckpt}: its run was compressed ({list(run_args)}); sensitivity starts from a full-precision "
             "checkpoint"
