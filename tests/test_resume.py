@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 from adls_lightning.io_utils import AtomicCheckpointIO, ResumableCSVWriter, atomic_write_json
-from tests.helpers import kill_and_resume, recorded_batches
+from tests.helpers import kill_and_resume, recorded_batches, run_train
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS_PER_EPOCH = 8  # 64 rows / batch 8
@@ -187,3 +188,44 @@ def test_kill_during_write_keeps_previous_file(tmp_path, name):
     assert [
         p for p in tmp_path.iterdir() if p.name.endswith(".tmp")
     ] == []  # ... is cleaned by the next write
+
+
+def _last_fit_validation(run_dir: Path) -> dict[str, float]:
+    """The fit's last in-fit validation row of the CSV log (the row after it is the post-fit validation of best)."""
+    with (run_dir / "csv" / "metrics.csv").open(newline="") as handle:
+        rows = [row for row in csv.DictReader(handle) if row.get("val/loss")]
+    assert len(rows) >= 2, rows
+    return {key: float(rows[-2][key]) for key in ("val/loss", "val/acc")}
+
+
+@pytest.mark.parametrize(
+    "preset",
+    [pytest.param([], id="plain"), pytest.param(["compress=l1_0.5"], id="compress", marks=pytest.mark.slow)],
+)
+def test_last_checkpoint_of_a_finished_fit_holds_its_final_weights(tmp_path, tiny_imdb_dir, cache_dir, preset):
+    # 16 steps (more with compress's recovery epoch), last.ckpt every 3: the fit ends between two periodic saves.
+    fit_dir, eval_dir, more_dir = tmp_path / "fit", tmp_path / "eval", tmp_path / "more"
+    fit = run_train(tiny_imdb_dir, cache_dir, fit_dir, *SMALL_RUN, *preset)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    fit_metrics = json.loads((fit_dir / "metrics.json").read_text())
+    steps = fit_metrics["train/samples_seen"] // 8
+    last = fit_dir / "checkpoints" / "last.ckpt"
+    assert steps % 3 != 0
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == steps
+
+    # Evaluating last.ckpt alone gives exactly what the fit's last validation logged.
+    evaluated = run_train(
+        tiny_imdb_dir, cache_dir, eval_dir, *SMALL_RUN, *preset, "train=false", f"ckpt_path={last}"
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    eval_metrics = json.loads((eval_dir / "metrics.json").read_text())
+    assert {key: eval_metrics[key] for key in ("val/loss", "val/acc")} == pytest.approx(
+        _last_fit_validation(fit_dir), rel=1e-6
+    )
+    if preset:
+        return
+    # Resuming the finished fit to a third epoch trains that epoch only, not the steps after the last periodic save.
+    shutil.copytree(fit_dir, more_dir)
+    more = run_train(tiny_imdb_dir, cache_dir, more_dir, *SMALL_RUN, "trainer.max_epochs=3", "ckpt_path=last")
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert json.loads((more_dir / "metrics.json").read_text())["train/samples_seen"] == STEPS_PER_EPOCH * 8
