@@ -202,7 +202,9 @@ def _last_fit_validation(run_dir: Path) -> dict[str, float]:
     "preset",
     [pytest.param([], id="plain"), pytest.param(["compress=l1_0.5"], id="compress", marks=pytest.mark.slow)],
 )
-def test_last_checkpoint_of_a_finished_fit_holds_its_final_weights(tmp_path, tiny_imdb_dir, cache_dir, preset):
+def test_last_checkpoint_of_a_finished_fit_holds_its_final_weights(
+    tmp_path, tiny_imdb_dir, cache_dir, preset
+):
     # 16 steps (more with compress's recovery epoch), last.ckpt every 3: the fit ends between two periodic saves.
     fit_dir, eval_dir, more_dir = tmp_path / "fit", tmp_path / "eval", tmp_path / "more"
     fit = run_train(tiny_imdb_dir, cache_dir, fit_dir, *SMALL_RUN, *preset)
