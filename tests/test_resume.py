@@ -213,7 +213,7 @@ def test_last_checkpoint_of_a_finished_fit_holds_its_final_weights(
     steps = fit_metrics["train/samples_seen"] // 8
     last = fit_dir / "checkpoints" / "last.ckpt"
     assert steps % 3 != 0
-    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == steps
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == steps
 
     # Evaluating last.ckpt alone gives exactly what the fit's last validation logged.
     evaluated = run_train(
@@ -231,3 +231,14 @@ def test_last_checkpoint_of_a_finished_fit_holds_its_final_weights(
     more = run_train(tiny_imdb_dir, cache_dir, more_dir, *SMALL_RUN, "trainer.max_epochs=3", "ckpt_path=last")
     assert more.returncode == 0, more.stderr[-3000:]
     assert json.loads((more_dir / "metrics.json").read_text())["train/samples_seen"] == STEPS_PER_EPOCH * 8
+
+
+def test_last_checkpoint_keeps_the_state_key_of_the_plain_model_checkpoint(tmp_path):
+    # so a checkpoint written before LastCheckpoint replaced ModelCheckpoint still restores the callback's state
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from callbacks.last_checkpoint import LastCheckpoint
+
+    args = {"dirpath": tmp_path, "save_top_k": 0, "save_last": True, "every_n_train_steps": 25}
+    assert LastCheckpoint(**args).state_key == ModelCheckpoint(**args).state_key
+    assert LastCheckpoint(**args).state_key != ModelCheckpoint(**{**args, "every_n_train_steps": 5}).state_key
