@@ -198,6 +198,28 @@ def build(node: Any, key: str, **kwargs: Any) -> Any:
         if cause is None:
             raise
         raise _named_at(cause, key) from None
+    except Exception as err:
+        refusal = _library_refusal(err, key)
+        if refusal is None:
+            raise
+        raise refusal from None
+
+
+# Exceptions a library's constructor raises for a value it refuses: Lightning's (lightning.fabric.utilities.
+# exceptions), matched by name so this module needs neither Lightning nor torch (the pre-flight runs without them).
+LIBRARY_REFUSALS = ("MisconfigurationException",)
+
+
+def _library_refusal(err: Exception, key: str) -> ConfigError | None:
+    """A Lightning constructor's refusal of a configured value (``every_n_train_steps=-1``) as a one-line
+    ConfigError naming the node's key, or None when it is anything else (a bug keeps its traceback). Hydra re-raises
+    what the target raised with ``full_key: KEY`` appended to its message."""
+    if not any(c.__name__ in LIBRARY_REFUSALS for c in type(err).__mro__):
+        return None
+    lines = str(err).splitlines()
+    where = next((line.removeprefix("full_key: ") for line in lines if line.startswith("full_key: ")), key)
+    message = " ".join(" ".join(line for line in lines if not line.startswith("full_key: ")).split())
+    return ConfigError(f"{where}: {message}" if where else message)
 
 
 def _named_at(err: ConfigError, key: str) -> ConfigError:

@@ -160,6 +160,12 @@ CASES = [
     Case("search-sweep-dir-is-file", ("hydra.sweep.dir={file}",), "hydra.sweep.dir", script="search.py"),
     # found while building the run (overwrite=true gets past the earlier-run check; the folder must survive)
     Case("data-batch-size-zero", ("overwrite=true", "data.batch_size=0"), "data.batch_size"),
+    # a value only the library's constructor checks (Lightning's MisconfigurationException), refused in one line
+    Case(
+        "checkpoint-every-negative",
+        ("overwrite=true", "callbacks.last_checkpoint.every_n_train_steps=-1"),
+        "callbacks.last_checkpoint: Invalid value for every_n_train_steps=-1",
+    ),
     Case("data-val-size-negative", ("overwrite=true", "data.val_size=-1"), "data.val_size"),
     Case("data-truncation-side", ("overwrite=true", "data.truncation_side=middle"), "data.truncation_side"),
     Case("data-dir-missing", ("overwrite=true", "data.data_dir=/no/such/dir"), "data.data_dir"),
