@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -177,6 +178,27 @@ def test_evaluate_prints_the_run_test_accuracy(exported):
         # of the weights and activations pruned, and the LoRA runs, predict one class on the tiny model: their
         # logits are checked exactly above)
         assert metrics["test/acc"] > 0.55, (case, metrics)
+
+
+@pytest.mark.parametrize("exported", ["pruned"], indirect=True)
+def test_evaluate_runs_on_the_chosen_gemm_backend(exported, caplog):
+    """runtime.gemm reaches export.evaluate as it reaches the run's evaluation: oneDNN forced gives the run's own
+    accuracy (fp32, summation order only), auto says what it took, and a bad value is one line."""
+    _, _, metrics, folder, _ = exported
+    for backend in ("onednn", "aten"):
+        code, stdout, stderr = call(export_evaluate.main, str(folder), f"runtime.gemm={backend}")
+        assert code == 0, stderr[-3000:]
+        accuracy = float(re.search(r"test accuracy ([0-9.]+) on 40 reviews", stdout).group(1))
+        assert accuracy == pytest.approx(metrics["test/acc"], abs=5e-5), (backend, stdout, metrics)
+    with caplog.at_level(logging.INFO, logger="adls_lightning.gemm"):
+        code, _, stderr = call(export_evaluate.main, str(folder))
+    assert code == 0, stderr[-3000:]
+    assert any(r.getMessage().startswith("runtime.gemm=auto: ") for r in caplog.records), caplog.text
+    code, stdout, stderr = call(export_evaluate.main, str(folder), "runtime.gemm=mkl")
+    assert code == 2 and stdout == ""
+    assert stderr.strip().splitlines() == ["error: runtime.gemm='mkl': must be one of auto, aten, onednn"], (
+        stderr
+    )
 
 
 @pytest.mark.parametrize("exported", ["qat"], indirect=True)

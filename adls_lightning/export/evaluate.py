@@ -8,7 +8,8 @@ given here replace them, e.g. ``experiment=cpu`` for its 2,000 reviews at 256 to
 with the run's ``test/acc``. A compressed run's folder computes what the run evaluated: its quantized and pruned
 weights are in the file, and the recipe puts back what acted on activations
 (:mod:`adls_lightning.export.compressed`). Prints one accuracy per folder and how often each folder predicts the
-same label as the first.
+same label as the first. The linear layers run on the GEMM backend ``runtime.gemm`` picks, as in the run's own
+evaluation (``auto`` by default: timed on each folder's linear shapes, docs/gemm.md).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from adls_lightning.errors import ConfigError
 from adls_lightning.export import CONFIG_FILE, load_packed
 from adls_lightning.export.__main__ import compose_train_config
 from adls_lightning.export.compressed import ExportRecipe, apply_recipe, merge_overrides
+from adls_lightning.gemm import gemm_for
+from adls_lightning.gemm import validate as validate_gemm
 from adls_lightning.logs import configure_tool
 
 #: the batch keys a sequence classifier takes (token types: sentence pairs of the families that use them)
@@ -53,12 +56,17 @@ def predictions(model, loader) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def evaluation_loader(overrides: Sequence[str]):
+    return evaluation_setup(overrides)[0]
+
+
+def evaluation_setup(overrides: Sequence[str]):
+    """The run's test loader and its composed config (for ``runtime.gemm`` and the cache folder)."""
     from adls_lightning.build import build
 
     cfg = compose_train_config(overrides, return_hydra_config=True)
     data = build(cfg.data, "data")
     data.setup("test")
-    return data.test_dataloader()
+    return data.test_dataloader(), cfg
 
 
 def main(argv: Sequence[str]) -> int:
@@ -73,13 +81,17 @@ def main(argv: Sequence[str]) -> int:
         recipes = [ExportRecipe.read(folder) for folder in folders]
         # the first folder's run gives the test split (its data, batch size and length), the command line on top
         run = next((recipe.run_overrides for recipe in recipes if recipe is not None), [])
-        loader = evaluation_loader(merge_overrides(run, overrides))
+        loader, cfg = evaluation_setup(merge_overrides(run, overrides))
+        validate_gemm(cfg.runtime.gemm)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     first = None
     for folder, recipe in zip(folders, recipes, strict=True):
-        predicted, labels = predictions(load_folder(folder, recipe), loader)
+        model = load_folder(folder, recipe)
+        rows = (cfg.data.get("batch_size") or 1) * (cfg.data.get("max_length") or 128)
+        with gemm_for(cfg.runtime.gemm, model, rows, cfg.paths.get("cache_dir")):
+            predicted, labels = predictions(model, loader)
         agree = (
             ""
             if first is None
