@@ -8,10 +8,13 @@ are evaluated on the same test subset. Prints samples/s of each, their ratio, an
     python benchmarks/bench_train.py --seeds 1 2 3        # mean accuracy difference over seeds, with its error
     python benchmarks/bench_train.py --compile inductor --seeds 1 2   # ours compiled vs ours eager (Lab 4)
     python benchmarks/bench_train.py --dropout torch fast             # ours with torch's dropout, then Philox's
+    python benchmarks/bench_train.py --gemm aten auto                 # ours on aten's GEMMs, then runtime.gemm=auto
 
 ``--dropout`` picks ``model.fast_dropout`` for our runs (default ``fast``: the C++ Philox dropout, as ``train.py``
 runs on CPU); with both, each seed runs the baseline once and ours once per choice, so the table shows the A/B
-against the same baseline. The plain script always uses torch's dropout.
+against the same baseline. The plain script always uses torch's dropout. ``--gemm`` likewise picks
+``runtime.gemm`` for our runs (default ``auto``, as ``train.py``); several dropout and GEMM choices give one run of
+ours per combination, each against the same baseline (issue 36's A/B: ``--gemm aten auto``).
 
 With ``--compile PRESET`` the baseline is this project's own eager run instead of the plain script, and the
 measured run adds ``compile=PRESET``: the ratio of compiled to eager training throughput (``train/samples_per_sec``
@@ -165,6 +168,13 @@ def main() -> None:
         metavar="PRESET",
         help="compare our run with compile=PRESET (e.g. inductor) against our own eager run, not the plain script",
     )
+    parser.add_argument(
+        "--gemm",
+        nargs="+",
+        choices=("auto", "aten", "onednn"),
+        default=["auto"],
+        help="runtime.gemm of our runs (docs/gemm.md); several: one run of ours per choice against the same baseline",
+    )
     args = parser.parse_args()
     presets = sorted(f.stem for f in (ROOT / "conf" / "compile").glob("*.yaml") if f.stem != "none")
     if args.compile is not None and args.compile not in presets:
@@ -174,11 +184,11 @@ def main() -> None:
     base_name = "eager" if args.compile else "HF"
     our_name = f"compile={args.compile}" if args.compile else "ours"
 
-    rows: dict[str, list[SeedResult]] = {choice: [] for choice in args.dropout}
+    rows: dict[Variant, list[SeedResult]] = {variant: [] for variant in variants(args)}
     for seed in args.seeds:
-        plain, ours_by_dropout, lr = bench_one(args, seed)
-        for choice, ours in ours_by_dropout.items():
-            rows[choice].append(
+        plain, ours_by_variant, lr = bench_one(args, seed)
+        for variant, ours in ours_by_variant.items():
+            rows[variant].append(
                 SeedResult(
                     seed,
                     plain["samples_per_sec"],
@@ -188,13 +198,42 @@ def main() -> None:
                     float(ours.get("compile/seconds", 0.0)),
                 )
             )
-    for choice, choice_rows in rows.items():
-        name = our_name if len(rows) == 1 else f"{our_name} ({choice} dropout)"
-        print_table(args, choice_rows, base_name, name, lr, choice)
+    for variant, variant_rows in rows.items():
+        name = our_name if len(rows) == 1 else f"{our_name} ({variant.label(args)})"
+        print_table(args, variant_rows, base_name, name, lr, variant)
+
+
+class Variant(NamedTuple):
+    """One configuration of our runs: the dropout kernel and the GEMM backend."""
+
+    dropout: str
+    gemm: str
+
+    def label(self, args: argparse.Namespace) -> str:
+        """What sets this variant apart from the others asked for (both parts when both vary)."""
+        parts = []
+        if len(args.dropout) > 1:
+            parts.append(f"{self.dropout} dropout")
+        if len(args.gemm) > 1:
+            parts.append(f"gemm={self.gemm}")
+        return ", ".join(parts)
+
+    def overrides(self) -> list[str]:
+        fast = "true" if self.dropout == "fast" else "false"
+        return [f"model.fast_dropout={fast}", f"runtime.gemm={self.gemm}"]
+
+
+def variants(args: argparse.Namespace) -> list[Variant]:
+    return [Variant(dropout, gemm) for dropout in args.dropout for gemm in args.gemm]
 
 
 def print_table(
-    args: argparse.Namespace, rows: list[SeedResult], base_name: str, our_name: str, lr: float, dropout: str
+    args: argparse.Namespace,
+    rows: list[SeedResult],
+    base_name: str,
+    our_name: str,
+    lr: float,
+    variant: Variant,
 ) -> None:
     """Per-seed rows, then the speed ratio and the mean accuracy difference with its standard error."""
     print()
@@ -221,14 +260,14 @@ def print_table(
         f"speed ratio ({our_name} / {base_name}) = {speed:.2f}x; accuracy difference = {statistics.mean(diffs):+.2f} pt"
         f"{spread} over {len(rows)} seed(s) (experiment={args.experiment}, model={args.model}, "
         f"max_length={args.max_length}, batch={args.batch_size}, lr={lr}, train={args.train_size}, test={args.test_size}, "
-        f"dropout={dropout})"
+        f"dropout={variant.dropout}, gemm={variant.gemm})"
     )
 
 
 def bench_one(
     args: argparse.Namespace, seed: int
-) -> tuple[dict[str, float], dict[str, dict[str, float]], float]:
-    """Both paths with one seed: (baseline metrics, our metrics per --dropout choice, learning rate used)."""
+) -> tuple[dict[str, float], dict[Variant, dict[str, float]], float]:
+    """Both paths with one seed: (baseline metrics, our metrics per variant, learning rate used)."""
     from adls_lightning.app.training import run
     from adls_lightning.build import build
 
@@ -279,19 +318,19 @@ def bench_one(
             f"{baseline['samples_per_sec']:.2f} samples/s, test acc {baseline['test_acc']:.4f}",
             flush=True,
         )
-        ours_by_dropout = {}
-        for choice in args.dropout:
+        ours_by_variant = {}
+        for variant in variants(args):
+            what = f"{variant.dropout} dropout, gemm={variant.gemm}"
             print(
                 f"[bench] seed {seed}, adls-lightning{' compile=' + args.compile if args.compile else ''}, "
-                f"{choice} dropout: {args.train_size} rows x {args.epochs} epoch(s)",
+                f"{what}: {args.train_size} rows x {args.epochs} epoch(s)",
                 flush=True,
             )
-            fast = "true" if choice == "fast" else "false"
-            run_dir = f"{cfg.hydra.run.dir}/{choice}"
-            ours = run(compose([*cfg_overrides, f"model.fast_dropout={fast}", f"hydra.run.dir={run_dir}"]))
-            ours_by_dropout[choice] = ours
+            run_dir = f"{cfg.hydra.run.dir}/{variant.dropout}-{variant.gemm}"
+            ours = run(compose([*cfg_overrides, *variant.overrides(), f"hydra.run.dir={run_dir}"]))
+            ours_by_variant[variant] = ours
             print(
-                f"[bench] seed {seed}, {choice} dropout: {ours['train/samples_per_sec']:.2f} samples/s"
+                f"[bench] seed {seed}, {what}: {ours['train/samples_per_sec']:.2f} samples/s"
                 f", test acc {ours['test/acc']:.4f}",
                 flush=True,
             )
@@ -300,7 +339,7 @@ def bench_one(
                     f"{key} {ours[key]:g}" for key in sorted(ours) if key.startswith("compile/")
                 )
                 print(f"[bench] seed {seed}, compile={args.compile}: {counts}", flush=True)
-    return baseline, ours_by_dropout, float(cfg.model.optimizer.lr)
+    return baseline, ours_by_variant, float(cfg.model.optimizer.lr)
 
 
 if __name__ == "__main__":
