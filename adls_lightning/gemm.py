@@ -9,6 +9,8 @@ and adapters), :class:`~adls_lightning.quant.linear.QuantLinear` after its fake 
 its mask (a parametrization feeds ``F.linear`` the masked weight) -- through :class:`OneDNNLinear`, by a
 ``TorchFunctionMode``: one interception point covers every layer type without touching modules or checkpoints.
 Only fp32 CPU dense tensors outside autocast and ``torch.compile`` are routed; anything else calls ``F.linear``.
+A weight that is a module's parameter and gets no gradient in that call (a frozen LoRA base weight, or any weight at
+evaluation) is reordered once into oneDNN's own layout (:class:`PackedWeights`) and reused while it is unchanged.
 
 :func:`choose` resolves ``auto``: it times both backends on the model's own linear shapes (forward, grad input,
 grad weight where the weight trains) and takes oneDNN only when it is faster by more than ``MARGIN``, so ``auto``
@@ -25,6 +27,7 @@ import logging
 import os
 import platform
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -68,15 +71,51 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
+class PackedWeights:
+    """oneDNN's prepacked copies of weights that get no gradient, made once per weight and reused until the weight
+    changes: the reorder into oneDNN's blocked layout is then paid once, not on every call.
+
+    Only ``nn.Parameter`` weights are packed: a quantized or pruned layer hands ``F.linear`` a new tensor on every
+    call (the fake-quantized or masked weight), which would be packed and thrown away each time. A packed copy is
+    valid while the parameter is the same object with the same version counter (an optimizer step or an in-place
+    load bumps it) and is dropped with the parameter."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """The packed copy of ``weight``, or None for a weight that is not packed (not a parameter)."""
+        if not isinstance(weight, torch.nn.Parameter) or weight.is_inference():
+            return None
+        key = id(weight)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0]() is weight and entry[1] == weight._version:
+            return entry[2]
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        ref = weakref.ref(weight, lambda _, key=key: self._entries.pop(key, None))
+        self._entries[key] = (ref, weight._version, packed)
+        return packed
+
+
 class OneDNNLinear(torch.autograd.Function):
     """``F.linear`` with its three GEMMs through oneDNN: forward, grad input (``g @ W``) and grad weight
-    (``g.T @ x``, only when the weight requires grad: a frozen LoRA base weight costs no third GEMM)."""
+    (``g.T @ x``, only when the weight requires grad: a frozen LoRA base weight costs no third GEMM). ``packed``:
+    the weight prepacked for the forward (frozen weights), or None."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        ctx,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        packed: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         # x is saved only when the weight's gradient needs it (frozen base weights: W alone).
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight)
-        return onednn_linear(x, weight, bias)
+        return onednn_linear(x, weight if packed is None else packed, bias)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -94,7 +133,7 @@ class OneDNNLinear(torch.autograd.Function):
                 grad_w = onednn_linear(grad_2d.t().contiguous(), x_2d.t().contiguous())
             if ctx.needs_input_grad[2]:
                 grad_b = grad_2d.sum(0)
-        return grad_x, grad_w, grad_b
+        return grad_x, grad_w, grad_b, None
 
 
 def _routable(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -120,22 +159,36 @@ def _routable(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def routed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` through oneDNN where :func:`_routable`, else ``F.linear`` itself."""
+def routed_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    packed_weights: PackedWeights | None = None,
+) -> torch.Tensor:
+    """``F.linear`` through oneDNN where :func:`_routable`, else ``F.linear`` itself; a weight that gets no gradient
+    here runs from its packed copy in ``packed_weights`` when there is one."""
     if not _routable(x, weight, bias):
         return F.linear(x, weight, bias)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
-        return OneDNNLinear.apply(x, weight, bias)
-    return onednn_linear(x, weight, bias)
+    grad = torch.is_grad_enabled()
+    weight_trains = grad and weight.requires_grad
+    packed = None if packed_weights is None or weight_trains else packed_weights.get(weight)
+    if grad and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        return OneDNNLinear.apply(x, weight, bias, packed)
+    return onednn_linear(x, weight if packed is None else packed, bias)
 
 
 class OneDNNLinearMode(TorchFunctionMode):
-    """Sends every ``F.linear`` called inside it to :func:`routed_linear`; every other function runs unchanged."""
+    """Sends every ``F.linear`` called inside it to :func:`routed_linear`, with the packed weights of this mode's
+    lifetime (:class:`PackedWeights`); every other function runs unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.packed_weights = PackedWeights()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.linear:
-            return routed_linear(*args, **kwargs)
+            return routed_linear(*args, **kwargs, packed_weights=self.packed_weights)
         return func(*args, **kwargs)
 
 

@@ -57,6 +57,58 @@ def test_a_frozen_weight_gets_no_gradient_and_its_input_is_not_kept():
     torch.testing.assert_close(x.grad, w.sum(0).expand(4, 8))
 
 
+def test_frozen_parameters_run_from_a_packed_copy_that_follows_their_changes():
+    """A weight that gets no gradient is reordered once into oneDNN's layout and reused; the output (and the grad
+    input, through the dense weight) stays F.linear's; an in-place change repacks it; it dies with the layer."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(24, 40)
+    layer.weight.requires_grad_(False)  # a LoRA base weight
+    x = torch.randn(3, 7, 24, requires_grad=True)
+    mode = gemm.OneDNNLinearMode()
+    with mode:
+        out = layer(x)
+    assert len(mode.packed_weights) == 1
+    packed = mode.packed_weights.get(layer.weight)
+    assert packed.is_mkldnn
+    torch.testing.assert_close(out.double(), reference(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    out.backward(torch.ones_like(out))
+    torch.testing.assert_close(x.grad, layer.weight.sum(0).expand(3, 7, 24), rtol=1e-5, atol=1e-5)
+    with mode:
+        layer(x)
+    assert mode.packed_weights.get(layer.weight) is packed  # reused, not packed again
+    with torch.no_grad():
+        layer.weight.mul_(-2)  # an in-place load or optimizer step
+    with mode, torch.no_grad():
+        changed = layer(x)
+    assert mode.packed_weights.get(layer.weight) is not packed
+    torch.testing.assert_close(changed.double(), reference(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    del layer
+    assert len(mode.packed_weights) == 0
+
+
+def test_only_parameters_without_a_gradient_are_packed():
+    """A trainable weight is packed at evaluation (no grad) but not while it trains; a masked weight, a new tensor
+    on every call, never."""
+    from torch.nn.utils import parametrize
+
+    from adls_lightning.prune import WeightMask
+
+    trained, masked = torch.nn.Linear(8, 6), torch.nn.Linear(8, 6)
+    parametrize.register_parametrization(masked, "weight", WeightMask(torch.rand(6, 8) > 0.5))
+    x = torch.randn(4, 8)
+    mode = gemm.OneDNNLinearMode()
+    with mode:
+        torch.testing.assert_close(
+            trained(x), F.linear(x, trained.weight, trained.bias), rtol=1e-5, atol=1e-6
+        )
+        masked(x)
+    assert len(mode.packed_weights) == 0
+    with mode, torch.no_grad():
+        torch.testing.assert_close(masked(x), F.linear(x, masked.weight, masked.bias), rtol=1e-5, atol=1e-6)
+        trained(x)
+    assert len(mode.packed_weights) == 1 and mode.packed_weights.get(trained.weight) is not None
+
+
 def test_every_linear_type_is_routed_and_matches_aten(monkeypatch, tiny_bert):
     """nn.Linear, PEFT's LoRA (base and adapters), QuantLinear after its fake quantization, a pruned linear after
     its mask: one model holding all of them, its forward and backward on oneDNN equal to aten's."""
