@@ -26,6 +26,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 from test_search_sweeper import job_started, ok, toy  # noqa: F401  (toy is a fixture)
 
+from adls_lightning import gemm
 from adls_lightning.errors import ConfigError
 from adls_lightning.search.storage import mask_password, storage_spec, unmask_for_job
 
@@ -325,6 +326,25 @@ class DumpMasks:
         return _Dump()
 
 
+class GemmProbe:
+    """Test callback: each rank writes which GEMM backend its training steps run under (``gemm_rank<R>.txt``:
+    ``onednn`` when the oneDNN routing mode is active in the thread that trains, else ``aten``)."""
+
+    def __new__(cls, folder: str):
+        import lightning as L
+        from torch.overrides import _get_current_function_mode_stack
+
+        from adls_lightning.gemm import OneDNNLinearMode
+
+        class _Probe(L.Callback):
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+                routed = any(isinstance(m, OneDNNLinearMode) for m in _get_current_function_mode_stack())
+                path = Path(folder) / f"gemm_rank{trainer.global_rank}.txt"
+                path.write_text("onednn" if routed else "aten")
+
+        return _Probe()
+
+
 # enough training for the tiny model to learn (chance is 0.5); half of every linear layer's weights pruned after
 # epoch 3, from the trained (DDP-synchronised) weights, then one epoch of fine-tuning
 LEARN = ["model/lora=none", "model.optimizer.lr=1e-3", "trainer.max_epochs=4", "prune=l1_0.5",
@@ -372,6 +392,28 @@ def test_ddp_cpu_one_record_and_the_accuracy_of_one_process_with_twice_the_batch
     rank0, rank1 = (torch.load(tmp_path / f"masks_rank{r}.pt") for r in (0, 1))
     assert rank0 and rank0.keys() == rank1.keys()
     assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)
+
+
+@pytest.mark.skipif(not gemm.onednn_available(), reason="this torch build has no oneDNN")
+def test_ddp_cpu_runs_every_rank_on_the_chosen_gemm_backend(tmp_path, tiny_imdb_dir, cache_dir):
+    """runtime.gemm reaches each DDP process (Lightning starts them as new processes of the same command): with
+    onednn forced, both ranks train under the routing mode, and the run learns as the aten run does."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    probe = f"+callbacks.gemm_probe={{_target_:test_scale_out.GemmProbe,folder:'{tmp_path}'}}"
+
+    def train(backend: str) -> tuple[dict, list[str]]:
+        overrides = ["trainer=ddp_cpu", "data.batch_size=4", *LEARN[:3], probe, f"runtime.gemm={backend}"]
+        ok(_train(runs / backend, tiny_imdb_dir, cache_dir, *overrides))
+        ranks = [(tmp_path / f"gemm_rank{rank}.txt").read_text() for rank in (0, 1)]
+        return json.loads((runs / backend / "metrics.json").read_text()), ranks
+
+    routed, routed_ranks = train("onednn")
+    plain, plain_ranks = train("aten")
+    assert routed_ranks == ["onednn", "onednn"] and plain_ranks == ["aten", "aten"]
+    # the same training up to fp32 summation order: both learn (chance 0.5), to the same accuracy within 5 points
+    assert plain["test/acc"] >= 0.7, plain
+    assert abs(routed["test/acc"] - plain["test/acc"]) <= 0.05, (routed, plain)
 
 
 # -- console commands (pip install . installs adls-train / adls-search; here called as the entry points do) --------
