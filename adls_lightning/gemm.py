@@ -29,7 +29,7 @@ import platform
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -361,6 +361,12 @@ def _write_cache(path: Path, entries: dict[str, dict[str, float]]) -> None:
         os.replace(tmp, path)  # atomic: concurrent runs (a search's workers) never read half a file
     except OSError as err:
         log.debug("runtime.gemm: cache %s not written (%s)", path, err)
+
+
+def batch_rows(data: Mapping[str, object]) -> int:
+    """The rows of one batch's linear layers that ``auto`` times at: a data config's ``batch_size x max_length``
+    (1 and 128 where unset)."""
+    return (data.get("batch_size") or 1) * (data.get("max_length") or 128)
 
 
 @contextmanager

@@ -306,6 +306,7 @@ def test_inductor_lora_run_has_no_graph_breaks(compose_cfg):
     ("script", "args", "message"),
     [
         ("bench_train.py", ["--compile", "inductr"], "--compile inductr: no preset compile=inductr; valid: "),
+        ("bench_train.py", ["--gemm", "mkl"], "argument --gemm: invalid choice: 'mkl'"),
         ("lab4_compile.py", ["--replot", "--json", "/nonexistent/lab4.json"], "--replot: no results file"),
     ],
 )

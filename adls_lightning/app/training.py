@@ -27,8 +27,8 @@ from adls_lightning.build import build
 from adls_lightning.checkpoints import check_shapes, find_last_checkpoint, read_checkpoint
 from adls_lightning.data.tasks import Task, head_outputs
 from adls_lightning.errors import ConfigError
+from adls_lightning.gemm import batch_rows, gemm_backend
 from adls_lightning.gemm import choose as choose_gemm
-from adls_lightning.gemm import gemm_backend
 from adls_lightning.io_utils import AtomicCheckpointIO, atomic_write_json
 from adls_lightning.logs import drop_unset_wandb_settings, wandb_location
 from adls_lightning.module import parameter_metrics
@@ -297,8 +297,7 @@ def _gemm_choice(cfg: DictConfig, model: torch.nn.Module, trainer: L.Trainer) ->
     compiled = isinstance(cfg.get("compile"), Mapping) and "_target_" in cfg.compile
     if backend == "auto" and (trainer.strategy.root_device.type != "cpu" or compiled):
         return "aten"
-    rows = (cfg.data.get("batch_size") or 1) * (cfg.data.get("max_length") or 128)
-    return choose_gemm(backend, model, rows, cfg.paths.get("cache_dir"))
+    return choose_gemm(backend, model, batch_rows(cfg.data), cfg.paths.get("cache_dir"))
 
 
 def print_summary(

@@ -24,7 +24,7 @@ from adls_lightning.errors import ConfigError
 from adls_lightning.export import CONFIG_FILE, load_packed
 from adls_lightning.export.__main__ import compose_train_config
 from adls_lightning.export.compressed import ExportRecipe, apply_recipe, merge_overrides
-from adls_lightning.gemm import gemm_for
+from adls_lightning.gemm import batch_rows, gemm_for
 from adls_lightning.gemm import validate as validate_gemm
 from adls_lightning.logs import configure_tool
 
@@ -87,10 +87,10 @@ def main(argv: Sequence[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     first = None
+    rows, cache_dir = batch_rows(cfg.data), cfg.paths.get("cache_dir")
     for folder, recipe in zip(folders, recipes, strict=True):
         model = load_folder(folder, recipe)
-        rows = (cfg.data.get("batch_size") or 1) * (cfg.data.get("max_length") or 128)
-        with gemm_for(cfg.runtime.gemm, model, rows, cfg.paths.get("cache_dir")):
+        with gemm_for(cfg.runtime.gemm, model, rows, cache_dir):
             predicted, labels = predictions(model, loader)
         agree = (
             ""
