@@ -181,6 +181,7 @@ class PruningCallback(L.Callback):
         self._load_hook: Any = None
         self._dense_reload = False
         self._total_steps = 0  # optimizer steps of the fit, known at its start
+        self._lr_scale = 1.0  # the learning-rate schedule's multiplier of the step being taken
         self._scheduled_step: int | None = None  # the global step the masks were last computed for
         #: per layer, the head and FFN-neuron indices structured pruning kept (callback state, for the record)
         self.kept: dict[str, list[list[int]]] | None = None
@@ -298,13 +299,22 @@ class PruningCallback(L.Callback):
         if trainer.global_step == self.pruner.schedule.bounds(self._total_steps)[1]:
             forget_best_checkpoints(trainer)  # "best" is chosen among checkpoints at the final sparsity
 
+    @override
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        # the schedule's multiplier of this step's learning rate (current over initial lr), which learned scores follow
+        group = optimizer.param_groups[0]
+        initial = group.get("initial_lr", group["lr"])
+        self._lr_scale = group["lr"] / initial if initial else 1.0
+
     def _schedule_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
         """Masks for the step about to train, at the schedule's sparsity for it (returned)."""
         assert self.pruner.schedule is not None
         sparsity = self.pruner.schedule.sparsity(trainer.global_step, self._total_steps)
         # each process scores its own batches: the masks must come from the scores of all of them
         reduce = partial(trainer.strategy.reduce, reduce_op="mean") if trainer.world_size > 1 else None
-        self.pruner.prune_scheduled(pl_module, sparsity, reduce)
+        self.pruner.prune_scheduled(pl_module, sparsity, reduce, lr_scale=self._lr_scale)
         self._scheduled_step = trainer.global_step
         return sparsity
 
@@ -505,6 +515,9 @@ class PruningCallback(L.Callback):
         if self.pruner.learns_scores and self._module is not None:
             # learned scores are not model state (the model's keys stay those of any pruned model): saved here
             state["scores"] = self.pruner.scores(self._module)
+            moments = self.pruner.score_optimizer_state(self._module)
+            if moments:
+                state["score_optimizer"] = moments
         return state
 
     @override
@@ -524,6 +537,7 @@ class PruningCallback(L.Callback):
         if self.pruner.learns_scores and "scores" in state_dict:
             assert self._module is not None
             self.pruner.load_scores(self._module, state_dict["scores"])
+            self.pruner.load_score_optimizer_state(self._module, state_dict.get("score_optimizer", {}))
         if state_dict.get("applied", False) and not self.applied and self.structured is None:
             # Activation-only pruning leaves no mask in the model state: re-enable the hooks from callback state.
             assert self._module is not None

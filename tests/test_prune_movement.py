@@ -15,7 +15,7 @@ from torch import nn
 from adls_lightning.app.training import run
 from adls_lightning.build import build
 from adls_lightning.errors import ConfigError
-from adls_lightning.prune import CubicSchedule, MovementMask, Pruner, WeightMask
+from adls_lightning.prune import AdamMovementMask, CubicSchedule, MovementMask, Pruner, WeightMask
 from tests.helpers import assert_one_line_error, kill_and_resume, run_train
 
 SMALL = ["data.train_size=64", "data.val_size=16", "data.test_size=16", "data.max_length=32"]
@@ -72,6 +72,72 @@ def test_scores_are_minus_weight_times_masked_weight_gradient_summed_over_steps(
     assert bool((expected[mask == 0] != 0).all())  # ... and those kept being scored
     # the weights' own gradient is still masked: pruned weights are not trained
     assert bool((layer.parametrizations.weight.original.grad[mask == 0] == 0).all())
+
+
+def test_adam_scores_are_what_torch_adam_learns_on_the_straight_through_gradient():
+    """``movement_adam``'s scores after a few steps (two micro-batches each, half the weights masked from step 3,
+    the schedule's lr multiplier changing) equal a score parameter S trained by ``torch.optim.Adam`` (lr = the
+    multiplier) on ∂L/∂S = ∂L/∂W' ⊙ W, W' = M ⊙ W, the paper's straight-through gradient, written out by hand."""
+    torch.manual_seed(0)
+    layer = nn.Linear(6, 4)
+    pruner = Pruner(weight={"method": "movement_adam", "sparsity": 0.5})
+    pruner.register_placeholders(layer)
+    learner = layer.parametrizations.weight[0]
+    assert isinstance(learner, AdamMovementMask)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    reference = torch.zeros(4, 6, dtype=torch.float64, requires_grad=True)
+    adam = torch.optim.Adam([reference], lr=1.0, betas=learner.betas, eps=learner.eps)
+    pruner.prune_scheduled(layer, 0.0)  # no backward yet: nothing learned, Adam's state untouched
+    assert int(learner.step) == 0 and not bool(learner.scores.any())
+    for step, lr_scale in enumerate([0.5, 1.0, 0.9, 0.6, 0.3]):
+        weight = layer.parametrizations.weight.original.detach().double().clone()
+        mask = learner.mask.double()
+        gradient = torch.zeros(4, 6, dtype=torch.float64)
+        optimizer.zero_grad()
+        for _ in range(2):  # gradient accumulation: one score update per optimizer step
+            x, target = torch.randn(8, 6), torch.randn(8, 4)
+            y = x.double() @ (mask * weight).T + layer.bias.detach().double()
+            gradient += weight * ((2 * (y - target.double()) / y.numel()).T @ x.double())  # ∂L/∂W' ⊙ W
+            nn.functional.mse_loss(layer(x), target).backward()
+        optimizer.step()
+        pruner.prune_scheduled(layer, 0.5 if step >= 2 else 0.0, lr_scale=lr_scale)
+        reference.grad = gradient
+        adam.param_groups[0]["lr"] = lr_scale
+        adam.step()
+        torch.testing.assert_close(learner.scores.double(), reference.detach(), rtol=1e-4, atol=1e-6)
+    assert int(learner.step) == 5
+    kept = learner.scores.flatten().argsort(descending=True)[:12]  # the masks keep the highest learned scores
+    assert set(learner.mask.flatten().nonzero().flatten().tolist()) == set(kept.tolist())
+
+
+def test_adam_scores_of_two_processes_agree_by_learning_from_their_averaged_gradient():
+    """A distributed fit: each process accumulates the gradients of its own batches; ``reduce`` (the strategy's
+    mean) gives both the average, so both learn the same scores and masks, those of Adam on the averaged gradient."""
+    ranks = []
+    for _ in range(2):
+        torch.manual_seed(0)  # DDP starts every process from the same weights
+        layer = nn.Linear(6, 4)
+        Pruner(weight={"method": "movement_adam", "sparsity": 0.5}).register_placeholders(layer)
+        ranks.append(layer)
+    learners = [layer.parametrizations.weight[0] for layer in ranks]
+    reference = torch.zeros(4, 6, requires_grad=True)
+    adam = torch.optim.Adam([reference], lr=1.0, betas=learners[0].betas, eps=learners[0].eps)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        for layer in ranks:  # each process its own batch
+            x, target = torch.randn(8, 6, generator=generator), torch.randn(8, 4, generator=generator)
+            nn.functional.mse_loss(layer(x), target).backward()
+        mean = (learners[0].step_gradient + learners[1].step_gradient) / 2  # what all-reduce(mean) gives each
+        assert not torch.equal(learners[0].step_gradient, learners[1].step_gradient)
+        for layer in ranks:
+            Pruner(weight={"method": "movement_adam", "sparsity": 0.5}).prune_scheduled(
+                layer, 0.5, reduce=lambda tensor, mean=mean: mean.clone()
+            )
+        reference.grad = -mean  # step_gradient holds -∂L/∂S
+        adam.step()
+        torch.testing.assert_close(learners[0].scores, reference.detach())
+        assert torch.equal(learners[0].scores, learners[1].scores)
+        assert torch.equal(learners[0].mask, learners[1].mask) and not bool(learners[0].mask.all())
 
 
 def test_mask_keeps_exactly_the_highest_scores_of_each_layer():
@@ -247,9 +313,10 @@ def _masks(checkpoint: dict) -> dict[str, torch.Tensor]:
     return {k: v for k, v in checkpoint["state_dict"].items() if k.endswith(MASK_SUFFIX)}
 
 
-def test_movement_preset_runs_through_train_py(tiny_imdb_dir, cache_dir, tmp_path):
+@pytest.mark.parametrize("preset", ["movement_0.9", "movement_adam_0.9"])
+def test_movement_preset_runs_through_train_py(tiny_imdb_dir, cache_dir, tmp_path, preset):
     out = tmp_path / "movement"
-    proc = run_train(tiny_imdb_dir, cache_dir, out, *SMALL, "prune=movement_0.9", "trainer.max_epochs=2")
+    proc = run_train(tiny_imdb_dir, cache_dir, out, *SMALL, f"prune={preset}", "trainer.max_epochs=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     # every layer ends with exactly round(0.9 n) zeros (nothing else is zero in a trained float weight)
@@ -261,8 +328,17 @@ def test_movement_preset_runs_through_train_py(tiny_imdb_dir, cache_dir, tmp_pat
     assert sorted(mask.numel() for mask in masks.values()) == sorted(TINY_SIZES)
     for key, mask in masks.items():  # the best checkpoint is one at the final sparsity
         assert int((~mask).sum()) == zeros_at(mask.numel(), 0.9), key
-    scores = best["callbacks"]["PruningCallback"]["scores"]
-    assert len(scores) == len(TINY_SIZES) and all(bool(value.any()) for value in scores.values())
+    state = best["callbacks"]["PruningCallback"]
+    assert len(state["scores"]) == len(TINY_SIZES) and all(
+        bool(value.any()) for value in state["scores"].values()
+    )
+    if (
+        preset == "movement_adam_0.9"
+    ):  # Adam's moments and step count travel with the scores (one step per batch)
+        steps = {int(moments["step"]) for moments in state["score_optimizer"].values()}
+        assert state["score_optimizer"].keys() == state["scores"].keys() and steps == {best["global_step"]}
+    else:
+        assert "score_optimizer" not in state
 
 
 def test_train_false_is_one_line_on_the_command_line(tiny_imdb_dir, cache_dir, tmp_path):
@@ -274,12 +350,15 @@ def test_train_false_is_one_line_on_the_command_line(tiny_imdb_dir, cache_dir, t
 
 
 @pytest.mark.slow
-def test_killed_movement_run_resumes_with_the_same_scores_and_masks(tiny_imdb_dir, cache_dir, tmp_path):
+@pytest.mark.parametrize("preset", ["movement_0.9", "movement_adam_0.9"])
+def test_killed_movement_run_resumes_with_the_same_scores_and_masks(
+    tiny_imdb_dir, cache_dir, tmp_path, preset
+):
     """Killed mid-ramp (step 11 of 16; warm-up 2 steps, cool-down 2) and resumed from the last.ckpt of step 9: the
-    same masks and scores at the end as an uninterrupted run, and the same metrics bit for bit."""
+    same masks and scores (and Adam's moments) at the end as an uninterrupted run, and the same metrics bit for bit."""
     overrides = [
         *SMALL,
-        "prune=movement_0.9",
+        f"prune={preset}",
         "trainer.max_epochs=2",
         "data.batch_size=8",
         "callbacks.last_checkpoint.every_n_train_steps=3",
@@ -298,6 +377,13 @@ def test_killed_movement_run_resumes_with_the_same_scores_and_masks(tiny_imdb_di
         whole_scores, resumed_scores = (c["callbacks"]["PruningCallback"]["scores"] for c in (whole, resumed))
         assert whole_scores.keys() == resumed_scores.keys()
         assert all(torch.equal(whole_scores[key], resumed_scores[key]) for key in whole_scores)
+        whole_moments, resumed_moments = (
+            c["callbacks"]["PruningCallback"].get("score_optimizer", {}) for c in (whole, resumed)
+        )
+        assert whole_moments.keys() == resumed_moments.keys()
+        assert (len(whole_moments) == len(TINY_SIZES)) == (preset == "movement_adam_0.9")
+        for key, moments in whole_moments.items():
+            assert all(torch.equal(value, resumed_moments[key][name]) for name, value in moments.items()), key
     whole_metrics, resumed_metrics = (
         json.loads((runs[n] / "metrics.json").read_text()) for n in ("whole", "killed")
     )

@@ -58,7 +58,13 @@ from adls_lightning.prune.masks import (
     pattern_pruned,
     smallest_k,
 )
-from adls_lightning.prune.movement import SCHEDULE_KEYS, CubicSchedule, MovementMask, register_learned
+from adls_lightning.prune.movement import (
+    SCHEDULE_KEYS,
+    AdamMovementMask,
+    CubicSchedule,
+    MovementMask,
+    register_learned,
+)
 from adls_lightning.prune.oneshot import OneShotFn, SparseGPTConfig, register_oneshot, sparsegpt, wanda
 from adls_lightning.prune.pruner import (
     ACTIVATION_SCOPES,
@@ -104,6 +110,7 @@ __all__ = [
     "ActivationSparsifier",
     "CubicSchedule",
     "MaskSpec",
+    "AdamMovementMask",
     "MovementMask",
     "OneShotFn",
     "PruneTarget",

@@ -79,6 +79,75 @@ class MovementMask(WeightMask):
         # the gradient of the masked weight, for every entry: straight-through, pruned ones are scored too
         self.scores.addcmul_(grad.to(self.scores.dtype), weight.to(self.scores.dtype), value=-1.0)
 
+    @torch.no_grad()
+    def learn(self, reduce: Callable[[Tensor], Tensor] | None = None, lr_scale: float = 1.0) -> None:
+        """Ends an optimizer step: the scores are final for ranking. ``reduce`` averages them over the processes of a
+        distributed fit (each accumulated its own batches); summed scores need no learning rate (``lr_scale``)."""
+        if reduce is not None:
+            self.scores.copy_(reduce(self.scores))
+
+    def optimizer_state(self) -> dict[str, Tensor]:
+        """What a resumed fit needs besides ``scores`` (nothing: the sum is its own state)."""
+        return {}
+
+    def load_optimizer_state(self, state: Mapping[str, Tensor]) -> None:
+        """Restores :meth:`optimizer_state`."""
+
+
+@register_learned("movement_adam")
+class AdamMovementMask(MovementMask):
+    """Movement scores learned as the paper's code learns them: ``S`` is descended with Adam on ``∂L/∂S = ∂L/∂W' ⊙ W``
+    (straight-through, pruned entries included), once per optimizer step, at the training schedule's learning-rate
+    multiplier (``lr_scale``; Sanh et al. put the scores in the same AdamW with the same linear schedule, without
+    weight decay). Adam divides each entry's step by the root mean square of its own gradients, so a weight ranks by
+    how consistently fine-tuning moves it away from zero, not by how large it is: summed scores (``movement``) scale
+    with ``|W|``, so on a short fit the gradient noise of the largest weights decides their fate.
+
+    The score learning rate itself (the paper's ``1e-2``) scales every score alike, so top-k ranks the same without
+    it (the ``eps`` below is relative to the gradient, so it is not scaled away); ``betas`` and ``eps`` are the
+    paper's AdamW settings.
+    """
+
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def __init__(self, mask: Tensor) -> None:
+        super().__init__(mask)
+        for name in ("step_gradient", "exp_avg", "exp_avg_sq"):
+            self.register_buffer(name, torch.zeros_like(self.scores), persistent=False)
+        self.register_buffer("step", torch.zeros((), dtype=torch.float64), persistent=False)
+        self._pending = False
+
+    @torch.no_grad()
+    def _accumulate(self, grad: Tensor, weight: Tensor) -> None:
+        # -∂L/∂S of this optimizer step (accumulated over its micro-batches), applied by learn()
+        self.step_gradient.addcmul_(grad.to(self.scores.dtype), weight.to(self.scores.dtype), value=-1.0)
+        self._pending = True
+
+    @torch.no_grad()
+    def learn(self, reduce: Callable[[Tensor], Tensor] | None = None, lr_scale: float = 1.0) -> None:
+        if not self._pending:  # no backward since the last step (the fit's start, a resume)
+            return
+        gradient = reduce(self.step_gradient) if reduce is not None else self.step_gradient
+        beta1, beta2 = self.betas
+        self.step += 1
+        self.exp_avg.lerp_(gradient, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(gradient, gradient, value=1 - beta2)
+        step = float(self.step)
+        denominator = (self.exp_avg_sq / (1 - beta2**step)).sqrt_().add_(self.eps)
+        self.scores.addcdiv_(self.exp_avg, denominator, value=lr_scale / (1 - beta1**step))
+        self.step_gradient.zero_()
+        self._pending = False
+
+    def optimizer_state(self) -> dict[str, Tensor]:
+        return {name: getattr(self, name).clone() for name in ("exp_avg", "exp_avg_sq", "step")}
+
+    @torch.no_grad()
+    def load_optimizer_state(self, state: Mapping[str, Tensor]) -> None:
+        for name, value in state.items():
+            buffer = getattr(self, name)
+            buffer.copy_(value.to(device=buffer.device, dtype=buffer.dtype))
+
 
 @dataclass(frozen=True)
 class CubicSchedule:

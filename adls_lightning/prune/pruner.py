@@ -287,7 +287,11 @@ class Pruner:
 
     @torch.no_grad()
     def prune_scheduled(
-        self, model: nn.Module, sparsity: float, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self,
+        model: nn.Module,
+        sparsity: float,
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        lr_scale: float = 1.0,
     ) -> None:
         """Recomputes the weight masks at ``sparsity`` (one step of the schedule; masks from :meth:`register_placeholders`).
 
@@ -300,14 +304,16 @@ class Pruner:
             sparsity: The sparsity of this step, in ``[0, weight.sparsity]``.
             reduce: Averages a tensor over the processes of a distributed fit: each process accumulates the scores of
                 its own batches, and the masks must agree. The averaged scores replace each process's own.
+            lr_scale: The training schedule's learning-rate multiplier of the step just taken (scores learned with
+                a learning rate follow it, as the paper's do).
         """
         assert self.weight is not None and self.schedule is not None
         targets = self.targets(model)
         if self.learns_scores:
-            scores = {t.name: t.linear.parametrizations.weight[0].scores for t in targets}
-            if reduce is not None:
-                for value in scores.values():
-                    value.copy_(reduce(value))
+            learners = {t.name: t.linear.parametrizations.weight[0] for t in targets}
+            for learner in learners.values():
+                learner.learn(reduce, lr_scale)
+            scores = {name: learner.scores for name, learner in learners.items()}
             if not any(bool(value.any()) for value in scores.values()):
                 return  # nothing learned yet (before the first backward): a ranking by position would be arbitrary
         else:
@@ -330,6 +336,21 @@ class Pruner:
             if target.name in scores:
                 buffer = target.linear.parametrizations.weight[0].scores
                 buffer.copy_(scores[target.name].to(device=buffer.device, dtype=buffer.dtype))
+
+    def score_optimizer_state(self, model: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
+        """Layer name -> what learning the scores needs besides them (Adam's moments; empty for summed scores)."""
+        if not self.learns_scores:
+            return {}
+        states = {t.name: t.linear.parametrizations.weight[0].optimizer_state() for t in self.targets(model)}
+        return {name: state for name, state in states.items() if state}
+
+    def load_score_optimizer_state(
+        self, model: nn.Module, states: Mapping[str, Mapping[str, torch.Tensor]]
+    ) -> None:
+        """Puts saved :meth:`score_optimizer_state` back into the layers (a resumed fit)."""
+        for target in self.targets(model):
+            if target.name in states:
+                target.linear.parametrizations.weight[0].load_optimizer_state(states[target.name])
 
     def frozen_layer(self, model: nn.Module) -> str | None:
         """The first target whose weight gets no gradient (frozen: e.g. a LoRA base layer left unmerged), if any."""
