@@ -9,9 +9,9 @@ moves away from zero. Each pruned layer accumulates the first-order movement sco
 over every backward pass of the fit, where ``W' = M ⊙ W`` is the masked weight the layer computes with. This is the
 paper's hard movement score under its straight-through estimator (``∂L/∂S = ∂L/∂W' ⊙ W``), summed: what SGD on S
 would learn (the score learning rate only scales S and top-k ranks the same). The paper's code learns S with AdamW,
-which normalises each entry's updates; that difference is documented in docs/pruning.md. Pruned entries keep accumulating
-(straight-through, their gradient through the mask is ``∂L/∂W'``, not 0), so a pruned weight whose score overtakes
-a kept one comes back. There is no score parameter and no optimizer: S is a float32 buffer beside the mask
+which normalises each entry's updates: ``method: movement_adam`` (:class:`AdamMovementMask`) learns them that way.
+Pruned entries keep accumulating (straight-through, their gradient through the mask is ``∂L/∂W'``, not 0), so a
+pruned weight whose score overtakes a kept one comes back. There is no score parameter and no optimizer: S is a float32 buffer beside the mask
 (:class:`MovementMask`), added to by a backward hook on the masked weight.
 
 **Masks.** After every optimizer step the masks keep the highest ``1 - s_t`` of each layer's scores (exactly

@@ -303,7 +303,8 @@ class Pruner:
             model: The model whose placeholders were registered.
             sparsity: The sparsity of this step, in ``[0, weight.sparsity]``.
             reduce: Averages a tensor over the processes of a distributed fit: each process accumulates the scores of
-                its own batches, and the masks must agree. The averaged scores replace each process's own.
+                its own batches, and the masks must agree. The averaged scores (Adam-learned scores: the averaged
+                step gradient) replace each process's own.
             lr_scale: The training schedule's learning-rate multiplier of the step just taken (scores learned with
                 a learning rate follow it, as the paper's do).
         """
