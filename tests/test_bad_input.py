@@ -169,6 +169,17 @@ CASES = [
     Case("data-val-size-negative", ("overwrite=true", "data.val_size=-1"), "data.val_size"),
     Case("data-truncation-side", ("overwrite=true", "data.truncation_side=middle"), "data.truncation_side"),
     Case("data-dir-missing", ("overwrite=true", "data.data_dir=/no/such/dir"), "data.data_dir"),
+    # no folder: the hub, which cannot give this data set (unreachable offline, unknown online)
+    Case(
+        "data-hub-unavailable",
+        (
+            "overwrite=true",
+            "data=folder",
+            "data.data_dir=null",
+            "data.hub_name=adls-lightning-tests/no-such-data",
+        ),
+        "data.data_dir: none given or found, so the data come from the Hugging Face hub's adls-lightning-tests/no-such-data",
+    ),
     Case("data-train-size-text", ("overwrite=true", "data.train_size=many"), "data.train_size"),
     Case("data-train-size-zero", ("overwrite=true", "data.train_size=0"), "data.train_size=0"),
     Case("data-val-size-all-rows", ("overwrite=true", "data.val_size=400"), "data.val_size=400"),

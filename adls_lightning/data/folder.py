@@ -115,9 +115,27 @@ def local_identity(files: dict[str, Path]) -> str:
     )
 
 
+def load_hub_dataset(name: str, config: str | None, local: str) -> datasets.DatasetDict:
+    """A Hugging Face hub data set, or a one-line ConfigError when it cannot be had (offline without a cached copy,
+    or no such data set), saying what ``data.data_dir`` would read instead (``local``)."""
+    try:
+        return datasets.load_dataset(name, config)
+    except (
+        OSError
+    ) as err:  # ConnectionError offline, FileNotFoundError (DatasetNotFoundError) for an unknown name
+        reason = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+        source = name if config is None else f"{name} ({config})"
+        raise ConfigError(
+            f"data.data_dir: none given or found, so the data come from the Hugging Face hub's {source}, which "
+            f"failed ({reason}); set data.data_dir to {local}"
+        ) from err
+
+
 def _load_raw_splits(data_dir: Path | None, hub_name: str) -> tuple[datasets.DatasetDict, str]:
     if data_dir is None:
-        raw = datasets.load_dataset(hub_name)
+        raw = load_hub_dataset(
+            hub_name, None, "a folder with train and test files (parquet, CSV or JSON lines)"
+        )
         identity = f"hub:{hub_name}:{raw['train']._fingerprint}:{raw['test']._fingerprint}"
     else:
         files = find_split_files(data_dir)

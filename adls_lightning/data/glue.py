@@ -14,7 +14,7 @@ from pathlib import Path
 
 import datasets
 
-from adls_lightning.data.folder import local_identity
+from adls_lightning.data.folder import load_hub_dataset, local_identity
 from adls_lightning.data.tasks import GlueTask, glue_task
 from adls_lightning.errors import ConfigError
 
@@ -133,7 +133,8 @@ def load_glue(data_dir: Path | None, name: str) -> tuple[datasets.DatasetDict, s
 
 
 def _load_hub(name: str, spec: GlueTask) -> tuple[datasets.DatasetDict, str]:
-    hub = datasets.load_dataset(HUB_NAME, name)
+    files = ", ".join(f"{spec.folder}/{file}" for file in ("train.tsv", *(f for f, _ in spec.dev.values())))
+    hub = load_hub_dataset(HUB_NAME, name, f"the GLUE folder holding {files}")
     renames = dict(zip(spec.hub_columns, ("text", "text_pair")))
     splits = {"train": hub["train"], **{split: hub[hub_split] for split, (_, hub_split) in spec.dev.items()}}
     raw = datasets.DatasetDict(
