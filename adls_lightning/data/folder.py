@@ -120,9 +120,8 @@ def load_hub_dataset(name: str, config: str | None, local: str) -> datasets.Data
     or no such data set), saying what ``data.data_dir`` would read instead (``local``)."""
     try:
         return datasets.load_dataset(name, config)
-    except (
-        OSError
-    ) as err:  # ConnectionError offline, FileNotFoundError (DatasetNotFoundError) for an unknown name
+    # ConnectionError offline, FileNotFoundError (DatasetNotFoundError) for an unknown name: both OSErrors
+    except OSError as err:
         reason = " ".join(f"{type(err).__name__}: {err}".split())[:300]
         source = name if config is None else f"{name} ({config})"
         raise ConfigError(
