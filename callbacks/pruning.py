@@ -304,6 +304,8 @@ class PruningCallback(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
         # the schedule's multiplier of this step's learning rate (current over initial lr), which learned scores follow
+        if not self.pruner.learns_scores:
+            return
         group = optimizer.param_groups[0]
         initial = group.get("initial_lr", group["lr"])
         self._lr_scale = group["lr"] / initial if initial else 1.0
