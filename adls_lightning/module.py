@@ -12,7 +12,7 @@ from torchmetrics import MetricCollection
 from transformers import PreTrainedModel
 
 from adls_lightning.checkpoints import read_checkpoint
-from adls_lightning.data.tasks import build_metric
+from adls_lightning.data.tasks import build_metric, is_task_head_key
 from adls_lightning.dropout import use_fast_dropout
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import check_lora_targets
@@ -65,6 +65,10 @@ class SequenceClassifier(LightningModule):
             epochs, optimizer and schedule start afresh), e.g. QAT or pruning of an already fine-tuned model.
             Loaded in :meth:`setup`, after the callbacks' ``setup`` has swapped quantized layers in, so both a
             full-precision and a quantized checkpoint of the same architecture load.
+        init_head: with ``init_ckpt``, ``"checkpoint"`` loads all of it, its task head included; ``"new"`` loads
+            all but the task head (:data:`~adls_lightning.data.tasks.TASK_HEAD_MODULES`), which keeps this
+            model's fresh initialisation: intermediate-task transfer, a checkpoint of another task (another
+            label count) as the start of this one.
         attn_implementation: Hugging Face attention implementation, ``sdpa`` (fused) or ``eager`` (naive);
             None keeps the backbone's.
         fast_dropout: every ``nn.Dropout`` (HF's hidden and head dropouts, PEFT's LoRA dropouts) and SDPA's
@@ -88,6 +92,7 @@ class SequenceClassifier(LightningModule):
         merge_lora_before_compress: bool = False,
         merged_lr: float | None = None,
         init_ckpt: str | None = None,
+        init_head: str = "checkpoint",
         attn_implementation: str | None = None,
         fast_dropout: bool = False,
         label_names: Sequence[str] | None = ("0", "1"),
@@ -115,6 +120,7 @@ class SequenceClassifier(LightningModule):
         self.scheduler_factory = scheduler
         self.warmup_ratio = warmup_ratio
         self.init_ckpt = init_ckpt
+        self.init_head = init_head
         self.merge_lora_before_compress = merge_lora_before_compress
         self.merged_lr = merged_lr
         self.head_modules = tuple(lora.modules_to_save or ()) if lora is not None else ()
@@ -145,10 +151,24 @@ class SequenceClassifier(LightningModule):
 
     def setup(self, stage: str) -> None:
         if self.init_ckpt and not self._init_loaded:
-            checkpoint = read_checkpoint(self.init_ckpt, "init_ckpt")
-            self.load_state_dict(checkpoint["state_dict"], strict=True)
+            state = read_checkpoint(self.init_ckpt, "init_ckpt")["state_dict"]
+            if self.init_head == "new":
+                state = {k: v for k, v in state.items() if not is_task_head_key(k)}
+                missing, unexpected = self.load_state_dict(state, strict=False)
+                # strict but for the head: anything else missing or extra is another model
+                missing = [k for k in missing if not is_task_head_key(k)]
+                if missing or unexpected:
+                    raise ConfigError(
+                        f"init_ckpt={self.init_ckpt}: does not fit this model (missing {missing[:3]}, "
+                        f"unexpected {unexpected[:3]})"
+                    )
+            else:
+                self.load_state_dict(state, strict=True)
             self._init_loaded = True
-            log.info("Model weights initialised from %s", self.init_ckpt)
+            new_head = (
+                " (all but the task head, which is new: init_head=new)" if self.init_head == "new" else ""
+            )
+            log.info("Model weights initialised from %s%s", self.init_ckpt, new_head)
 
     def forward(self, input_ids, attention_mask=None, labels=None, token_type_ids=None):
         # token_type_ids only for pairs (single texts leave them out: all zeros is the models' default)

@@ -124,6 +124,10 @@ CASES = [
     Case("unknown-preset", ("quant=int7",), "quant"),
     Case("missing-ckpt", ("ckpt_path=/no/such.ckpt",), "ckpt_path"),
     Case("missing-init-ckpt", ("init_ckpt=/no/such.ckpt",), "init_ckpt"),
+    Case("init-head-unknown", ("init_head=encoder",), "init_head='encoder': must be one of checkpoint, new"),
+    Case(
+        "init-head-without-ckpt", ("init_head=new",), "init_head=new: replaces the head of an init_ckpt model"
+    ),
     Case("earlier-run", (), "hydra.run.dir"),
     Case("run-dir-is-file", ("hydra.run.dir={file}",), "hydra.run.dir"),
     Case("run-dir-under-file", ("hydra.run.dir={file}/sub",), "hydra.run.dir"),

@@ -271,6 +271,42 @@ def _bad_cases(base: Path, good: Path, ckpt: Path) -> dict[str, tuple[list[str],
     }
 
 
+def test_init_head_new_starts_a_task_from_another_tasks_encoder(compose_cfg, tmp_path):
+    """Intermediate-task transfer: RTE (2 labels) from an STS-B checkpoint (1 output). With init_head=new every
+    tensor but the head's comes from the checkpoint and the head keeps its fresh initialisation; the run trains and
+    checkpoints a 2-way head. Without it the run is refused, naming init_head=new."""
+    run(compose_cfg(glue_overrides(write_glue_task(tmp_path / "glue", "stsb"), "stsb")))
+    ckpt = next((tmp_path / "run" / "checkpoints").glob("best-*.ckpt"))
+    source = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    rte = write_glue_task(tmp_path / "glue", "rte")
+
+    with pytest.raises(ConfigError, match="its classifier has 1 output.*add init_head=new"):
+        run(compose_cfg([*glue_overrides(rte, "rte"), f"init_ckpt={ckpt}"], tmp_path / "refused"))
+
+    cfg = compose_cfg([*glue_overrides(rte, "rte"), f"init_ckpt={ckpt}", "init_head=new"], tmp_path / "rte")
+    datamodule = build(cfg.data, "data")
+    datamodule.setup("fit")
+    overrides = {"init_ckpt": str(ckpt), "init_head": "new", **datamodule.task.model_overrides()}
+    model = build(cfg.model, "model", _convert_="partial", **overrides)
+    head = {k: v.clone() for k, v in model.state_dict().items() if ".classifier." in f".{k}"}
+    model.setup("fit")
+    loaded = model.state_dict()
+    assert head and all(torch.equal(loaded[k], v) for k, v in head.items())  # the fresh head, untouched
+    assert {v.shape[0] for k, v in head.items() if k.endswith("weight") and "lora_" not in k} == {2}
+    encoder = [k for k in source if k not in head]
+    assert len(encoder) == len(loaded) - len(head) and len(encoder) > 20
+    for key in encoder:
+        assert torch.equal(loaded[key], source[key]), key
+
+    metrics = run(cfg)
+    assert {"val/acc", "test/acc"} <= set(metrics)
+    trained = torch.load(next((tmp_path / "rte" / "checkpoints").glob("best-*.ckpt")), weights_only=False)
+    assert (
+        trained["state_dict"]["model.base_model.model.classifier.modules_to_save.default.weight"].shape[0]
+        == 2
+    )
+
+
 def test_bad_glue_input_is_one_line_and_writes_nothing(compose_cfg, tmp_path, tiny_imdb_dir, cache_dir):
     good = write_glue_task(tmp_path / "good", "rte")
     run(compose_cfg(glue_overrides(good, "rte")))  # a 2-label checkpoint to start an MNLI run from

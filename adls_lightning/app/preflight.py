@@ -144,6 +144,13 @@ def validate_run_config(cfg: Mapping) -> None:
         require_fraction("model.warmup_ratio", _get(cfg, "model.warmup_ratio", 0.0))
     with problems.check():
         require_choice("runtime.gemm", _get(cfg, "runtime.gemm", "auto"), GEMM_BACKENDS)
+    init_head = cfg.get("init_head", "checkpoint")
+    with problems.check():
+        require_choice("init_head", init_head, ("checkpoint", "new"))
+    if init_head == "new" and not cfg.get("init_ckpt"):
+        problems.found.append(
+            "init_head=new: replaces the head of an init_ckpt model; give init_ckpt=<a .ckpt path>"
+        )
     for key, path in checkpoint_files(cfg):
         if not Path(str(path)).is_file():
             valid = "a .ckpt path, 'last', or null" if key == "ckpt_path" else "a .ckpt path or null"

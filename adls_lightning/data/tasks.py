@@ -293,6 +293,16 @@ def task_main_metric(name: str) -> str:
 OmegaConf.register_resolver("task_main_metric", task_main_metric, replace=True)
 
 
+#: module names of the task head in the Hugging Face sequence classifiers (BERT, ALBERT, DeBERTa: ``classifier``;
+#: RoBERTa, ELECTRA: ``classifier.dense`` and ``classifier.out_proj``; DistilBERT: ``pre_classifier`` too)
+TASK_HEAD_MODULES = ("classifier", "pre_classifier")
+
+
+def is_task_head_key(key: str) -> bool:
+    """Whether a state-dict key belongs to the task head (which a new task replaces), not to the encoder."""
+    return any(part in TASK_HEAD_MODULES for part in key.split("."))
+
+
 def head_outputs(state: Mapping[str, Any]) -> int | None:
     """Outputs of the classifier head in a checkpoint's state dict (its last ``classifier`` weight), if any."""
     weights = [k for k in state if ".classifier" in f".{k}" and k.endswith("weight") and "lora_" not in k]

@@ -47,7 +47,7 @@ ACTIVATION_OPERANDS = ("data_in", "data_out")
 #: Hydra's record of a run, relative to the folder of a checkpoint in ``<run>/checkpoints/``
 RUN_OVERRIDES = Path("..") / ".hydra" / "overrides.yaml"
 #: override keys that say where a run wrote or which checkpoint it resumed, not which model or data it used
-_RUN_ONLY_KEYS = ("hydra.", "ckpt_path", "init_ckpt", "paths.output_dir")
+_RUN_ONLY_KEYS = ("hydra.", "ckpt_path", "init_ckpt", "init_head", "paths.output_dir")
 _PRUNE_KEYS = ("weight", "activation", "include", "exclude", "seed")
 
 
