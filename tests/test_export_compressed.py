@@ -19,7 +19,7 @@ from adls_lightning.app.training import run
 from adls_lightning.export import WEIGHTS_FILE
 from adls_lightning.export import evaluate as export_evaluate
 from adls_lightning.export.__main__ import main
-from adls_lightning.export.compressed import RECIPE_FILE, ExportRecipe, merge_overrides
+from adls_lightning.export.compressed import RECIPE_FILE, ExportRecipe, merge_overrides, run_overrides
 from adls_lightning.lora import merge_lora
 from adls_lightning.prune import Pruner
 from adls_lightning.quant import quantize_model
@@ -224,6 +224,17 @@ def test_overrides_given_replace_the_runs_own():
         "data/batch_size=4",
         "~x.y",
     ]
+
+
+def test_run_overrides_keep_what_the_model_is_not_where_it_started(tmp_path):
+    # a run started from another task's checkpoint (init_ckpt=... init_head=new): the export rebuilds the model
+    # from the run's model and data keys; where its weights came from is not part of that model
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text(
+        "- init_ckpt=/runs/stsb/best.ckpt\n- init_head=new\n- data.task=mrpc\n- hydra.run.dir=/x\n- quant=int8\n"
+    )
+    (tmp_path / "checkpoints").mkdir()
+    assert run_overrides(tmp_path / "checkpoints" / "best.ckpt") == ["data.task=mrpc", "quant=int8"]
 
 
 def test_recipe_file_damaged_is_one_line(tmp_path):
