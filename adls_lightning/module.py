@@ -14,7 +14,7 @@ from transformers import PreTrainedModel
 from adls_lightning.checkpoints import read_checkpoint
 from adls_lightning.data.tasks import build_metric, is_task_head_key
 from adls_lightning.dropout import use_fast_dropout
-from adls_lightning.errors import ConfigError
+from adls_lightning.errors import ConfigError, require_choice
 from adls_lightning.lora import check_lora_targets
 from adls_lightning.lora import merge_lora as merge_lora_into_base
 from adls_lightning.models import set_attn_implementation
@@ -120,6 +120,7 @@ class SequenceClassifier(LightningModule):
         self.scheduler_factory = scheduler
         self.warmup_ratio = warmup_ratio
         self.init_ckpt = init_ckpt
+        require_choice("init_head", init_head, ("checkpoint", "new"))
         self.init_head = init_head
         self.merge_lora_before_compress = merge_lora_before_compress
         self.merged_lr = merged_lr
