@@ -12,7 +12,7 @@ from torchmetrics import MetricCollection
 from transformers import PreTrainedModel
 
 from adls_lightning.checkpoints import read_checkpoint
-from adls_lightning.data.tasks import build_metric, is_task_head_key
+from adls_lightning.data.tasks import build_metric, is_task_head_key, without_task_head
 from adls_lightning.dropout import use_fast_dropout
 from adls_lightning.errors import ConfigError, require_choice
 from adls_lightning.lora import check_lora_targets
@@ -153,18 +153,10 @@ class SequenceClassifier(LightningModule):
     def setup(self, stage: str) -> None:
         if self.init_ckpt and not self._init_loaded:
             state = read_checkpoint(self.init_ckpt, "init_ckpt")["state_dict"]
-            if self.init_head == "new":
-                state = {k: v for k, v in state.items() if not is_task_head_key(k)}
-                missing, unexpected = self.load_state_dict(state, strict=False)
-                # strict but for the head: anything else missing or extra is another model
-                missing = [k for k in missing if not is_task_head_key(k)]
-                if missing or unexpected:
-                    raise ConfigError(
-                        f"init_ckpt={self.init_ckpt}: does not fit this model (missing {missing[:3]}, "
-                        f"unexpected {unexpected[:3]})"
-                    )
-            else:
-                self.load_state_dict(state, strict=True)
+            if self.init_head == "new":  # this model's own fresh head in place of the checkpoint's
+                own_head = {k: v for k, v in self.state_dict().items() if is_task_head_key(k)}
+                state = {**without_task_head(state), **own_head}
+            self.load_state_dict(state, strict=True)
             self._init_loaded = True
             new_head = (
                 " (all but the task head, which is new: init_head=new)" if self.init_head == "new" else ""

@@ -25,7 +25,7 @@ from adls_lightning.app.preflight import METRICS_FILE, check_output_dir, validat
 from adls_lightning.app.run_folder import write_run_record
 from adls_lightning.build import build
 from adls_lightning.checkpoints import check_shapes, find_last_checkpoint, read_checkpoint
-from adls_lightning.data.tasks import Task, head_outputs, is_task_head_key
+from adls_lightning.data.tasks import Task, head_outputs, without_task_head
 from adls_lightning.errors import ConfigError
 from adls_lightning.gemm import batch_rows, gemm_backend
 from adls_lightning.gemm import choose as choose_gemm
@@ -130,15 +130,15 @@ def _checked_objects(cfg: DictConfig) -> tuple:
     datamodule = build(cfg.data, "data")
     datamodule.setup("fit")  # fail fast on data problems, before the model is built
     log.debug("Instantiating model <%s>", cfg.model._target_)
-    new_head = cfg.get("init_head", "checkpoint") == "new"
-    init = {"init_ckpt": str(cfg.init_ckpt), "init_head": cfg.init_head} if cfg.get("init_ckpt") else {}
+    init_head = cfg.get("init_head", "checkpoint")
+    init = {"init_ckpt": str(cfg.init_ckpt), "init_head": init_head} if cfg.get("init_ckpt") else {}
     # The task shapes the model: head size (1 = regression), label names, metrics, evaluation splits.
     model = build(cfg.model, "model", _convert_="partial", **init, **datamodule.task.model_overrides())
     check_max_length(model, cfg.data.get("max_length"))
     if init:
         state = read_checkpoint(init["init_ckpt"], "init_ckpt")["state_dict"]
-        if new_head:  # the head is not loaded: another task's checkpoint is a start for this one
-            state = {k: v for k, v in state.items() if not is_task_head_key(k)}
+        if init_head == "new":  # the head is not loaded: another task's checkpoint is a start for this one
+            state = without_task_head(state)
         else:
             check_label_count(state, datamodule.task, cfg.init_ckpt, "init_ckpt")
         check_shapes(state, model, cfg.init_ckpt, "init_ckpt", structured=_prunes_structurally(cfg))

@@ -303,6 +303,11 @@ def is_task_head_key(key: str) -> bool:
     return any(part in TASK_HEAD_MODULES for part in key.split("."))
 
 
+def without_task_head(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A state dict less its task head's entries: the part another task's model can start from."""
+    return {k: v for k, v in state.items() if not is_task_head_key(k)}
+
+
 def head_outputs(state: Mapping[str, Any]) -> int | None:
     """Outputs of the classifier head in a checkpoint's state dict (its last ``classifier`` weight), if any."""
     weights = [k for k in state if ".classifier" in f".{k}" and k.endswith("weight") and "lora_" not in k]
