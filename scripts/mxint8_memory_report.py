@@ -96,8 +96,9 @@ def load_model(model: str, checkpoint: Path | None, from_config: str | None = No
         model_type, overrides = FROM_CONFIG[from_config]
         torch.manual_seed(0)
         config = AutoConfig.for_model(model_type, num_labels=2, **overrides)
+        # only the tokenizer is read from --model: a folder holding just its tokenizer files is enough
         return Loaded(
-            AutoModelForSequenceClassification.from_config(config), resolve_checkpoint(DEFAULT_MODEL), False
+            AutoModelForSequenceClassification.from_config(config), resolve_checkpoint(model), False
         )
     if checkpoint is None:
         path = resolve_checkpoint(model)
@@ -210,7 +211,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--model", default=DEFAULT_MODEL, help="HF checkpoint folder or pkg: name (default MiniLM)"
+        "--model",
+        default=DEFAULT_MODEL,
+        help="HF checkpoint folder or pkg: name (default MiniLM); with --from-config only its tokenizer is read",
     )
     parser.add_argument(
         "--checkpoint", type=Path, help="a train.py checkpoint (.ckpt) with a fine-tuned head"
@@ -257,6 +260,8 @@ def main() -> None:
         else args.checkpoint or args.model
     )
     print(f"model: {name} ({type(model).__name__}), group_size={args.group_size}")
+    if args.from_config:
+        print(f"tokenizer: {loaded.tokenizer_source}")
     print(
         f"native MXINT8 kernels: {'loaded' if native_kernels_loaded() else 'not built (PyTorch reference)'}"
     )

@@ -61,3 +61,21 @@ def test_memory_report_script(tmp_path, tiny_imdb_dir):
     assert f"MXINT8 {69632 * 8.25 / 8 / 1e6:10.3f} MB  (8.25 bits/weight)" in out
     assert "saving      74.2%" in out
     assert "accuracy MXINT8" in out and "caveat: the classification head is untrained" in out
+
+
+def test_memory_report_from_config_reads_only_the_tokenizer_from_model(tmp_path):
+    # a folder with a tokenizer and no weights is enough for --from-config (as on a machine the weights can't reach)
+    tokenizer_dir = tmp_path / "tokenizer_only"
+    AutoTokenizer.from_pretrained(packaged_model_dir()).save_pretrained(tokenizer_dir)
+    assert not list(tokenizer_dir.glob("*.safetensors"))
+    command = [
+        sys.executable, "scripts/mxint8_memory_report.py", "--from-config", "bert-base",
+        "--model", str(tokenizer_dir),
+    ]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    # BERT-base: 12 layers x (4 x 768x768 + 2 x 768x3072) + the pooler's 768x768
+    weights = 12 * (4 * 768 * 768 + 2 * 768 * 3072) + 768 * 768
+    assert f"73 layers, {weights:,} weights" in result.stdout
+    assert "bert-base from config (random weights)" in result.stdout
+    assert f"tokenizer: {tokenizer_dir}" in result.stdout
