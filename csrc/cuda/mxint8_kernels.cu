@@ -62,25 +62,30 @@ bool is_aligned(const void* pointer, uintptr_t alignment) {
 // ---------------------------------------------------------------------------------------------
 // Dequantize
 
-// 16 mantissas per thread (one 128-bit load); needs group_size % 16 == 0 and 16-byte alignment.
+template <int kCount>
+struct alignas(kCount) Bytes {
+  int8_t values[kCount];
+};
+
+// One 128-bit store per thread (4 float32 or 8 16-bit outputs), so a warp's stores are one contiguous 512-byte
+// run, from one 4- or 8-byte load of mantissas (contiguous across the warp too). On an H200, 16 mantissas per
+// thread (one 128-bit load, then four 128-bit stores 64 bytes apart across lanes) ran float32 output at 0.43-0.46x
+// copy speed; this layout runs it at 0.80-0.89x (docs/mxint8.md). Needs group_size % 16 == 0 and 16-byte alignment
+// (what the dispatch checks).
 template <FloatType T>
 __global__ void dequantize_vectorized_kernel(const int8_t* __restrict__ mantissa, const uint8_t* __restrict__ scale,
                                              typename Traits<T>::Storage* __restrict__ out, int64_t num_chunks,
                                              int64_t group_size) {
   using Storage = typename Traits<T>::Storage;
-  constexpr int kChunk = kBytesPerAccess;
-  constexpr int kStores = kChunk * sizeof(Storage) / kBytesPerAccess;
+  constexpr int kChunk = kBytesPerAccess / sizeof(Storage);
   for (int64_t chunk = global_thread_index(); chunk < num_chunks; chunk += grid_stride()) {
     const int64_t first = chunk * kChunk;
     const float step = element_scale(__ldg(scale + first / group_size));
-    alignas(kBytesPerAccess) int8_t codes[kChunk];
-    *reinterpret_cast<int4*>(codes) = __ldg(reinterpret_cast<const int4*>(mantissa) + chunk);
+    const Bytes<kChunk> codes = reinterpret_cast<const Bytes<kChunk>*>(mantissa)[chunk];
     alignas(kBytesPerAccess) Storage values[kChunk];
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) values[i] = Traits<T>::store(static_cast<float>(codes[i]) * step);
-    int4* destination = reinterpret_cast<int4*>(out + first);
-#pragma unroll
-    for (int i = 0; i < kStores; ++i) destination[i] = reinterpret_cast<const int4*>(values)[i];
+    for (int i = 0; i < kChunk; ++i) values[i] = Traits<T>::store(static_cast<float>(codes.values[i]) * step);
+    reinterpret_cast<int4*>(out)[chunk] = *reinterpret_cast<const int4*>(values);
   }
 }
 
@@ -100,7 +105,7 @@ cudaError_t dequantize_as(const int8_t* mantissa, const uint8_t* scale, void* ou
   auto* typed_out = static_cast<typename Traits<T>::Storage*>(out);
   if (group_size % kBytesPerAccess == 0 && is_aligned(mantissa, kBytesPerAccess) &&
       is_aligned(out, kBytesPerAccess)) {
-    const int64_t num_chunks = numel / kBytesPerAccess;
+    const int64_t num_chunks = numel / (kBytesPerAccess / sizeof(typename Traits<T>::Storage));
     dequantize_vectorized_kernel<T><<<blocks_for(num_chunks), kThreadsPerBlock, 0, stream>>>(
         mantissa, scale, typed_out, num_chunks, group_size);
   } else {
@@ -112,11 +117,6 @@ cudaError_t dequantize_as(const int8_t* mantissa, const uint8_t* scale, void* ou
 
 // ---------------------------------------------------------------------------------------------
 // Quantize
-
-template <int kCount>
-struct alignas(kCount) Bytes {
-  int8_t values[kCount];
-};
 
 // A team of kTeam consecutive lanes (kTeam a power of two <= 32) quantizes one group of
 // kTeam * kVec elements; each lane loads kVec elements with one 128-bit load, and the group amax
