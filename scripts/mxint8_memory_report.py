@@ -38,8 +38,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 from torch import nn
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
+from adls_lightning.errors import ConfigError
+from adls_lightning.models import load_tokenizer
 from adls_lightning.mxint8 import (
     QLinearPacked,
     module_bytes,
@@ -88,7 +90,7 @@ class Loaded:
 
 def load_model(model: str, checkpoint: Path | None, from_config: str | None = None) -> Loaded:
     """The fp32 HF classifier to report on (LoRA merged when the checkpoint used it)."""
-    from adls_lightning.models import resolve_checkpoint
+    from adls_lightning.models import resolve_checkpoint, unreachable_error
 
     if from_config is not None:
         from transformers import AutoConfig
@@ -103,7 +105,11 @@ def load_model(model: str, checkpoint: Path | None, from_config: str | None = No
     if checkpoint is None:
         path = resolve_checkpoint(model)
         torch.manual_seed(0)  # the new head is random: make it the same on every run
-        return Loaded(AutoModelForSequenceClassification.from_pretrained(path, num_labels=2), path, False)
+        try:
+            classifier = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
+        except OSError as err:
+            raise unreachable_error("--model", model, err) from None
+        return Loaded(classifier, path, False)
 
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
@@ -251,9 +257,14 @@ def main() -> None:
         )
         return
 
-    loaded = load_model(args.model, args.checkpoint, args.from_config)
+    try:
+        loaded = load_model(args.model, args.checkpoint, args.from_config)
+        # the tokenizer of --model, or of the checkpoint's run (its model.backbone.name_or_path)
+        key = "--checkpoint's model.backbone.name_or_path" if args.checkpoint else "--model"
+        tokenizer = load_tokenizer(loaded.tokenizer_source, key=key)
+    except ConfigError as err:
+        sys.exit(f"error: {err}")
     model = loaded.model.float().eval()
-    tokenizer = AutoTokenizer.from_pretrained(loaded.tokenizer_source)
     name = (
         f"{args.from_config} from config (random weights)"
         if args.from_config

@@ -79,3 +79,15 @@ def test_memory_report_from_config_reads_only_the_tokenizer_from_model(tmp_path)
     assert f"73 layers, {weights:,} weights" in result.stdout
     assert "bert-base from config (random weights)" in result.stdout
     assert f"tokenizer: {tokenizer_dir}" in result.stdout
+
+
+@pytest.mark.parametrize("from_config", [True, False], ids=["from-config", "pretrained"])
+def test_memory_report_refuses_a_model_it_cannot_load_in_one_line(tmp_path, from_config):
+    missing = tmp_path / "no_such_model"
+    command = [sys.executable, "scripts/mxint8_memory_report.py", "--model", str(missing)]
+    command += ["--from-config", "bert-base"] if from_config else []
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert lines[0].startswith(f"error: --model={missing}: cannot load")
