@@ -27,6 +27,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from adls_lightning.data.tasks import is_task_head_key
 from adls_lightning.errors import ConfigError
 from adls_lightning.logs import quiet_transformers_load
 
@@ -113,17 +114,30 @@ def _pretrained_template(name_or_path: str, num_labels: int) -> PreTrainedModel:
     # Read the weights once per process: Optuna trials and multirun jobs in one process deep-copy this template.
     try:
         with quiet_transformers_load(log):
+            # A checkpoint fine-tuned on another task (an exported folder, a hub model with an MNLI head) has a
+            # head of another size: the head is drawn anew for every run (_reset_head), so only its size may differ.
             model, loading = AutoModelForSequenceClassification.from_pretrained(
-                resolve_checkpoint(name_or_path), num_labels=num_labels, output_loading_info=True
+                resolve_checkpoint(name_or_path),
+                num_labels=num_labels,
+                ignore_mismatched_sizes=True,
+                output_loading_info=True,
             )
     except OSError as err:
         raise unreachable_error("model.backbone.name_or_path", name_or_path, err) from None
+    # transformers reports a mismatched weight as (name, checkpoint shape, model shape)
+    loading["mismatched_keys"] = {str(k[0]) for k in loading.get("mismatched_keys", ())}
+    encoder_mismatches = sorted(k for k in loading["mismatched_keys"] if not is_task_head_key(k))
+    if encoder_mismatches:
+        raise ConfigError(
+            f"model.backbone.name_or_path={name_or_path}: weights whose shape differs from its own config: "
+            f"{', '.join(encoder_mismatches)}"
+        )
     # transformers' load report as one line: the head missing from the checkpoint is new by design (the run
     # trains it); anything else transformers reports (unexpected or mismatched weights) is named as well.
     labels = {
         "missing_keys": "new, initialised at random",
         "unexpected_keys": "unused",
-        "mismatched_keys": "resized",
+        "mismatched_keys": "another task's head, replaced",
     }
     notes = [
         f"{labels.get(kind, kind)}: {', '.join(sorted(map(str, keys)))}"

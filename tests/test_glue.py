@@ -18,6 +18,7 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from adls_lightning.app.training import run
 from adls_lightning.build import build
 from adls_lightning.errors import ConfigError
+from adls_lightning.models import load_pretrained
 from tests.glue_layouts import FOLDERS, LABELS, write_glue_task, write_tsv
 from tests.helpers import assert_one_line_error, run_train
 
@@ -305,6 +306,32 @@ def test_init_head_new_starts_a_task_from_another_tasks_encoder(compose_cfg, tmp
         trained["state_dict"]["model.base_model.model.classifier.modules_to_save.default.weight"].shape[0]
         == 2
     )
+
+
+def test_a_folder_fine_tuned_on_another_task_starts_a_new_task(tiny_bert, tmp_path):
+    """model.backbone.name_or_path may name a folder fine-tuned on another task (an exported STS-B model: one
+    output): every encoder weight comes from it and the head is new, sized for this task. A weight of the encoder
+    whose shape differs from the folder's own config is refused in one line naming it."""
+    stsb = tiny_bert(seed=3, num_labels=1)
+    stsb.save_pretrained(tmp_path / "stsb")
+    model = load_pretrained(str(tmp_path / "stsb"), num_labels=3)
+    source, loaded = stsb.state_dict(), model.state_dict()
+    assert loaded["classifier.weight"].shape == (3, 32) and loaded["classifier.bias"].shape == (3,)
+    encoder = [k for k in source if not k.startswith("classifier.")]
+    assert len(encoder) > 20
+    for key in encoder:
+        assert torch.equal(loaded[key], source[key]), key
+
+    config = json.loads((tmp_path / "stsb" / "config.json").read_text())
+    (tmp_path / "resized").mkdir()
+    (tmp_path / "resized" / "config.json").write_text(json.dumps({**config, "intermediate_size": 48}))
+    (tmp_path / "resized" / "model.safetensors").write_bytes(
+        (tmp_path / "stsb" / "model.safetensors").read_bytes()
+    )
+    with pytest.raises(
+        ConfigError, match=r"name_or_path=.*resized: weights whose shape .*intermediate\.dense\.weight"
+    ):
+        load_pretrained(str(tmp_path / "resized"), num_labels=3)
 
 
 def test_bad_glue_input_is_one_line_and_writes_nothing(compose_cfg, tmp_path, tiny_imdb_dir, cache_dir):
