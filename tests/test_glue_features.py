@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,60 @@ def test_graph_capture_with_pair_inputs(tmp_path):
     assert graph_files
     report = (out / "report.csv").read_text() if (out / "report.csv").exists() else ""
     assert "token_type_ids" in report or any("token_type_ids" in p.read_text() for p in out.glob("*.svg"))
+
+
+PRUNE_METHODS = {  # issue 33's methods, from a fine-tuned checkpoint, on a regression and a three-class task
+    "wanda": ["prune=wanda_0.5", "prune.calibration.batches=2"],
+    "sparsegpt": ["prune=sparsegpt_0.5", "prune.calibration.batches=2"],
+    "l1_2of4": ["prune=l1_2of4"],
+    "movement_adam": ["prune=movement_adam_0.9"],
+    "structured_distill": ["prune=structured_0.5", "prune.distill=true"],
+    # the head kept at full precision, as in the test above (a tiny model's outputs are below int8's step)
+    "compress_distill": [
+        "compress=int8_l1_0.5",
+        "compress.distill=true",
+        "+compress.quant.layers.classifier=null",
+    ],
+}
+
+
+def linear_rows(state: dict, kind: str) -> dict[int, int]:
+    """Layer -> output rows of that layer's ``kind`` linear in a checkpoint's state dict (LoRA, masked or plain)."""
+    pattern = re.compile(
+        rf"layer\.(\d+)\.{re.escape(kind)}\.(base_layer\.|parametrizations\.weight\.original)?weight$"
+    )
+    return {int(m[1]): v.shape[0] for k, v in state.items() if (m := pattern.search(k))}
+
+
+@pytest.mark.parametrize("task", ["stsb", "mnli"])
+def test_every_pruning_method_on_regression_and_three_classes(compose_cfg, tmp_path, task):
+    """One-shot (Wanda, SparseGPT), 2:4, movement, structured pruning with distillation and compression-aware
+    fine-tuning with distillation on STS-B (one regression output, MSE distillation) and MNLI (three classes, two
+    test splits): each run ends with the sparsity it asked for, counted here from the checkpoint, and finite
+    metrics on every test split."""
+    root = write_glue_task(tmp_path / "glue", task)
+    base = glue_overrides(root, task)
+    run(compose_cfg(base, tmp_path / "fp"))
+    ckpt = next((tmp_path / "fp" / "checkpoints").glob("best-*.ckpt"))
+    dense = torch.load(ckpt, weights_only=False)["state_dict"]
+    splits = ["test"] if task == "stsb" else ["test", "test_mm"]
+    for name, extra in PRUNE_METHODS.items():
+        out = tmp_path / name
+        metrics = run(compose_cfg([*base, f"init_ckpt={ckpt}", *extra], out))
+        for key in (f"{split}/{name}" for split in splits for name in (MAIN[task], "loss")):
+            assert math.isfinite(metrics[key]), (name, key)
+        state = torch.load(next((out / "checkpoints").glob("best-*.ckpt")), weights_only=False)["state_dict"]
+        masks = {k: v for k, v in state.items() if k.endswith(".mask")}
+        if name == "structured_distill":
+            # half the heads and FFN neurons gone: the query and intermediate linears keep half their rows
+            for kind in ("attention.self.query", "intermediate.dense"):
+                before, after = linear_rows(dense, kind), linear_rows(state, kind)
+                assert len(before) == 2, kind
+                assert after == {layer: rows // 2 for layer, rows in before.items()}, kind
+            assert metrics["params/total"] < sum(v.numel() for k, v in dense.items() if "lora_" not in k)
+            continue
+        zeros = sum(int((m == 0).sum()) for m in masks.values())
+        total = sum(m.numel() for m in masks.values())
+        expected = 0.9 if name == "movement_adam" else 0.5
+        assert masks and zeros / total == pytest.approx(expected, abs=0.01), name
+        assert metrics["prune/weight_sparsity"] == pytest.approx(zeros / total, abs=0.01), name
