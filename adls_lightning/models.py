@@ -124,8 +124,9 @@ def _pretrained_template(name_or_path: str, num_labels: int) -> PreTrainedModel:
             )
     except OSError as err:
         raise unreachable_error("model.backbone.name_or_path", name_or_path, err) from None
-    # transformers reports a mismatched weight as (name, checkpoint shape, model shape)
-    loading["mismatched_keys"] = {str(k[0]) for k in loading.get("mismatched_keys", ())}
+    # transformers 5 reports a mismatched weight as (name, checkpoint shape, model shape)
+    mismatched = loading.get("mismatched_keys", ())
+    loading["mismatched_keys"] = {str(k[0] if isinstance(k, tuple) else k) for k in mismatched}
     encoder_mismatches = sorted(k for k in loading["mismatched_keys"] if not is_task_head_key(k))
     if encoder_mismatches:
         raise ConfigError(
