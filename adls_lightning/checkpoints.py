@@ -109,6 +109,12 @@ def check_shapes(
         # model: compare with the layout this model takes once merged, as the resumed run's callbacks will do.
         own = _merged_layout(model) or own
         common = [k for k in state_dict if k in own]
+    if not common and any(".lora_A." in k for k in state_dict) and not any(".lora_A." in k for k in own):
+        raise ConfigError(
+            f"{key}={path}: a LoRA checkpoint, and this model has no LoRA adapters (model.lora=null); keep the "
+            f"run's LoRA, or export it merged (python -m adls_lightning.export ckpt={path} out=DIR format=hf) and "
+            "start from that folder with model.backbone.name_or_path=DIR"
+        )
     if not common:
         raise ConfigError(
             f"{key}={path}: no weight of this model in the checkpoint (another model? e.g. it has "

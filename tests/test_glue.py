@@ -269,6 +269,11 @@ def _bad_cases(base: Path, good: Path, ckpt: Path) -> dict[str, tuple[list[str],
             ],
             "its classifier has 2 output(s), task glue/mnli needs 3",
         ),
+        "lora_into_full": (  # the tiny model's checkpoint has LoRA adapters; the route is its merged export
+            ["data=glue", "data.task=rte", f"data.data_dir={good}", "model/lora=none", f"init_ckpt={ckpt}"],
+            "a LoRA checkpoint, and this model has no LoRA adapters (model.lora=null); keep the run's LoRA, or "
+            f"export it merged (python -m adls_lightning.export ckpt={ckpt} out=DIR format=hf)",
+        ),
     }
 
 
