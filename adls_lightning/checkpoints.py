@@ -109,7 +109,8 @@ def check_shapes(
         # model: compare with the layout this model takes once merged, as the resumed run's callbacks will do.
         own = _merged_layout(model) or own
         common = [k for k in state_dict if k in own]
-    if not common and any(".lora_A." in k for k in state_dict) and not any(".lora_A." in k for k in own):
+    lora = any(".lora_A." in k for k in state_dict)
+    if not common and lora and not any(".lora_A." in k for k in model.state_dict()):
         raise ConfigError(
             f"{key}={path}: a LoRA checkpoint, and this model has no LoRA adapters (model.lora=null); keep the "
             f"run's LoRA, or export it merged (python -m adls_lightning.export ckpt={path} out=DIR format=hf) and "

@@ -154,7 +154,7 @@ def test_every_pruning_method_on_regression_and_three_classes(compose_cfg, tmp_p
     for name, extra in PRUNE_METHODS.items():
         out = tmp_path / name
         metrics = run(compose_cfg([*base, f"init_ckpt={ckpt}", *extra], out))
-        for key in (f"{split}/{name}" for split in splits for name in (MAIN[task], "loss")):
+        for key in (f"{split}/{metric}" for split in splits for metric in (MAIN[task], "loss")):
             assert math.isfinite(metrics[key]), (name, key)
         state = torch.load(next((out / "checkpoints").glob("best-*.ckpt")), weights_only=False)["state_dict"]
         masks = {k: v for k, v in state.items() if k.endswith(".mask")}
