@@ -86,6 +86,21 @@ def test_summary_title_does_not_wrap_at_80_columns(tmp_path, capsys, monkeypatch
     assert lines[-1] == f"Run folder: {folder}"  # whole on one line, even past 80 columns
 
 
+def test_summary_says_why_a_correlation_is_nan(tmp_path, capsys):
+    from adls_lightning.app.training import print_summary
+    from adls_lightning.data.tasks import GLUE_TASKS
+
+    metrics = {"val/pearson": 0.5, "test/pearson": float("nan"), "test/spearman": 0.25}
+    print_summary(metrics, tmp_path, GLUE_TASKS["stsb"].task("stsb"))
+    rows = {
+        line.split("│")[0].strip(): line.split("│")[1].strip()
+        for line in capsys.readouterr().out.splitlines()
+        if "│" in line
+    }
+    assert rows["test pearson"] == "nan (the predictions do not vary)"
+    assert rows["test spearman"] == "0.2500" and rows["val pearson"] == "0.5000"
+
+
 def test_debug_preset_brings_the_detail_back(tiny_imdb_dir, cache_dir, tmp_path):
     proc = run_train(tiny_imdb_dir, cache_dir, tmp_path / "run", "debug=fdr")
     assert proc.returncode == 0, proc.stderr[-3000:]

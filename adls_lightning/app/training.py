@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import math
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -330,7 +331,11 @@ def print_summary(
     ]
     for key, label, fmt in rows:
         if key in metrics:
-            table.add_row(label, fmt.format(metrics[key]))
+            shown = fmt.format(metrics[key])
+            if math.isnan(metrics[key]) and key.endswith(("/pearson", "/spearman")):
+                # torchmetrics' correlation of predictions that do not vary (a collapsed regression head)
+                shown += " (the predictions do not vary)"
+            table.add_row(label, shown)
     extra = sorted(k for k in metrics if k.split("/")[0] in ("quant", "prune", "ptq", "compress", "mxint8"))
     for key in extra:
         table.add_row(key, f"{metrics[key]:.4g}")
