@@ -102,7 +102,7 @@ def check_shapes(
     Raises:
         ConfigError: ``KEY=PATH: shapes of key K differ: checkpoint a x b vs model c x d``, or no key in common.
     """
-    own = model.state_dict()
+    own = model_state = model.state_dict()
     common = [k for k in state_dict if k in own]
     if not common:
         # A run whose compression callbacks merged LoRA (model.merge_lora_before_compress) checkpoints the merged
@@ -110,7 +110,7 @@ def check_shapes(
         own = _merged_layout(model) or own
         common = [k for k in state_dict if k in own]
     lora = any(".lora_A." in k for k in state_dict)
-    if not common and lora and not any(".lora_A." in k for k in model.state_dict()):
+    if not common and lora and not any(".lora_A." in k for k in model_state):
         raise ConfigError(
             f"{key}={path}: a LoRA checkpoint, and this model has no LoRA adapters (model.lora=null); keep the "
             f"run's LoRA, or export it merged (python -m adls_lightning.export ckpt={path} out=DIR format=hf) and "

@@ -124,27 +124,26 @@ def _pretrained_template(name_or_path: str, num_labels: int) -> PreTrainedModel:
             )
     except OSError as err:
         raise unreachable_error("model.backbone.name_or_path", name_or_path, err) from None
-    # transformers 5 reports a mismatched weight as (name, checkpoint shape, model shape)
-    mismatched = loading.get("mismatched_keys", ())
-    loading["mismatched_keys"] = {str(k[0] if isinstance(k, tuple) else k) for k in mismatched}
-    encoder_mismatches = sorted(k for k in loading["mismatched_keys"] if not is_task_head_key(k))
-    if encoder_mismatches:
-        raise ConfigError(
-            f"model.backbone.name_or_path={name_or_path}: weights whose shape differs from its own config: "
-            f"{', '.join(encoder_mismatches)}"
-        )
-    # transformers' load report as one line: the head missing from the checkpoint is new by design (the run
-    # trains it); anything else transformers reports (unexpected or mismatched weights) is named as well.
+    # transformers' load report by name (transformers 5 gives a mismatched weight as (name, checkpoint shape,
+    # model shape)), then as one line: the head missing from the checkpoint, or of another task's size, is new by
+    # design (the run trains it); anything else transformers reports is named as well.
     labels = {
         "missing_keys": "new, initialised at random",
         "unexpected_keys": "unused",
         "mismatched_keys": "another task's head, replaced",
     }
-    notes = [
-        f"{labels.get(kind, kind)}: {', '.join(sorted(map(str, keys)))}"
+    report = {
+        kind: sorted(str(k[0] if isinstance(k, tuple) else k) for k in keys)
         for kind, keys in loading.items()
-        if keys and kind in labels
-    ]
+        if kind in labels
+    }
+    encoder_mismatches = [k for k in report.get("mismatched_keys", ()) if not is_task_head_key(k)]
+    if encoder_mismatches:
+        raise ConfigError(
+            f"model.backbone.name_or_path={name_or_path}: weights whose shape differs from its own config: "
+            f"{', '.join(encoder_mismatches)}"
+        )
+    notes = [f"{labels[kind]}: {', '.join(keys)}" for kind, keys in report.items() if keys]
     log.info("Loaded %s (%s)", name_or_path, "; ".join(notes) or "every weight from the checkpoint")
     return model.eval()
 

@@ -5,6 +5,8 @@ label kinds; the hub path; bad input refused in one line with nothing written.""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,14 +16,16 @@ import pytest
 import torch
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+from transformers import AutoTokenizer
 
 from adls_lightning.app.training import run
 from adls_lightning.build import build
 from adls_lightning.errors import ConfigError
-from adls_lightning.models import load_pretrained
+from adls_lightning.models import load_pretrained, packaged_model_dir
 from tests.glue_layouts import FOLDERS, LABELS, write_glue_task, write_tsv
 from tests.helpers import assert_one_line_error, run_train
 
+ROOT = Path(__file__).resolve().parents[1]
 GLUE_ORDER = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
 EXPECTED_METRICS = {  # the official metrics per task, written out independently of adls_lightning.data.tasks
     "cola": {"mcc"}, "sst2": {"acc"}, "mrpc": {"f1", "acc"}, "stsb": {"pearson", "spearman"},
@@ -337,6 +341,27 @@ def test_a_folder_fine_tuned_on_another_task_starts_a_new_task(tiny_bert, tmp_pa
         ConfigError, match=r"name_or_path=.*resized: weights whose shape .*intermediate\.dense\.weight"
     ):
         load_pretrained(str(tmp_path / "resized"), num_labels=3)
+
+
+def test_train_py_starts_a_task_from_a_folder_of_another_task(tiny_bert, tmp_path, cache_dir):
+    """The documented route, as a user runs it: a folder as export writes it (weights of a one-output STS-B model,
+    its config, the tokenizer), named as the pretrained model of an RTE run without LoRA."""
+    folder = tmp_path / "stsb_export"
+    tiny_bert(seed=3, num_labels=1, vocab_size=30522).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(packaged_model_dir()).save_pretrained(folder)
+    rte = write_glue_task(tmp_path / "glue", "rte")
+    out = tmp_path / "rte"
+    command = [
+        sys.executable, str(ROOT / "train.py"), "experiment=glue_cpu", "data.task=rte", f"data.data_dir={rte}",
+        "model/lora=none", f"model.backbone.name_or_path={folder}", "logger=none", "trainer.max_epochs=1",
+        "+trainer.limit_train_batches=1", "data.val_size=20", "callbacks.rich_progress_bar=null",
+        f"paths.cache_dir={cache_dir}", f"hydra.run.dir={out}",
+    ]  # fmt: skip
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "another task's head, replaced: classifier.bias, classifier.weight" in proc.stdout + proc.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert 0 <= metrics["test/acc"] <= 1 and metrics["params/trainable"] == metrics["params/total"]
 
 
 def test_bad_glue_input_is_one_line_and_writes_nothing(compose_cfg, tmp_path, tiny_imdb_dir, cache_dir):
