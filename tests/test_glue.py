@@ -273,12 +273,54 @@ def _bad_cases(base: Path, good: Path, ckpt: Path) -> dict[str, tuple[list[str],
             ],
             "its classifier has 2 output(s), task glue/mnli needs 3",
         ),
+        "swap_one_way_pairs": (  # entailment is one-way: the swapped pair would not keep its label
+            ["data=glue", "data.task=rte", f"data.data_dir={good}", "data.swap_pairs=true"],
+            "data.swap_pairs=true: GLUE rte's label depends on the order of its texts (swapping is for the "
+            "symmetric tasks: mrpc, stsb, qqp)",
+        ),
+        "swap_single_texts": (
+            ["data.swap_pairs=true"],  # IMDb: one review per row
+            "data.swap_pairs=true: this data has single texts, no text_pair column to swap",
+        ),
         "lora_into_full": (  # the tiny model's checkpoint has LoRA adapters; the route is its merged export
             ["data=glue", "data.task=rte", f"data.data_dir={good}", "model/lora=none", f"init_ckpt={ckpt}"],
             "a LoRA checkpoint, and this model has no LoRA adapters (model.lora=null); keep the run's LoRA, or "
             f"export it merged (python -m adls_lightning.export ckpt={ckpt} out=DIR format=hf)",
         ),
     }
+
+
+def test_swap_pairs_adds_each_training_pair_in_the_other_order(compose_cfg, tmp_path):
+    """data.swap_pairs=true (MRPC: paraphrase is symmetric): the training split holds every pair twice, once as
+    GLUE writes it and once with its texts swapped, tokenized as the tokenizer encodes (second, first), with the
+    same label; validation and test are the same rows as without it."""
+    root = write_glue_task(tmp_path / "glue", "mrpc")
+    plain = build(compose_cfg(glue_overrides(root, "mrpc")).data, "data")
+    plain.setup("fit")
+    swapped = build(compose_cfg([*glue_overrides(root, "mrpc"), "data.swap_pairs=true"]).data, "data")
+    swapped.setup("fit")
+    train = plain.splits["train"].with_format(None)
+    doubled = swapped.splits["train"].with_format(None)
+    assert len(doubled) == 2 * len(train)
+    for split in ("val", "test"):
+        assert (
+            swapped.splits[split].with_format(None)["input_ids"]
+            == plain.splits[split].with_format(None)["input_ids"]
+        )
+    # each training row's texts and label, found in the file through the row's token ids
+    tokenizer, max_length = plain.tokenizer, swapped.hparams.max_length
+    rows = [line.split("\t") for line in (root / "MRPC" / "train.tsv").read_text().splitlines()[1:]]
+    by_ids = {
+        tuple(tokenizer(r[3], r[4], truncation=True, max_length=max_length)["input_ids"]): r for r in rows
+    }
+    originals, mirrors = doubled.select(range(len(train))), doubled.select(range(len(train), len(doubled)))
+    assert originals["input_ids"] == train["input_ids"]
+    for original, mirror in zip(originals, mirrors):
+        label, _, _, first, second = by_ids[tuple(original["input_ids"])]
+        expected = tokenizer(second, first, truncation=True, max_length=max_length)
+        assert mirror["input_ids"] == expected["input_ids"] != original["input_ids"]
+        assert mirror["token_type_ids"] == expected["token_type_ids"]
+        assert mirror["label"] == original["label"] == int(label)
 
 
 def test_init_head_new_starts_a_task_from_another_tasks_encoder(compose_cfg, tmp_path):

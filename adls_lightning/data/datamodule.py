@@ -39,7 +39,8 @@ from adls_lightning.data.folder import (
 from adls_lightning.data.glue import HUB_NAME as GLUE_HUB_NAME
 from adls_lightning.data.glue import load_glue
 from adls_lightning.data.settings import check_loader_settings, check_val_size
-from adls_lightning.data.tasks import Task, default_metrics, glue_task, with_main_metric
+from adls_lightning.data.tasks import GLUE_TASKS, Task, default_metrics, glue_task, with_main_metric
+from adls_lightning.errors import ConfigError
 from adls_lightning.models import load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,10 @@ class TextDataModule(LightningDataModule):
             compiled model sees at most ``max_length / pad_to_multiple_of`` sequence lengths (see docs/compile.md).
         main_metric: the task's main metric (checkpoint selection, search objectives); checked against the
             task's metrics. ``conf/train.yaml`` reads it as ``main_metric: val/${data.main_metric}``.
+        swap_pairs: also train on every training pair with its two texts swapped (twice the training rows), for
+            tasks whose label does not depend on the texts' order (paraphrase, similarity). The model reads a
+            pair as one sequence, so the mirrored pair is a new example with the same label; validation and test
+            are left as they are.
     """
 
     def __init__(
@@ -100,6 +105,7 @@ class TextDataModule(LightningDataModule):
         num_workers: int = 0,
         pad_to_multiple_of: int | None = None,
         main_metric: str | None = None,
+        swap_pairs: bool = False,
     ) -> None:
         super().__init__()
         check_loader_settings(
@@ -111,6 +117,7 @@ class TextDataModule(LightningDataModule):
                 "test_size": test_size,
                 "pad_to_multiple_of": pad_to_multiple_of,
                 "truncation_side": truncation_side,
+                "swap_pairs": swap_pairs,
             }
         )
         self.save_hyperparameters(logger=False)
@@ -136,6 +143,11 @@ class TextDataModule(LightningDataModule):
         """The task without tokenizing anything (from its definition, or from the training labels)."""
         return self.load()[2]
 
+    def _check_swap_pairs(self, raw: datasets.DatasetDict) -> None:
+        """Refuses ``swap_pairs`` where mirroring a pair would not keep its label (a subclass adds its rules)."""
+        if "text_pair" not in raw["train"].column_names:
+            raise ConfigError("data.swap_pairs=true: this data has single texts, no text_pair column to swap")
+
     @property
     def task(self) -> Task:
         """What the model and the metrics need to know: labels (or regression), metrics, main metric."""
@@ -152,7 +164,7 @@ class TextDataModule(LightningDataModule):
         state = backend.to_str() if backend is not None else json.dumps(tokenizer.get_vocab(), sort_keys=True)
         return hashlib.sha256(f"{type(tokenizer).__name__}:{state}".encode()).hexdigest()
 
-    def _cache_key(self, source_identity: str, split: str, rows: np.ndarray) -> str:
+    def _cache_key(self, source_identity: str, split: str, rows: np.ndarray, swapped: bool) -> str:
         blob = json.dumps(
             [
                 CACHE_VERSION,
@@ -163,15 +175,18 @@ class TextDataModule(LightningDataModule):
                 self.hparams.max_length,
                 self.hparams.truncation_side,
                 self.task.label_names,  # which label is which id
+                swapped,
             ]
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
     def _tokenized(
-        self, raw: datasets.Dataset, source_identity: str, split: str, rows: np.ndarray
+        self, raw: datasets.Dataset, source_identity: str, split: str, rows: np.ndarray, swapped: bool = False
     ) -> datasets.Dataset:
-        """Rows ``rows`` of ``raw``, tokenized: from the cache when an identical request was made before."""
-        path = Path(self.hparams.cache_dir) / "tokenized" / self._cache_key(source_identity, split, rows)
+        """Rows ``rows`` of ``raw``, tokenized (with each pair's texts in the other order when ``swapped``): from
+        the cache when an identical request was made before."""
+        key = self._cache_key(source_identity, split, rows, swapped)
+        path = Path(self.hparams.cache_dir) / "tokenized" / key
         if (path / "dataset_info.json").is_file():
             log.debug("Tokenized cache hit for '%s': %s", split, path)
             self.cache_hits[split] = True
@@ -183,9 +198,11 @@ class TextDataModule(LightningDataModule):
         max_length = self.hparams.max_length
         pairs = "text_pair" in raw.column_names
 
+        first, second = ("text_pair", "text") if swapped else ("text", "text_pair")
+
         def encode(batch):
             enc = self.tokenizer(
-                batch["text"], batch["text_pair"] if pairs else None, truncation=True, max_length=max_length
+                batch[first], batch[second] if pairs else None, truncation=True, max_length=max_length
             )
             out = {"input_ids": enc["input_ids"], "length": [len(ids) for ids in enc["input_ids"]]}
             if pairs and "token_type_ids" in enc:
@@ -227,8 +244,13 @@ class TextDataModule(LightningDataModule):
         )
         train_idx = rest[stratified_subset(train_labels[rest], hp.train_size, hp.seed, classes)]
         # Only the rows this run uses are tokenized (and cached under a key that includes which rows).
+        train = self._tokenized(raw["train"], identity, "train", train_idx)
+        if hp.swap_pairs:
+            self._check_swap_pairs(raw)
+            mirrored = self._tokenized(raw["train"], identity, "train", train_idx, swapped=True)
+            train = datasets.concatenate_datasets([train, mirrored])
         self.splits = {
-            "train": self._tokenized(raw["train"], identity, "train", train_idx),
+            "train": train,
             "val": self._tokenized(raw["train"], identity, "val", np.sort(val_idx)),
         }
         for split in task.test_splits:
@@ -246,8 +268,9 @@ class TextDataModule(LightningDataModule):
             for hit in (False, True)
         }
         log.info(
-            "Data: %s rows, max_length=%d (%s; cache %s)",
+            "Data: %s rows%s, max_length=%d (%s; cache %s)",
             ", ".join(f"{k} {len(v)}" for k, v in self.splits.items()),
+            " (train: each pair also swapped)" if hp.swap_pairs else "",
             hp.max_length,
             "; ".join(f"{how}: {', '.join(names)}" for how, names in sources.items() if names),
             Path(hp.cache_dir) / "tokenized",
@@ -388,6 +411,8 @@ class GlueDataModule(TextDataModule):
 
     def __init__(self, tokenizer: str, task: str, data_dir: str | None = None, **kwargs) -> None:
         self.spec = glue_task(task)  # refuses an unknown task before the tokenizer loads
+        if kwargs.get("swap_pairs"):
+            self._check_symmetric(task)
         super().__init__(tokenizer, **kwargs)
         self.task_name = task
         self.data_dir = resolve_data_dir(data_dir)
@@ -395,6 +420,19 @@ class GlueDataModule(TextDataModule):
 
     def _describe_task(self) -> Task:
         return self.spec.task(self.task_name)
+
+    def _check_symmetric(self, task: str) -> None:
+        if self.spec.text_pair is None:
+            raise ConfigError(f"data.swap_pairs=true: GLUE {task} has single texts, no pair to swap")
+        if not self.spec.symmetric:
+            symmetric = ", ".join(name for name, spec in GLUE_TASKS.items() if spec.symmetric)
+            raise ConfigError(
+                f"data.swap_pairs=true: GLUE {task}'s label depends on the order of its texts "
+                f"(swapping is for the symmetric tasks: {symmetric})"
+            )
+
+    def _check_swap_pairs(self, raw: datasets.DatasetDict) -> None:
+        self._check_symmetric(self.task_name)
 
     def load(self) -> tuple[datasets.DatasetDict, str, Task]:
         if self._loaded is None:

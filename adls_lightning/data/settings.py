@@ -28,6 +28,9 @@ def check_loader_settings(settings: Mapping[str, Any]) -> None:
     for name in POSITIVE_OR_NULL:
         if name in settings:
             require_positive_int(f"data.{name}", settings[name], allow_none=True)
+    swap = settings.get("swap_pairs", False)
+    if not isinstance(swap, bool):
+        raise ConfigError(f"data.swap_pairs={swap!r}: must be true or false")
     side = settings.get("truncation_side", "right")
     if side not in TRUNCATION_SIDES:
         raise ConfigError(f"data.truncation_side={side!r}: must be 'left' or 'right'")

@@ -133,6 +133,9 @@ class GlueTask:
     hub_columns: tuple[str, ...]
     # this project's labelled evaluation splits: name -> (file in the task folder, hub split)
     dev: Mapping[str, tuple[str, str]] = field(default_factory=lambda: {"test": ("dev.tsv", "validation")})
+    # the label does not depend on the order of the two texts (paraphrase, similarity), so data.swap_pairs may
+    # mirror them; entailment is one-way (RTE, MNLI, QNLI, WNLI) and a question-answer pair is not symmetric
+    symmetric: bool = False
 
     @property
     def main_metric(self) -> str:
@@ -179,6 +182,7 @@ GLUE_TASKS: dict[str, GlueTask] = {
         file_labels=_BINARY,
         metrics=("f1", "acc"),
         hub_columns=("sentence1", "sentence2"),
+        symmetric=True,
     ),
     "stsb": GlueTask(
         folder="STS-B",
@@ -201,6 +205,7 @@ GLUE_TASKS: dict[str, GlueTask] = {
         file_labels=None,
         metrics=("pearson", "spearman"),
         hub_columns=("sentence1", "sentence2"),
+        symmetric=True,
     ),
     "qqp": GlueTask(
         folder="QQP",
@@ -212,6 +217,7 @@ GLUE_TASKS: dict[str, GlueTask] = {
         file_labels=_BINARY,
         metrics=("f1", "acc"),
         hub_columns=("question1", "question2"),
+        symmetric=True,
     ),
     "mnli": GlueTask(
         folder="MNLI",
