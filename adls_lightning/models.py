@@ -110,7 +110,7 @@ def load_tokenizer(name_or_path: str, key: str = "data.tokenizer") -> PreTrained
 
 
 @functools.cache
-def _pretrained_template(name_or_path: str, num_labels: int) -> PreTrainedModel:
+def _pretrained_template(name_or_path: str, num_labels: int, key: str) -> PreTrainedModel:
     # Read the weights once per process: Optuna trials and multirun jobs in one process deep-copy this template.
     try:
         with quiet_transformers_load(log):
@@ -123,7 +123,7 @@ def _pretrained_template(name_or_path: str, num_labels: int) -> PreTrainedModel:
                 output_loading_info=True,
             )
     except OSError as err:
-        raise unreachable_error("model.backbone.name_or_path", name_or_path, err) from None
+        raise unreachable_error(key, name_or_path, err) from None
     # transformers' load report by name (transformers 5 gives a mismatched weight as (name, checkpoint shape,
     # model shape)), then as one line: the head missing from the checkpoint, or of another task's size, is new by
     # design (the run trains it); anything else transformers reports is named as well.
@@ -140,7 +140,7 @@ def _pretrained_template(name_or_path: str, num_labels: int) -> PreTrainedModel:
     encoder_mismatches = [k for k in report.get("mismatched_keys", ()) if not is_task_head_key(k)]
     if encoder_mismatches:
         raise ConfigError(
-            f"model.backbone.name_or_path={name_or_path}: weights whose shape differs from its own config: "
+            f"{key}={name_or_path}: weights whose shape differs from its own config: "
             f"{', '.join(encoder_mismatches)}"
         )
     notes = [f"{labels[kind]}: {', '.join(keys)}" for kind, keys in report.items() if keys]
@@ -157,9 +157,12 @@ def _reset_head(model: PreTrainedModel) -> None:
             torch.nn.init.zeros_(module.bias)
 
 
-def load_pretrained(name_or_path: str, num_labels: int = 2) -> PreTrainedModel:
-    """A pretrained sequence classifier with a freshly initialised head (seeded by the caller's RNG state)."""
-    model = copy.deepcopy(_pretrained_template(name_or_path, num_labels))
+def load_pretrained(
+    name_or_path: str, num_labels: int = 2, key: str = "model.backbone.name_or_path"
+) -> PreTrainedModel:
+    """A pretrained sequence classifier with a freshly initialised head (seeded by the caller's RNG state); a
+    folder fine-tuned on another task loads too (its head is replaced). ``key`` names the setting in errors."""
+    model = copy.deepcopy(_pretrained_template(name_or_path, num_labels, key))
     _reset_head(model)
     return model.train()
 

@@ -90,7 +90,7 @@ class Loaded:
 
 def load_model(model: str, checkpoint: Path | None, from_config: str | None = None) -> Loaded:
     """The fp32 HF classifier to report on (LoRA merged when the checkpoint used it)."""
-    from adls_lightning.models import resolve_checkpoint, unreachable_error
+    from adls_lightning.models import load_pretrained, resolve_checkpoint
 
     if from_config is not None:
         from transformers import AutoConfig
@@ -103,13 +103,9 @@ def load_model(model: str, checkpoint: Path | None, from_config: str | None = No
             AutoModelForSequenceClassification.from_config(config), resolve_checkpoint(model), False
         )
     if checkpoint is None:
-        path = resolve_checkpoint(model)
         torch.manual_seed(0)  # the new head is random: make it the same on every run
-        try:
-            classifier = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
-        except OSError as err:
-            raise unreachable_error("--model", model, err) from None
-        return Loaded(classifier, path, False)
+        # the library's loader: a folder fine-tuned on another task (another head size) loads as well
+        return Loaded(load_pretrained(model, 2, key="--model").eval(), resolve_checkpoint(model), False)
 
     from hydra.utils import instantiate
     from omegaconf import OmegaConf

@@ -42,11 +42,13 @@ def test_indivisible_group_size_fails_before_training(compose_cfg, tmp_path):
 
 
 def test_memory_report_script(tmp_path, tiny_imdb_dir):
+    # a folder fine-tuned on another task (one output, as an exported STS-B model): --model loads as train.py's
+    # model.backbone.name_or_path does, with a new two-way head
     model_dir = tmp_path / "tiny_bert"
     tokenizer = AutoTokenizer.from_pretrained(packaged_model_dir())
-    build_from_config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128).save_pretrained(
-        model_dir
-    )
+    build_from_config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_labels=1
+    ).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     command = [
         sys.executable, "scripts/mxint8_memory_report.py", "--model", str(model_dir),
