@@ -236,6 +236,8 @@ class TextDataModule(LightningDataModule):
         classes = not task.is_regression
         train_labels = np.asarray(raw["train"]["label"])
         check_val_size(hp.val_size, len(train_labels))
+        if hp.swap_pairs:
+            self._check_swap_pairs(raw)
         rest, val_idx = train_test_split(
             np.arange(len(train_labels)),
             test_size=hp.val_size,
@@ -246,7 +248,6 @@ class TextDataModule(LightningDataModule):
         # Only the rows this run uses are tokenized (and cached under a key that includes which rows).
         train = self._tokenized(raw["train"], identity, "train", train_idx)
         if hp.swap_pairs:
-            self._check_swap_pairs(raw)
             mirrored = self._tokenized(raw["train"], identity, "train", train_idx, swapped=True)
             train = datasets.concatenate_datasets([train, mirrored])
         self.splits = {
