@@ -356,6 +356,10 @@ def test_init_from_study_refuses_a_study_without_a_usable_trial(tmp_path):
             ["hydra.sweeper.storage=postgresql://nobody@localhost:1/none"],
             "hydra.sweeper.storage=postgresql://",
         ),
+        (  # refused before the first trial, not once per trial
+            ["data=glue", "data.task=rte", "data.swap_pairs=true"],
+            "error: data.swap_pairs=true: GLUE rte's label depends on the order of its texts",
+        ),
     ],
 )
 def test_bad_input_is_one_line(search, overrides, message):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from adls_lightning.data.settings import check_loader_settings
+from adls_lightning.data.tasks import check_swappable
 from adls_lightning.errors import (
     ConfigError,
     require_choice,
@@ -116,6 +117,10 @@ def validate_run_config(cfg: Mapping) -> None:
     if str(data.get("_target_", "")).startswith("adls_lightning.data."):
         with problems.check():
             check_loader_settings(data)
+        # a one-way GLUE task refused here, before a search starts trials that would each fail on it
+        if data.get("swap_pairs") is True and data.get("task") is not None:
+            with problems.check():
+                check_swappable(str(data.get("task")))
     seed = cfg.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
         problems.found.append(f"seed={seed!r}: must be an integer in [0, 2**32) or null")

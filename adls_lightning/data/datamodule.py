@@ -39,7 +39,7 @@ from adls_lightning.data.folder import (
 from adls_lightning.data.glue import HUB_NAME as GLUE_HUB_NAME
 from adls_lightning.data.glue import load_glue
 from adls_lightning.data.settings import check_loader_settings, check_val_size
-from adls_lightning.data.tasks import GLUE_TASKS, Task, default_metrics, glue_task, with_main_metric
+from adls_lightning.data.tasks import Task, check_swappable, default_metrics, glue_task, with_main_metric
 from adls_lightning.errors import ConfigError
 from adls_lightning.models import load_tokenizer
 
@@ -413,7 +413,7 @@ class GlueDataModule(TextDataModule):
     def __init__(self, tokenizer: str, task: str, data_dir: str | None = None, **kwargs) -> None:
         self.spec = glue_task(task)  # refuses an unknown task before the tokenizer loads
         if kwargs.get("swap_pairs"):
-            self._check_symmetric(task)
+            check_swappable(task)
         super().__init__(tokenizer, **kwargs)
         self.task_name = task
         self.data_dir = resolve_data_dir(data_dir)
@@ -422,18 +422,8 @@ class GlueDataModule(TextDataModule):
     def _describe_task(self) -> Task:
         return self.spec.task(self.task_name)
 
-    def _check_symmetric(self, task: str) -> None:
-        if self.spec.text_pair is None:
-            raise ConfigError(f"data.swap_pairs=true: GLUE {task} has single texts, no pair to swap")
-        if not self.spec.symmetric:
-            symmetric = ", ".join(name for name, spec in GLUE_TASKS.items() if spec.symmetric)
-            raise ConfigError(
-                f"data.swap_pairs=true: GLUE {task}'s label depends on the order of its texts "
-                f"(swapping is for the symmetric tasks: {symmetric})"
-            )
-
     def _check_swap_pairs(self, raw: datasets.DatasetDict) -> None:
-        self._check_symmetric(self.task_name)
+        check_swappable(self.task_name)
 
     def load(self) -> tuple[datasets.DatasetDict, str, Task]:
         if self._loaded is None:

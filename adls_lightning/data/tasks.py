@@ -291,6 +291,19 @@ def glue_task(name: str) -> GlueTask:
     return GLUE_TASKS[name]
 
 
+def check_swappable(name: str) -> None:
+    """``data.swap_pairs=true`` for GLUE task ``name``: ConfigError unless its pairs keep their label when swapped."""
+    spec = glue_task(name)
+    if spec.text_pair is None:
+        raise ConfigError(f"data.swap_pairs=true: GLUE {name} has single texts, no pair to swap")
+    if not spec.symmetric:
+        symmetric = ", ".join(task for task, entry in GLUE_TASKS.items() if entry.symmetric)
+        raise ConfigError(
+            f"data.swap_pairs=true: GLUE {name}'s label depends on the order of its texts "
+            f"(swapping is for the symmetric tasks: {symmetric})"
+        )
+
+
 def task_main_metric(name: str) -> str:
     """``${task_main_metric:${data.task}}``: a GLUE task's main metric, for the config's ``main_metric``."""
     return glue_task(str(name)).main_metric
