@@ -202,6 +202,17 @@ def _check_sensitivity(command: DocCommand, values: dict, out: Path) -> str:
     return "preset composed and built (needs a trained checkpoint)"
 
 
+def _check_soup(command: DocCommand, values: dict, out: Path) -> str:
+    from adls_lightning.export.compressed import split_options
+    from adls_lightning.soup import OPTIONS, USAGE, check_options
+
+    options, extra = split_options([_fill(a, values, out) for a in command.args], OPTIONS, USAGE)
+    assert not extra, extra
+    ckpts, _ = check_options(options)
+    assert len(ckpts) >= 2, ckpts
+    return "arguments checked (needs the runs' checkpoints)"
+
+
 def _check_evaluate(command: DocCommand, values: dict, out: Path) -> str:
     folders = [a for a in command.args if "=" not in a]
     assert folders and all(f.strip("[]") in ("DIR", "...") for f in folders), folders
@@ -226,6 +237,8 @@ def test_documented_command_composes_and_validates(command, placeholders, tmp_pa
         _check_report(command, placeholders, out)
     elif command.entry == "quant.sensitivity":
         _check_sensitivity(command, placeholders, out)
+    elif command.entry == "soup":
+        _check_soup(command, placeholders, out)
     else:
         pytest.fail(f"{command}: python -m adls_lightning.{command.entry} is not known to this test")
     assert not out.exists() or not any(out.iterdir()), "validation writes nothing"
