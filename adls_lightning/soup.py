@@ -11,8 +11,7 @@ start (and so to each other) that their mean is a good model, where the mean of 
 What is averaged: every floating-point tensor of the checkpoints' ``state_dict``. What must agree instead: every
 other tensor (integer buffers such as position ids) and pruning masks (``*.mask``: a mean of two different masks
 is no mask); LoRA checkpoints are refused, because the mean of the factors A and B is not the mean of the products
-B·A that the models add to their weights (export each merged and average full fine-tunes, or train with
-``model/lora=none``).
+B·A that the models add to their weights: soups are for full fine-tunes (``model/lora=none``).
 
 The soup is a checkpoint with the first one's hyper-parameters and no optimizer or loop state: evaluate it with
 the runs' own command and ``train=false ckpt_path=FILE``, start a run from it with ``init_ckpt=FILE``, or export it.
@@ -35,6 +34,7 @@ USAGE = "python -m adls_lightning.soup ckpts=A.ckpt,B.ckpt out=SOUP.ckpt"
 # the parts of a Lightning checkpoint a soup keeps: the weights, and what loading them needs
 KEPT_KEYS = ("pytorch-lightning_version", "hyper_parameters", "hparams_name")
 MASK_SUFFIX = ".mask"
+TOO_FEW = f"give at least two checkpoints to average, comma-separated (usage: {USAGE})"
 
 
 def average_state_dicts(
@@ -52,9 +52,7 @@ def average_state_dicts(
     import torch
 
     if len(state_dicts) < 2:
-        raise ConfigError(
-            f"{key}: give at least two checkpoints to average, comma-separated (usage: {USAGE})"
-        )
+        raise ConfigError(f"{key}: {TOO_FEW}")
     first, first_name = state_dicts[0], names[0]
     for state, name in zip(state_dicts, names):
         if lora := next((k for k in state if ".lora_A." in k), None):
@@ -118,6 +116,8 @@ def check_options(options: Mapping[str, str | None]) -> tuple[list[Path], Path]:
     ckpts = [
         best_checkpoint(Path(p.strip())) for p in str(options["ckpts"]).strip("[]").split(",") if p.strip()
     ]
+    if len(ckpts) < 2:  # before any file is read
+        raise ConfigError(f"ckpts: {TOO_FEW}")
     out = Path(str(options["out"]))
     overwrite = str(options["overwrite"]).lower()
     if overwrite not in ("true", "false"):
@@ -137,10 +137,6 @@ def make_soup(ckpts: Sequence[Path], out: Path) -> dict[str, Any]:
 
     from adls_lightning.atomic_files import atomic_write
 
-    if len(ckpts) < 2:
-        raise ConfigError(
-            f"ckpts: give at least two checkpoints to average, comma-separated (usage: {USAGE})"
-        )
     checkpoints = [read_checkpoint(path, "ckpts") for path in ckpts]
     state = average_state_dicts([c["state_dict"] for c in checkpoints], [str(p) for p in ckpts])
     soup = {k: checkpoints[0][k] for k in KEPT_KEYS if k in checkpoints[0]}
