@@ -19,6 +19,7 @@ SMALL = [
     "debug=limit",
 ]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+pytestmark = pytest.mark.slow  # every test here needs the two training runs of the fixture
 
 
 def run_soup(*args: str) -> subprocess.CompletedProcess:
