@@ -27,7 +27,7 @@ from typing import Any
 
 from adls_lightning.checkpoints import read_checkpoint
 from adls_lightning.errors import ConfigError
-from adls_lightning.export.compressed import split_options
+from adls_lightning.export.compressed import flag_option, split_options
 
 OPTIONS = {"ckpts": None, "out": None, "overwrite": "false"}
 USAGE = "python -m adls_lightning.soup ckpts=A.ckpt,B.ckpt out=SOUP.ckpt"
@@ -119,12 +119,10 @@ def check_options(options: Mapping[str, str | None]) -> tuple[list[Path], Path]:
     if len(ckpts) < 2:  # before any file is read
         raise ConfigError(f"ckpts: {TOO_FEW}")
     out = Path(str(options["out"]))
-    overwrite = str(options["overwrite"]).lower()
-    if overwrite not in ("true", "false"):
-        raise ConfigError(f"overwrite={options['overwrite']}: must be true or false")
+    overwrite = flag_option(options, "overwrite")
     if out.is_dir():
         raise ConfigError(f"out={out}: is a folder (give the soup's .ckpt file path)")
-    if out.exists() and overwrite == "false":
+    if out.exists() and not overwrite:
         raise ConfigError(f"out={out}: exists (give another path, or overwrite=true)")
     if out.resolve() in {p.resolve() for p in ckpts}:
         raise ConfigError(f"out={out}: is one of the checkpoints to average (give another path)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,13 +17,12 @@ SMALL = [
     "trainer.max_epochs=1",
     "debug=limit",
 ]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 pytestmark = pytest.mark.slow  # every test here needs the two training runs of the fixture
 
 
 def run_soup(*args: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "adls_lightning.soup", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +75,7 @@ def test_soup_is_the_mean_of_the_runs_and_evaluates_and_exports(two_runs, tmp_pa
         "format=hf",
     ]
     command += ["model=tiny_random", "model/lora=none"]
-    proc = subprocess.run(command, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     from transformers import AutoModelForSequenceClassification
 

@@ -422,9 +422,6 @@ class GlueDataModule(TextDataModule):
     def _describe_task(self) -> Task:
         return self.spec.task(self.task_name)
 
-    def _check_swap_pairs(self, raw: datasets.DatasetDict) -> None:
-        check_swappable(self.task_name)
-
     def load(self) -> tuple[datasets.DatasetDict, str, Task]:
         if self._loaded is None:
             if self.data_dir is None:

@@ -31,9 +31,11 @@ import torch
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.export.compressed import (
+    FLAGS,
     RECIPE_FILE,
     ExportRecipe,
     bake_quantized_layers,
+    flag_option,
     merge_overrides,
     run_compression,
     run_overrides,
@@ -57,19 +59,11 @@ FORMATS = ("mxint8", "hf", "onnx")
 # the state keys of a linear layer pruned through torch.nn.utils.parametrize (adls_lightning.prune.WeightMask)
 PRUNED_WEIGHT = ".parametrizations.weight.original"
 PRUNING_MASK = ".parametrizations.weight.0.mask"
-BOOLEANS = {"true": True, "false": False}
 
 
 def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, str | None], list[str]]:
     """Split ``key=value`` tokens into this command's options and Hydra overrides of the model config."""
     return split_options(argv, OPTIONS, "ckpt=PATH out=DIR format=mxint8")
-
-
-def _boolean(options: dict, key: str) -> bool:
-    value = str(options[key]).lower()
-    if value not in BOOLEANS:
-        raise ConfigError(f"{key}={options[key]}: must be true or false")
-    return BOOLEANS[value]
 
 
 def check_options(options: dict[str, str | None]) -> dict:
@@ -84,7 +78,7 @@ def check_options(options: dict[str, str | None]) -> dict:
         raise ConfigError(f"format={options['format']}: must be one of {', '.join(FORMATS)}")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out={out}: is a file, expected a folder (new or empty)")
-    overwrite = _boolean(options, "overwrite")
+    overwrite = flag_option(options, "overwrite")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"out={out}: folder is not empty; choose a new one or pass overwrite=true")
     try:
@@ -96,9 +90,9 @@ def check_options(options: dict[str, str | None]) -> dict:
     exclude = tuple(name for name in str(options["exclude"]).split(",") if name)
     int8: bool | str = "scaled" if str(options["int8"]).lower() == "scaled" else None
     if int8 is None:
-        if str(options["int8"]).lower() not in BOOLEANS:
+        if str(options["int8"]).lower() not in FLAGS:
             raise ConfigError(f"int8={options['int8']}: must be true, false or scaled")
-        int8 = _boolean(options, "int8")
+        int8 = flag_option(options, "int8")
     if int8 and options["format"] != "onnx":
         raise ConfigError(
             f"int8={options['int8']}: only with format=onnx (ONNX Runtime's int8); format={options['format']} "
@@ -110,7 +104,7 @@ def check_options(options: dict[str, str | None]) -> dict:
         "format": options["format"],
         "group_size": group_size,
         "exclude": exclude,
-        "pack_embeddings": _boolean(options, "pack_embeddings"),
+        "pack_embeddings": flag_option(options, "pack_embeddings"),
         "int8": int8,
     }
 

@@ -73,6 +73,17 @@ def split_options(
     return options, overrides
 
 
+FLAGS = {"true": True, "false": False}
+
+
+def flag_option(options: Mapping[str, str | None], key: str) -> bool:
+    """A ``python -m`` tool's ``key=true|false`` option (any case); ConfigError naming ``key`` otherwise."""
+    value = str(options[key]).lower()
+    if value not in FLAGS:
+        raise ConfigError(f"{key}={options[key]}: must be true or false")
+    return FLAGS[value]
+
+
 def merge_overrides(base: Sequence[str], extra: Sequence[str]) -> list[str]:
     """``base`` then ``extra``, where an override in ``extra`` replaces one of ``base`` that sets the same key
     (Hydra refuses a config group given twice)."""
