@@ -135,7 +135,9 @@ def make_soup(ckpts: Sequence[Path], out: Path) -> dict[str, Any]:
 
     from adls_lightning.atomic_files import atomic_write
 
-    checkpoints = [read_checkpoint(path, "ckpts") for path in ckpts]
+    checkpoints = [
+        read_checkpoint(path, "ckpts", mmap=True) for path in ckpts
+    ]  # the optimizer states stay unread
     state = average_state_dicts([c["state_dict"] for c in checkpoints], [str(p) for p in ckpts])
     soup = {k: checkpoints[0][k] for k in KEPT_KEYS if k in checkpoints[0]}
     soup["state_dict"] = state
