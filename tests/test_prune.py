@@ -20,9 +20,12 @@ from adls_lightning.prune import (
     is_weight_pruned,
     kth_smallest,
     make_pruning_permanent,
+    masks_from_scores,
     num_to_prune,
     smallest_k,
+    smallest_k_by_sort,
 )
+from tests.helpers import requires
 
 ODD_SHAPES = [(7, 13), (5, 3), (1, 11), (17, 1), (3, 3)]
 SPARSITIES = [0.0, 0.1, 0.25, 0.5, 0.7, 0.9, 0.99]
@@ -329,6 +332,46 @@ def test_bracketed_selection_is_exact_on_long_rows(sparsity):
         order = scores.argsort(dim=1, stable=True)
         independent = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, order[:, :k], True)
         assert torch.equal(smallest_k(scores, k), independent), name
+
+
+@pytest.mark.parametrize("sparsity", [1e-5, 0.1, 0.5, 0.9, 0.99999])
+def test_sort_route_marks_what_the_cpu_selection_marks(sparsity):
+    """The route taken off the CPU (one stable sort per row) gives the CPU's selection (bracket or kthvalue, then
+    ties by position) on every row kind, short rows and patterns' 4-wide rows too."""
+    g = torch.Generator().manual_seed(6)
+    short = {
+        "short continuous": torch.randn(5, 777, generator=g),
+        "short ties": (torch.randn(5, 777, generator=g) * 4).round(),
+        "2:4 groups": (torch.randn(3000, 4, generator=g) * 2).round(),
+    }
+    for name, scores in {**long_rows(), **short}.items():
+        if name == "with NaN":
+            continue  # kthvalue's NaN threshold marks nothing past it; the sort ranks NaN last (checked below)
+        k = max(1, num_to_prune(scores.shape[1], sparsity))
+        by_sort = smallest_k_by_sort(scores, k)
+        assert torch.equal(by_sort, smallest_k(scores, k)), name
+        assert (by_sort.sum(dim=1) == k).all(), name
+    with_nan = long_rows()["with NaN"]
+    finite = with_nan[0].isfinite().sum().item()
+    marked = smallest_k_by_sort(with_nan, finite)
+    assert torch.equal(marked, with_nan.isfinite())  # the finite entries first, every NaN last
+
+
+@requires("gpu")
+def test_masks_on_the_gpu_equal_the_cpu_masks():
+    """Weight masks computed on a CUDA device (the sort route) are the CPU's, local and global, with a pattern too."""
+    g = torch.Generator().manual_seed(7)
+    scores = {
+        "wide": (torch.randn(384, 1536, generator=g) * 8).round(),
+        "tall": torch.randn(1536, 384, generator=g),
+        "square": torch.randn(384, 384, generator=g),
+    }
+    for spec in (MaskSpec(0.9), MaskSpec(0.5, scope="global"), MaskSpec(0.5, pattern="2:4")):
+        on_cpu = masks_from_scores(scores, spec)
+        on_gpu = masks_from_scores({name: s.cuda() for name, s in scores.items()}, spec)
+        for name in scores:
+            assert on_gpu[name].is_cuda
+            assert torch.equal(on_gpu[name].cpu(), on_cpu[name]), (spec, name)
 
 
 def test_activation_pruning_zeroes_inf_and_nan_inputs_too():

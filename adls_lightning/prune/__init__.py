@@ -57,6 +57,7 @@ from adls_lightning.prune.masks import (
     parse_pattern,
     pattern_pruned,
     smallest_k,
+    smallest_k_by_sort,
 )
 from adls_lightning.prune.movement import (
     SCHEDULE_KEYS,
@@ -140,6 +141,7 @@ __all__ = [
     "register_method",
     "register_oneshot",
     "smallest_k",
+    "smallest_k_by_sort",
     "sparsegpt",
     "structured_layer_sparsity",
     "structured_weight_sparsity",

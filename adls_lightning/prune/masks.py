@@ -225,6 +225,8 @@ def smallest_k(scores: Tensor, k: int) -> Tensor:
     """
     if k <= 0:
         return torch.zeros_like(scores, dtype=torch.bool)
+    if scores.device.type != "cpu":
+        return smallest_k_by_sort(scores, k)
     threshold = kth_smallest(scores, k)
     below = scores < threshold
     ties = scores == threshold
@@ -232,6 +234,15 @@ def smallest_k(scores: Tensor, k: int) -> Tensor:
     if scores.device.type == "cpu" and bool((count_true(ties, keepdim=True) == ties_needed).all()):
         return below | ties  # every tie is needed (the usual case): skip the position ranking
     return below | (ties & (ties.view(torch.uint8).cumsum(dim=1, dtype=torch.int32) <= ties_needed))
+
+
+def smallest_k_by_sort(scores: Tensor, k: int) -> Tensor:
+    """:func:`smallest_k` through a stable sort of each row: its first ``k`` positions are the ``k`` smallest entries,
+    ties by position. The route off the CPU: CUDA's ``kthvalue`` selects each row inside one thread block, and a
+    whole layer's weights is one row (1.2 M scores in each of MiniLM's FFN layers), while a sort spreads a row over
+    the whole GPU (``benchmarks/bench_masks.py`` times both)."""
+    first = scores.sort(dim=1, stable=True).indices[:, :k]
+    return torch.zeros_like(scores, dtype=torch.bool).scatter_(1, first, True)
 
 
 def compute_weight_masks(
