@@ -239,7 +239,7 @@ def smallest_k(scores: Tensor, k: int) -> Tensor:
 def smallest_k_by_sort(scores: Tensor, k: int) -> Tensor:
     """:func:`smallest_k` through a stable sort of each row: its first ``k`` positions are the ``k`` smallest entries,
     ties by position. The route off the CPU: CUDA's ``kthvalue`` selects each row inside one thread block, and a
-    whole layer's weights is one row (1.2 M scores in each of MiniLM's FFN layers), while a sort spreads a row over
+    whole layer's weights is one row (0.59 M scores in each of MiniLM's FFN layers), while a sort spreads a row over
     the whole GPU (``benchmarks/bench_masks.py`` times both)."""
     first = scores.sort(dim=1, stable=True).indices[:, :k]
     return torch.zeros_like(scores, dtype=torch.bool).scatter_(1, first, True)
