@@ -63,7 +63,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--device", default="cpu", help="cpu (one thread) or cuda")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu (one thread) or cuda")
     parser.add_argument("--sparsity", type=float, nargs="+", default=[0.5, 0.9])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
