@@ -56,7 +56,7 @@ lab4: install ## Lab 4 parts 1-2: torch.compile vs eager, naive attention vs SDP
 cuda-check: ## compile-check the CUDA kernels with nvcc (no GPU needed)
 	bash scripts/check_cuda.sh
 
-gpu-check: install ## on a CUDA machine: build the CUDA kernels, gpu tests, TB/s, packed-linear and peak-memory checks
+gpu-check: install ## on a CUDA machine: build the CUDA kernels, gpu tests, TB/s, packed-linear, peak-memory and pruning-mask checks
 	bash scripts/gpu_check.sh
 
 portable-check: install ## syntax-check the C++ CPU kernels as built without AVX2 (non-x86 CPUs)

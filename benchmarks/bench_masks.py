@@ -67,7 +67,14 @@ def main() -> None:
     parser.add_argument("--sparsity", type=float, nargs="+", default=[0.5, 0.9])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dry-run", action="store_true", help="check the arguments and say what would run")
     args = parser.parse_args()
+    if args.dry_run:
+        sparsities = ", ".join(f"{s:g}" for s in args.sparsity)
+        print(
+            f"dry run: would time the mask step of 37 MiniLM linears at sparsity {sparsities} on {args.device}"
+        )
+        return
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")

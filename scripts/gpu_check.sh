@@ -3,12 +3,15 @@
 #
 #  1. build the extension with its CUDA kernels (torch with CUDA and nvcc needed: install torch's CUDA
 #     build first, e.g. `make install TORCH_INDEX=https://download.pytorch.org/whl/cu128`);
-#  2. the bit-exact CUDA tests (`pytest -m gpu`: quantize/dequantize vs the reference, the packed linear);
+#  2. the CUDA tests (`pytest -m gpu`: quantize/dequantize vs the reference bit for bit, the packed linear,
+#     pruning masks on CUDA);
 #  3. dequantize/quantize throughput in TB/s at 64M, 256M and 1G elements;
 #  4. packed-linear timings on the GPU (nn.Linear vs QLinearPacked; the GPU has no fused kernel: both packed
 #     routes dequantize with the CUDA kernel and call cuBLAS);
 #  5. the memory report's peak-allocated measurement (Lab 4 3d) for BERT-base and DeBERTa-v2-xlarge shapes
-#     built from config (random weights, nothing downloaded).
+#     built from config (random weights, nothing downloaded);
+#  6. a pruning schedule's mask step for MiniLM's 37 linears on the GPU (one sort per layer vs kthvalue); its
+#     gpu test (masks on CUDA equal the CPU's) runs in step 2.
 #
 # Usage: scripts/gpu_check.sh [--dry-run] [python]
 #   --dry-run: no GPU needed; prints each step and runs the Python steps' own --dry-run (argument checks) and
@@ -46,8 +49,8 @@ step "1. build the extension with CUDA kernels (TORCH_CUDA_ARCH_LIST=${TORCH_CUD
 run env ADLS_USE_CUDA=1 "$PY" setup.py build_ext --inplace
 run "$PY" -c "import adls_lightning.mxint8 as m; assert m.native_cuda_kernels_loaded(), 'no CUDA kernels'; print('CUDA kernels loaded')"
 
-step "2. bit-exact CUDA tests"
-run "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_mxint8.py tests/test_mxint8_linear.py
+step "2. CUDA tests (bit-exact MXINT8, packed linear, pruning masks)"
+run "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_mxint8.py tests/test_mxint8_linear.py tests/test_prune.py
 
 step "3. dequantize / quantize throughput (TB/s), 64M-1G elements"
 run_py "$PY" benchmarks/bench_mxint8.py --gpu-only --sizes 64M 256M 1G
@@ -58,6 +61,9 @@ run_py "$PY" benchmarks/bench_mxint8_linear.py --device cuda --rows 1 8 64 512 4
 step "5. memory report: peak allocated, fp32 vs packed"
 run_py "$PY" scripts/mxint8_memory_report.py --from-config bert-base
 run_py "$PY" scripts/mxint8_memory_report.py --from-config deberta-v2-xlarge
+
+step "6. pruning masks on the GPU: one schedule step for MiniLM's 37 linears, sort vs kthvalue"
+run_py "$PY" benchmarks/bench_masks.py --device cuda
 
 if [[ "$DRY_RUN" == 1 ]]; then
   bash -n "$0"

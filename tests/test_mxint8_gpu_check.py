@@ -22,12 +22,13 @@ def test_gpu_check_dry_run_lists_every_step_and_checks_their_arguments():
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
-    for step in range(1, 6):
+    for step in range(1, 7):
         assert f"== gpu_check: {step}." in out
     # Each Python step ran its own --dry-run (argument parsing) and said what it would measure.
     assert "would measure 64M, 256M, 1G elements on cuda" in out
     assert "would time rows [1, 8, 64, 512, 4096]" in out
     assert out.count("dry run: would report --from-config") == 2
+    assert "would time the mask step of 37 MiniLM linears at sparsity 0.5, 0.9 on cuda" in out
     assert "setup.py build_ext --inplace" in out and "pytest -m gpu" in out
     assert out.rstrip().endswith("gpu_check: dry run ok (nothing measured)")
 
