@@ -28,7 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adls_lightning.prune import MaskSpec, masks_from_scores, num_to_prune  # noqa: E402
+from bench_prune import kthvalue_pruned  # noqa: E402
+
+from adls_lightning.prune import MaskSpec, masks_from_scores  # noqa: E402
 
 # all-MiniLM-L6-v2's pruned linears (out x in): per layer query, key, value, attention output, FFN in, FFN out;
 # then the pooler
@@ -37,15 +39,7 @@ MINILM_LAYERS = 6
 
 
 def kthvalue_masks(scores: dict[str, torch.Tensor], sparsity: float) -> dict[str, torch.Tensor]:
-    masks = {}
-    for name, s in scores.items():
-        row = s.reshape(1, -1)
-        k = num_to_prune(row.numel(), sparsity)
-        threshold = row.kthvalue(k, dim=1, keepdim=True).values
-        below, ties = row < threshold, row == threshold
-        pruned = below | (ties & (ties.cumsum(dim=1) <= k - below.sum(dim=1, keepdim=True)))
-        masks[name] = ~pruned.view_as(s)
-    return masks
+    return {name: ~kthvalue_pruned(s.reshape(1, -1), sparsity).view_as(s) for name, s in scores.items()}
 
 
 def timed_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:

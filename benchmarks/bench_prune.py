@@ -30,12 +30,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from adls_lightning.prune import ActivationSparsifier, MaskSpec, num_to_prune  # noqa: E402
 
 
-def kthvalue_masked_fill(x: torch.Tensor, sparsity: float) -> torch.Tensor:
-    rows = x.reshape(x.shape[0], -1).abs()
+def kthvalue_pruned(rows: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """The plain exact selection: True at each row's ``num_to_prune`` lowest scores, by a ``kthvalue`` threshold
+    and ties by position."""
     k = num_to_prune(rows.shape[1], sparsity)
     threshold = rows.kthvalue(k, dim=1, keepdim=True).values
     below, ties = rows < threshold, rows == threshold
-    pruned = below | (ties & (ties.cumsum(dim=1) <= k - below.sum(dim=1, keepdim=True)))
+    return below | (ties & (ties.cumsum(dim=1) <= k - below.sum(dim=1, keepdim=True)))
+
+
+def kthvalue_masked_fill(x: torch.Tensor, sparsity: float) -> torch.Tensor:
+    pruned = kthvalue_pruned(x.reshape(x.shape[0], -1).abs(), sparsity)
     return x.masked_fill(pruned.view_as(x), 0)
 
 

@@ -231,7 +231,7 @@ def smallest_k(scores: Tensor, k: int) -> Tensor:
     below = scores < threshold
     ties = scores == threshold
     ties_needed = k - count_true(below, keepdim=True)
-    if scores.device.type == "cpu" and bool((count_true(ties, keepdim=True) == ties_needed).all()):
+    if bool((count_true(ties, keepdim=True) == ties_needed).all()):
         return below | ties  # every tie is needed (the usual case): skip the position ranking
     return below | (ties & (ties.view(torch.uint8).cumsum(dim=1, dtype=torch.int32) <= ties_needed))
 
