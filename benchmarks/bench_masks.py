@@ -63,6 +63,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dry-run", action="store_true", help="check the arguments and say what would run")
     args = parser.parse_args()
+    if bad := [s for s in args.sparsity if not 0 <= s < 1]:
+        parser.error(f"--sparsity {bad[0]:g}: must be in [0, 1)")
+    if args.rounds < 1 or args.repeats < 1:
+        parser.error("--rounds and --repeats: must be at least 1")
     if args.dry_run:
         sparsities = ", ".join(f"{s:g}" for s in args.sparsity)
         print(

@@ -34,6 +34,8 @@ def kthvalue_pruned(rows: torch.Tensor, sparsity: float) -> torch.Tensor:
     """The plain exact selection: True at each row's ``num_to_prune`` lowest scores, by a ``kthvalue`` threshold
     and ties by position."""
     k = num_to_prune(rows.shape[1], sparsity)
+    if k == 0:
+        return torch.zeros_like(rows, dtype=torch.bool)
     threshold = rows.kthvalue(k, dim=1, keepdim=True).values
     below, ties = rows < threshold, rows == threshold
     return below | (ties & (ties.cumsum(dim=1) <= k - below.sum(dim=1, keepdim=True)))
