@@ -10,7 +10,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from adls_lightning.distill import Distiller, check_distillation
@@ -18,6 +18,7 @@ from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import (
     DEFAULT_EXCLUDE,
+    NOISY_CONSISTENCY,
     Pruner,
     StructuredPruner,
     fit_structure_to_state,
@@ -183,6 +184,9 @@ class PruningCallback(L.Callback):
         self._total_steps = 0  # optimizer steps of the fit, known at its start
         self._lr_scale = 1.0  # the learning-rate schedule's multiplier of the step being taken
         self._scheduled_step: int | None = None  # the global step the masks were last computed for
+        self._consistency_checked = (
+            False  # whether the ramp's start has judged the learned scores' consistency
+        )
         #: per layer, the head and FFN-neuron indices structured pruning kept (callback state, for the record)
         self.kept: dict[str, list[list[int]]] | None = None
 
@@ -296,8 +300,29 @@ class PruningCallback(L.Callback):
             return
         sparsity = self._schedule_step(trainer, pl_module)
         pl_module.log("prune/scheduled_sparsity", sparsity, on_step=True, on_epoch=False)
-        if trainer.global_step == self.pruner.schedule.bounds(self._total_steps)[1]:
+        start, end = self.pruner.schedule.bounds(self._total_steps)
+        # the rank correlations take about 1 ms per layer: only on the steps that write logs (Lightning writes
+        # on_step values when global_step is a multiple of log_every_n_steps, here) and at the ramp's start
+        check = trainer.global_step >= start and not self._consistency_checked
+        writes_logs = trainer.log_every_n_steps > 0 and trainer.global_step % trainer.log_every_n_steps == 0
+        consistency = self.pruner.score_consistency(pl_module) if check or writes_logs else None
+        if consistency is not None:
+            pl_module.log("prune/score_consistency", consistency, on_step=True, on_epoch=False)
+            if check:
+                self._consistency_checked = True
+                self._warn_if_noise(consistency, trainer.global_step)
+        if trainer.global_step == end:
             forget_best_checkpoints(trainer)  # "best" is chosen among checkpoints at the final sparsity
+
+    def _warn_if_noise(self, consistency: float, steps: int) -> None:
+        # once, as the ramp starts: a ranking that is mostly gradient noise prunes about as random masks would
+        if consistency < NOISY_CONSISTENCY:
+            rank_zero_warn(
+                f"prune: after {steps} optimizer steps the {self.pruner.weight.method} scores are mostly gradient "
+                f"noise (prune/score_consistency {consistency:.2f}: 1 = the same ranking from even and odd steps, "
+                "0 = unrelated), so the ramp now starting prunes about as randomly; see "
+                "docs/pruning.md#when-the-scores-are-noise"
+            )
 
     @override
     def on_before_optimizer_step(
@@ -520,6 +545,8 @@ class PruningCallback(L.Callback):
             moments = self.pruner.score_optimizer_state(self._module)
             if moments:
                 state["score_optimizer"] = moments
+            state["score_consistency"] = self.pruner.score_consistency_state(self._module)
+            state["consistency_checked"] = self._consistency_checked
         return state
 
     @override
@@ -540,6 +567,8 @@ class PruningCallback(L.Callback):
             assert self._module is not None
             self.pruner.load_scores(self._module, state_dict["scores"])
             self.pruner.load_score_optimizer_state(self._module, state_dict.get("score_optimizer", {}))
+            self.pruner.load_score_consistency_state(self._module, state_dict.get("score_consistency", {}))
+            self._consistency_checked = state_dict.get("consistency_checked", self._consistency_checked)
         if state_dict.get("applied", False) and not self.applied and self.structured is None:
             # Activation-only pruning leaves no mask in the model state: re-enable the hooks from callback state.
             assert self._module is not None

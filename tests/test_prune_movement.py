@@ -15,7 +15,14 @@ from torch import nn
 from adls_lightning.app.training import run
 from adls_lightning.build import build
 from adls_lightning.errors import ConfigError
-from adls_lightning.prune import AdamMovementMask, CubicSchedule, MovementMask, Pruner, WeightMask
+from adls_lightning.prune import (
+    NOISY_CONSISTENCY,
+    AdamMovementMask,
+    CubicSchedule,
+    MovementMask,
+    Pruner,
+    WeightMask,
+)
 from tests.helpers import assert_one_line_error, kill_and_resume, run_train
 
 SMALL = ["data.train_size=64", "data.val_size=16", "data.test_size=16", "data.max_length=32"]
@@ -127,17 +134,72 @@ def test_adam_scores_of_two_processes_agree_by_learning_from_their_averaged_grad
         for layer in ranks:  # each process its own batch
             x, target = torch.randn(8, 6, generator=generator), torch.randn(8, 4, generator=generator)
             nn.functional.mse_loss(layer(x), target).backward()
-        mean = (learners[0].step_gradient + learners[1].step_gradient) / 2  # what all-reduce(mean) gives each
+        # what all-reduce(mean) gives each process, for each buffer it is called on
+        means = {
+            name: (getattr(learners[0], name) + getattr(learners[1], name)) / 2
+            for name in ("step_gradient", "sample_step")
+        }
+        mean = means["step_gradient"]
         assert not torch.equal(learners[0].step_gradient, learners[1].step_gradient)
-        for layer in ranks:
+        for layer, learner in zip(ranks, learners, strict=True):
+
+            def all_reduce_mean(tensor, learner=learner, means=means):
+                name = next(n for n in means if tensor is getattr(learner, n))
+                return means[name].clone()
+
             Pruner(weight={"method": "movement_adam", "sparsity": 0.5}).prune_scheduled(
-                layer, 0.5, reduce=lambda tensor, mean=mean: mean.clone()
+                layer, 0.5, reduce=all_reduce_mean
             )
         reference.grad = -mean  # step_gradient holds -∂L/∂S
         adam.step()
         torch.testing.assert_close(learners[0].scores, reference.detach())
         assert torch.equal(learners[0].scores, learners[1].scores)
         assert torch.equal(learners[0].mask, learners[1].mask) and not bool(learners[0].mask.all())
+        # the consistency check follows the averaged movement too, so both processes report the same
+        assert torch.equal(learners[0].sample_halves, learners[1].sample_halves)
+
+
+def _spearman_by_hand(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Pearson correlation of the ranks (continuous values: no ties), in float64."""
+    ranks = [value.double().argsort().argsort().double() for value in (a, b)]
+    ranks = [rank - rank.mean() for rank in ranks]
+    return float((ranks[0] * ranks[1]).sum() / (ranks[0].norm() * ranks[1].norm()))
+
+
+@pytest.mark.parametrize("method", ["movement", "movement_adam"])
+@pytest.mark.parametrize("shape", [(40, 30), (120, 100)])  # all 1,200 entries; a sample of 4,096 of 12,000
+def test_score_consistency_is_the_rank_correlation_of_even_and_odd_step_movement(method, shape):
+    """``consistency()`` against the movement -W ⊙ ∂L/∂W' of the sampled entries summed over even and odd steps by
+    hand: near 1 for a steady gradient, near 0 for independent noise, -1 for steps that undo each other."""
+    rows, cols = shape
+    torch.manual_seed(0)
+    layer = nn.Linear(cols, rows, bias=False)
+    pruner = Pruner(weight={"method": method, "sparsity": 0.5})
+    pruner.register_placeholders(layer)
+    learner = layer.parametrizations.weight[0]
+    assert len(learner.sample) == min(rows * cols, 4096) and len(set(learner.sample.tolist())) == len(
+        learner.sample
+    )
+    assert learner.consistency() is None and pruner.score_consistency(layer) is None  # nothing measured yet
+    steady = torch.randn(rows, cols, generator=torch.Generator().manual_seed(1))
+    noise = torch.Generator().manual_seed(2)
+    for kind, expected in (("steady", 1.0), ("noise", 0.0), ("undoing", -1.0)):
+        learner.load_consistency_state(
+            {"sample_halves": torch.zeros(2, len(learner.sample)), "sample_steps": torch.tensor(0)}
+        )
+        halves = torch.zeros(2, len(learner.sample), dtype=torch.float64)
+        for step in range(8):
+            direction = {"steady": steady, "undoing": steady * (-1) ** step}.get(kind)
+            if direction is None:
+                direction = torch.randn(rows, cols, generator=noise)
+            weight = layer.parametrizations.weight.original.detach().double().clone()
+            (layer.weight * direction).sum().backward()  # ∂L/∂W' = direction
+            halves[step % 2] -= (weight * direction.double()).flatten()[learner.sample]
+            pruner.prune_scheduled(layer, 0.5)
+        by_hand = _spearman_by_hand(*halves)
+        assert learner.consistency() == pytest.approx(by_hand, abs=1e-6), kind
+        assert pruner.score_consistency(layer) == pytest.approx(by_hand, abs=1e-6)
+        assert by_hand == pytest.approx(expected, abs=0.1), kind
 
 
 def test_mask_keeps_exactly_the_highest_scores_of_each_layer():
@@ -313,11 +375,33 @@ def _masks(checkpoint: dict) -> dict[str, torch.Tensor]:
     return {k: v for k, v in checkpoint["state_dict"].items() if k.endswith(MASK_SUFFIX)}
 
 
-@pytest.mark.parametrize("preset", ["movement_0.9", "movement_adam_0.9"])
-def test_movement_preset_runs_through_train_py(tiny_imdb_dir, cache_dir, tmp_path, preset):
+@pytest.mark.parametrize(("preset", "log_every"), [("movement_0.9", 1), ("movement_adam_0.9", 4)])
+def test_movement_preset_runs_through_train_py(tiny_imdb_dir, cache_dir, tmp_path, preset, log_every):
     out = tmp_path / "movement"
-    proc = run_train(tiny_imdb_dir, cache_dir, out, *SMALL, f"prune={preset}", "trainer.max_epochs=2")
+    proc = run_train(
+        tiny_imdb_dir,
+        cache_dir,
+        out,
+        *SMALL,
+        f"prune={preset}",
+        "trainer.max_epochs=2",
+        "logger=csv",
+        f"trainer.log_every_n_steps={log_every}",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # the scores' consistency is logged on the logging steps once two steps are measured (the CSV counts steps
+    # from 0), and judged once as the ramp starts, after t_w = round(0.1 * 16) = 2 dense steps: a warning exactly
+    # when it is below the noise line
+    with (out / "csv" / "metrics.csv").open(newline="") as handle:
+        rows = [row for row in csv.DictReader(handle) if row.get("prune/score_consistency")]
+    consistency = {int(row["step"]): float(row["prune/score_consistency"]) for row in rows}
+    assert sorted(consistency) == [step for step in range(1, 16) if (step + 1) % log_every == 0]
+    assert all(-1 <= value <= 1 for value in consistency.values())
+    warned = proc.stderr.count("scores are mostly gradient noise")
+    if log_every == 1:
+        assert warned == (consistency[1] < NOISY_CONSISTENCY), (consistency, proc.stderr[-2000:])
+    else:
+        assert warned <= 1
     metrics = json.loads((out / "metrics.json").read_text())
     # every layer ends with exactly round(0.9 n) zeros (nothing else is zero in a trained float weight)
     assert metrics["prune/weight_sparsity"] == sum(zeros_at(n, 0.9) for n in TINY_SIZES) / sum(TINY_SIZES)
@@ -384,6 +468,14 @@ def test_killed_movement_run_resumes_with_the_same_scores_and_masks(
         assert (len(whole_moments) == len(TINY_SIZES)) == (preset == "movement_adam_0.9")
         for key, moments in whole_moments.items():
             assert all(torch.equal(value, resumed_moments[key][name]) for name, value in moments.items()), key
+        # the consistency check continues where it was: the same even/odd sums, steps and verdict
+        whole_check, resumed_check = (c["callbacks"]["PruningCallback"] for c in (whole, resumed))
+        assert whole_check["consistency_checked"] and resumed_check["consistency_checked"]
+        for key, halves in whole_check["score_consistency"].items():
+            assert all(
+                torch.equal(value, resumed_check["score_consistency"][key][n]) for n, value in halves.items()
+            )
+            assert int(halves["sample_steps"]) == whole["global_step"], key
     whole_metrics, resumed_metrics = (
         json.loads((runs[n] / "metrics.json").read_text()) for n in ("whole", "killed")
     )

@@ -60,6 +60,7 @@ from adls_lightning.prune.masks import (
     smallest_k_by_sort,
 )
 from adls_lightning.prune.movement import (
+    NOISY_CONSISTENCY,
     SCHEDULE_KEYS,
     AdamMovementMask,
     CubicSchedule,
@@ -103,6 +104,7 @@ __all__ = [
     "GRANULARITIES",
     "LEARNED_METHODS",
     "MASE_METHODS",
+    "NOISY_CONSISTENCY",
     "ONESHOT_METHODS",
     "PRUNE_METHODS",
     "SCHEDULE_KEYS",

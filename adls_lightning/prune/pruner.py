@@ -353,6 +353,30 @@ class Pruner:
             if target.name in states:
                 target.linear.parametrizations.weight[0].load_optimizer_state(states[target.name])
 
+    def score_consistency(self, model: nn.Module) -> float | None:
+        """The mean over layers of :meth:`~adls_lightning.prune.movement.MovementMask.consistency` (how far a learned
+        method's ranking is a property of the weights, 1, rather than gradient noise, 0); ``None`` for other methods
+        and until two steps are measured."""
+        if not self.learns_scores:
+            return None
+        values = [t.linear.parametrizations.weight[0].consistency() for t in self.targets(model)]
+        measured = [value for value in values if value is not None]
+        return sum(measured) / len(measured) if measured else None
+
+    def score_consistency_state(self, model: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
+        """Layer name -> what :meth:`score_consistency` needs to continue after a resume (empty for other methods)."""
+        if not self.learns_scores:
+            return {}
+        return {t.name: t.linear.parametrizations.weight[0].consistency_state() for t in self.targets(model)}
+
+    def load_score_consistency_state(
+        self, model: nn.Module, states: Mapping[str, Mapping[str, torch.Tensor]]
+    ) -> None:
+        """Puts saved :meth:`score_consistency_state` back into the layers (a resumed fit)."""
+        for target in self.targets(model):
+            if target.name in states:
+                target.linear.parametrizations.weight[0].load_consistency_state(states[target.name])
+
     def frozen_layer(self, model: nn.Module) -> str | None:
         """The first target whose weight gets no gradient (frozen: e.g. a LoRA base layer left unmerged), if any."""
         for target in self.targets(model):
