@@ -566,8 +566,8 @@ class PruningCallback(L.Callback):
         if self.pruner.learns_scores and "scores" in state_dict:
             assert self._module is not None
             self.pruner.load_scores(self._module, state_dict["scores"])
-            self.pruner.load_score_optimizer_state(self._module, state_dict.get("score_optimizer", {}))
-            self.pruner.load_score_consistency_state(self._module, state_dict.get("score_consistency", {}))
+            for key in ("score_optimizer", "score_consistency"):
+                self.pruner.load_learner_states(self._module, state_dict.get(key, {}))
             self._consistency_checked = state_dict.get("consistency_checked", self._consistency_checked)
         if state_dict.get("applied", False) and not self.applied and self.structured is None:
             # Activation-only pruning leaves no mask in the model state: re-enable the hooks from callback state.

@@ -184,7 +184,7 @@ def test_score_consistency_is_the_rank_correlation_of_even_and_odd_step_movement
     steady = torch.randn(rows, cols, generator=torch.Generator().manual_seed(1))
     noise = torch.Generator().manual_seed(2)
     for kind, expected in (("steady", 1.0), ("noise", 0.0), ("undoing", -1.0)):
-        learner.load_consistency_state(
+        learner.load_state(
             {"sample_halves": torch.zeros(2, len(learner.sample)), "sample_steps": torch.tensor(0)}
         )
         halves = torch.zeros(2, len(learner.sample), dtype=torch.float64)

@@ -140,22 +140,16 @@ class MovementMask(WeightMask):
         """What :meth:`consistency` needs to continue after a resume."""
         return {"sample_halves": self.sample_halves.clone(), "sample_steps": self.sample_steps.clone()}
 
-    def load_consistency_state(self, state: Mapping[str, Tensor]) -> None:
-        """Restores :meth:`consistency_state`."""
-        self._load_buffers(state)
-
-    @torch.no_grad()
-    def _load_buffers(self, state: Mapping[str, Tensor]) -> None:
-        for name, value in state.items():
-            buffer = getattr(self, name)
-            buffer.copy_(value.to(device=buffer.device, dtype=buffer.dtype))
-
     def optimizer_state(self) -> dict[str, Tensor]:
         """What a resumed fit needs besides ``scores`` (nothing: the sum is its own state)."""
         return {}
 
-    def load_optimizer_state(self, state: Mapping[str, Tensor]) -> None:
-        """Restores :meth:`optimizer_state`."""
+    @torch.no_grad()
+    def load_state(self, state: Mapping[str, Tensor]) -> None:
+        """Copies saved buffers back by name: ``scores``, :meth:`optimizer_state`, :meth:`consistency_state`."""
+        for name, value in state.items():
+            buffer = getattr(self, name)
+            buffer.copy_(value.to(device=buffer.device, dtype=buffer.dtype))
 
 
 @register_learned("movement_adam")
@@ -204,9 +198,6 @@ class AdamMovementMask(MovementMask):
 
     def optimizer_state(self) -> dict[str, Tensor]:
         return {name: getattr(self, name).clone() for name in ("exp_avg", "exp_avg_sq", "step")}
-
-    def load_optimizer_state(self, state: Mapping[str, Tensor]) -> None:
-        self._load_buffers(state)
 
 
 @dataclass(frozen=True)

@@ -324,58 +324,44 @@ class Pruner:
         for target in targets:
             target.linear.parametrizations.weight[0].mask.copy_(masks[target.name])
 
-    def scores(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Layer name -> a copy of the scores a learned method accumulated (empty for other methods)."""
+    def learners(self, model: nn.Module) -> dict[str, Any]:
+        """Layer name -> the mask that learns its scores (:class:`~adls_lightning.prune.movement.MovementMask`);
+        empty for methods that learn none."""
         if not self.learns_scores:
             return {}
-        return {t.name: t.linear.parametrizations.weight[0].scores.clone() for t in self.targets(model)}
+        return {t.name: t.linear.parametrizations.weight[0] for t in self.targets(model)}
 
-    @torch.no_grad()
-    def load_scores(self, model: nn.Module, scores: Mapping[str, torch.Tensor]) -> None:
-        """Puts saved :meth:`scores` back into the layers (a resumed fit)."""
-        for target in self.targets(model):
-            if target.name in scores:
-                buffer = target.linear.parametrizations.weight[0].scores
-                buffer.copy_(scores[target.name].to(device=buffer.device, dtype=buffer.dtype))
+    def scores(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Layer name -> a copy of the scores a learned method accumulated (empty for other methods)."""
+        return {name: learner.scores.clone() for name, learner in self.learners(model).items()}
 
     def score_optimizer_state(self, model: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
         """Layer name -> what learning the scores needs besides them (Adam's moments; empty for summed scores)."""
-        if not self.learns_scores:
-            return {}
-        states = {t.name: t.linear.parametrizations.weight[0].optimizer_state() for t in self.targets(model)}
+        states = {name: learner.optimizer_state() for name, learner in self.learners(model).items()}
         return {name: state for name, state in states.items() if state}
 
-    def load_score_optimizer_state(
-        self, model: nn.Module, states: Mapping[str, Mapping[str, torch.Tensor]]
-    ) -> None:
-        """Puts saved :meth:`score_optimizer_state` back into the layers (a resumed fit)."""
-        for target in self.targets(model):
-            if target.name in states:
-                target.linear.parametrizations.weight[0].load_optimizer_state(states[target.name])
+    def score_consistency_state(self, model: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
+        """Layer name -> what :meth:`score_consistency` needs to continue after a resume (empty for other methods)."""
+        return {name: learner.consistency_state() for name, learner in self.learners(model).items()}
+
+    def load_scores(self, model: nn.Module, scores: Mapping[str, torch.Tensor]) -> None:
+        """Puts saved :meth:`scores` back into the layers (a resumed fit)."""
+        self.load_learner_states(model, {name: {"scores": value} for name, value in scores.items()})
+
+    def load_learner_states(self, model: nn.Module, states: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+        """Puts saved per-layer buffers back (:meth:`scores`, :meth:`score_optimizer_state` or
+        :meth:`score_consistency_state`: a resumed fit); layers absent from ``states`` are left as they are."""
+        for name, learner in self.learners(model).items():
+            if name in states:
+                learner.load_state(states[name])
 
     def score_consistency(self, model: nn.Module) -> float | None:
         """The mean over layers of :meth:`~adls_lightning.prune.movement.MovementMask.consistency` (how far a learned
         method's ranking is a property of the weights, 1, rather than gradient noise, 0); ``None`` for other methods
         and until two steps are measured."""
-        if not self.learns_scores:
-            return None
-        values = [t.linear.parametrizations.weight[0].consistency() for t in self.targets(model)]
+        values = [learner.consistency() for learner in self.learners(model).values()]
         measured = [value for value in values if value is not None]
         return sum(measured) / len(measured) if measured else None
-
-    def score_consistency_state(self, model: nn.Module) -> dict[str, dict[str, torch.Tensor]]:
-        """Layer name -> what :meth:`score_consistency` needs to continue after a resume (empty for other methods)."""
-        if not self.learns_scores:
-            return {}
-        return {t.name: t.linear.parametrizations.weight[0].consistency_state() for t in self.targets(model)}
-
-    def load_score_consistency_state(
-        self, model: nn.Module, states: Mapping[str, Mapping[str, torch.Tensor]]
-    ) -> None:
-        """Puts saved :meth:`score_consistency_state` back into the layers (a resumed fit)."""
-        for target in self.targets(model):
-            if target.name in states:
-                target.linear.parametrizations.weight[0].load_consistency_state(states[target.name])
 
     def frozen_layer(self, model: nn.Module) -> str | None:
         """The first target whose weight gets no gradient (frozen: e.g. a LoRA base layer left unmerged), if any."""
