@@ -184,9 +184,8 @@ class PruningCallback(L.Callback):
         self._total_steps = 0  # optimizer steps of the fit, known at its start
         self._lr_scale = 1.0  # the learning-rate schedule's multiplier of the step being taken
         self._scheduled_step: int | None = None  # the global step the masks were last computed for
-        self._consistency_checked = (
-            False  # whether the ramp's start has judged the learned scores' consistency
-        )
+        # whether the ramp's start has judged the learned scores' consistency
+        self._consistency_checked = False
         #: per layer, the head and FFN-neuron indices structured pruning kept (callback state, for the record)
         self.kept: dict[str, list[list[int]]] | None = None
 
@@ -301,28 +300,29 @@ class PruningCallback(L.Callback):
         sparsity = self._schedule_step(trainer, pl_module)
         pl_module.log("prune/scheduled_sparsity", sparsity, on_step=True, on_epoch=False)
         start, end = self.pruner.schedule.bounds(self._total_steps)
-        # the rank correlations take about 1 ms per layer: only on the steps that write logs (Lightning writes
-        # on_step values when global_step is a multiple of log_every_n_steps, here) and at the ramp's start
-        check = trainer.global_step >= start and not self._consistency_checked
-        writes_logs = trainer.log_every_n_steps > 0 and trainer.global_step % trainer.log_every_n_steps == 0
-        consistency = self.pruner.score_consistency(pl_module) if check or writes_logs else None
-        if consistency is not None:
-            pl_module.log("prune/score_consistency", consistency, on_step=True, on_epoch=False)
-            if check:
-                self._consistency_checked = True
-                self._warn_if_noise(consistency, trainer.global_step)
+        if self.pruner.learns_scores:
+            self._log_consistency(trainer, pl_module, start)
         if trainer.global_step == end:
             forget_best_checkpoints(trainer)  # "best" is chosen among checkpoints at the final sparsity
 
-    def _warn_if_noise(self, consistency: float, steps: int) -> None:
-        # once, as the ramp starts: a ranking that is mostly gradient noise prunes about as random masks would
-        if consistency < NOISY_CONSISTENCY:
-            rank_zero_warn(
-                f"prune: after {steps} optimizer steps the {self.pruner.weight.method} scores are mostly gradient "
-                f"noise (prune/score_consistency {consistency:.2f}: 1 = the same ranking from even and odd steps, "
-                "0 = unrelated), so the ramp now starting prunes about as randomly; see "
-                "docs/pruning.md#when-the-scores-are-noise"
-            )
+    def _log_consistency(self, trainer: L.Trainer, pl_module: L.LightningModule, ramp_start: int) -> None:
+        # the rank correlations take about 1 ms per layer: only on the steps that write logs (Lightning writes
+        # on_step values when global_step is a multiple of log_every_n_steps, here) and at the ramp's start
+        check = trainer.global_step >= ramp_start and not self._consistency_checked
+        writes_logs = trainer.log_every_n_steps > 0 and trainer.global_step % trainer.log_every_n_steps == 0
+        consistency = self.pruner.score_consistency(pl_module) if check or writes_logs else None
+        if consistency is None:  # not yet two steps measured
+            return
+        pl_module.log("prune/score_consistency", consistency, on_step=True, on_epoch=False)
+        if check:  # once, as the ramp starts: warn when what it is about to rank by is mostly noise
+            self._consistency_checked = True
+            if consistency < NOISY_CONSISTENCY:
+                rank_zero_warn(
+                    f"prune: after {trainer.global_step} optimizer steps the {self.pruner.weight.method} scores are "
+                    f"mostly gradient noise (prune/score_consistency {consistency:.2f}: 1 = the same ranking from "
+                    "even and odd steps, 0 = unrelated), so the ramp now starting prunes by noise; see "
+                    "docs/pruning.md#when-the-scores-are-noise"
+                )
 
     @override
     def on_before_optimizer_step(
