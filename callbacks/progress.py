@@ -68,9 +68,9 @@ class LineProgressBar(ProgressBar):
         # Lightning counts epochs from 0; people count from 1.
         return f"{trainer.current_epoch + 1}/{trainer.max_epochs if trainer.max_epochs != -1 else '?'}"
 
-    def _metrics(self, pl_module: L.LightningModule, prefix: str = "") -> dict[str, Any]:
+    def _metrics(self, pl_module: L.LightningModule, prefixes: tuple[str, ...] = ("",)) -> dict[str, Any]:
         metrics = self.get_metrics(self.trainer, pl_module)
-        return {k: v for k, v in metrics.items() if k != "v_num" and k.startswith(prefix)}
+        return {k: v for k, v in metrics.items() if k != "v_num" and k.startswith(prefixes)}
 
     def _line(self, clock: StageClock, epoch: str = "", metrics: dict | None = None) -> None:
         clock.last_line = self._last_line = clock.clock()  # a line at an epoch's end counts too
@@ -108,7 +108,8 @@ class LineProgressBar(ProgressBar):
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._train_metrics = self._metrics(pl_module, "train/")
+        # the training metrics, and a pruning schedule's sparsity and score consistency as they change
+        self._train_metrics = self._metrics(pl_module, ("train/", "prune/"))
         if self._train is not None and self._train.advance(_batch_size(batch)):
             self._line(self._train, self._epoch(), self._train_metrics)
 

@@ -298,7 +298,7 @@ class PruningCallback(L.Callback):
         if self.pruner.schedule is None or trainer.global_step == self._scheduled_step:
             return
         sparsity = self._schedule_step(trainer, pl_module)
-        pl_module.log("prune/scheduled_sparsity", sparsity, on_step=True, on_epoch=False)
+        pl_module.log("prune/scheduled_sparsity", sparsity, on_step=True, on_epoch=False, prog_bar=True)
         start, end = self.pruner.schedule.bounds(self._total_steps)
         if self.pruner.learns_scores:
             self._log_consistency(trainer, pl_module, start)
@@ -313,7 +313,7 @@ class PruningCallback(L.Callback):
         consistency = self.pruner.score_consistency(pl_module) if check or writes_logs else None
         if consistency is None:  # not yet two steps measured
             return
-        pl_module.log("prune/score_consistency", consistency, on_step=True, on_epoch=False)
+        pl_module.log("prune/score_consistency", consistency, on_step=True, on_epoch=False, prog_bar=True)
         if check:  # once, as the ramp starts: warn when what it is about to rank by is mostly noise
             self._consistency_checked = True
             if consistency < NOISY_CONSISTENCY:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from fractions import Fraction
 from pathlib import Path
 
@@ -423,6 +424,30 @@ def test_movement_preset_runs_through_train_py(tiny_imdb_dir, cache_dir, tmp_pat
         assert state["score_optimizer"].keys() == state["scores"].keys() and steps == {best["global_step"]}
     else:
         assert "score_optimizer" not in state
+
+
+def test_progress_lines_follow_the_schedule(tiny_imdb_dir, cache_dir, tmp_path):
+    """The progress display (a line per batch here) shows the schedule's sparsity rising to 0.9 and the scores'
+    consistency beside the loss, as a person watching a movement run would want them."""
+    progress = [
+        "+callbacks.progress._target_=callbacks.progress.progress_bar",
+        "+callbacks.progress.interval_s=0",
+    ]
+    out = tmp_path / "watched"
+    proc = run_train(
+        tiny_imdb_dir, cache_dir, out, *SMALL, "prune=movement_0.9", "trainer.max_epochs=2", *progress
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [
+        line
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if "[callbacks.progress][INFO] - train " in line
+    ]
+    shown = [re.search(r"prune/scheduled_sparsity ([\d.]+)", line) for line in lines]
+    sparsities = [float(match.group(1)) for match in shown if match]
+    assert len(sparsities) >= 16 and sparsities == sorted(sparsities), lines  # it only rises ...
+    assert sparsities[0] == 0 and sparsities[-1] == 0.9  # ... from dense to the final sparsity
+    assert any("prune/score_consistency" in line and "train/loss" in line for line in lines), lines
 
 
 def test_train_false_is_one_line_on_the_command_line(tiny_imdb_dir, cache_dir, tmp_path):
