@@ -28,7 +28,7 @@ from adls_lightning.prune.masks import (
     is_weight_pruned,
     masks_from_scores,
 )
-from adls_lightning.prune.movement import CubicSchedule
+from adls_lightning.prune.movement import CubicSchedule, MovementMask
 from adls_lightning.prune.oneshot import SparseGPTConfig, check_block_size, solve
 from adls_lightning.prune.scores import LEARNED_METHODS, ONESHOT_METHODS, PRUNE_METHODS, rank_scores
 
@@ -311,7 +311,7 @@ class Pruner:
         assert self.weight is not None and self.schedule is not None
         targets = self.targets(model)
         if self.learns_scores:
-            learners = {t.name: t.linear.parametrizations.weight[0] for t in targets}
+            learners = _learners(targets)
             for learner in learners.values():
                 learner.learn(reduce, lr_scale)
             scores = {name: learner.scores for name, learner in learners.items()}
@@ -324,12 +324,9 @@ class Pruner:
         for target in targets:
             target.linear.parametrizations.weight[0].mask.copy_(masks[target.name])
 
-    def learners(self, model: nn.Module) -> dict[str, Any]:
-        """Layer name -> the mask that learns its scores (:class:`~adls_lightning.prune.movement.MovementMask`);
-        empty for methods that learn none."""
-        if not self.learns_scores:
-            return {}
-        return {t.name: t.linear.parametrizations.weight[0] for t in self.targets(model)}
+    def learners(self, model: nn.Module) -> dict[str, MovementMask]:
+        """Layer name -> the mask that learns its scores; empty for methods that learn none."""
+        return _learners(self.targets(model)) if self.learns_scores else {}
 
     def scores(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Layer name -> a copy of the scores a learned method accumulated (empty for other methods)."""
@@ -483,3 +480,8 @@ class Pruner:
                 zeros += int(sparsifier.zeros)
                 total += sparsifier.numel
         return zeros / total if total else None
+
+
+def _learners(targets: Sequence[PruneTarget]) -> dict[str, MovementMask]:
+    """Layer name -> the score-learning mask of each target (a learned method's placeholders)."""
+    return {t.name: t.linear.parametrizations.weight[0] for t in targets}
