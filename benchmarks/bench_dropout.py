@@ -14,11 +14,13 @@ with the ratio to the copy.
 
     python benchmarks/bench_dropout.py                      # MiniLM's hidden and attention-probability sizes
     python benchmarks/bench_dropout.py --threads 2
+    python benchmarks/bench_dropout.py --dtype float32 bfloat16   # also bfloat16, the activations under autocast
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -54,15 +56,22 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--p", type=float, default=0.1)
+    parser.add_argument(
+        "--dtype",
+        nargs="+",
+        choices=("float32", "bfloat16"),
+        default=["float32"],
+        help="the activations' dtype: float32, or bfloat16 as under CPU autocast (trainer.precision=bf16-mixed)",
+    )
     args = parser.parse_args()
     if not native_dropout_loaded():
         sys.exit(
             "error: the C++ extension adls_lightning._C is not built (pip install --no-build-isolation -e .)"
         )
     torch.set_num_threads(args.threads)
-    print(f"{args.threads} thread(s), p = {args.p}, median of {args.repeats} rounds, float32")
-    for label, shape in SHAPES.items():
-        x = torch.randn(shape)
+    print(f"{args.threads} thread(s), p = {args.p}, median of {args.repeats} rounds")
+    for dtype_name, (label, shape) in itertools.product(args.dtype, SHAPES.items()):
+        x = torch.randn(shape).to(getattr(torch, dtype_name))
         calls = methods(x, args.p)
         for call in calls.values():  # warm-up: first-touch page faults, allocator
             call()
@@ -73,7 +82,7 @@ def main() -> None:
                 call()
                 times[name].append(time.perf_counter() - start)
         ns = {name: 1e9 * statistics.median(t) / x.numel() for name, t in times.items()}
-        print(f"\n{label} ({x.numel() / 1e6:.1f} M elements)")
+        print(f"\n{label}, {dtype_name} ({x.numel() / 1e6:.1f} M elements)")
         print(f"{'':>16}{'ns/element':>12}{'x copy':>9}")
         for name, value in ns.items():
             print(f"{name:>16}{value:>12.2f}{value / ns['copy']:>8.2f}x")

@@ -9,12 +9,16 @@ are evaluated on the same test subset. Prints samples/s of each, their ratio, an
     python benchmarks/bench_train.py --compile inductor --seeds 1 2   # ours compiled vs ours eager (Lab 4)
     python benchmarks/bench_train.py --dropout torch fast             # ours with torch's dropout, then Philox's
     python benchmarks/bench_train.py --gemm aten auto                 # ours on aten's GEMMs, then runtime.gemm=auto
+    python benchmarks/bench_train.py --precision 32-true bf16-mixed   # ours in fp32, then under bf16 autocast
 
 ``--dropout`` picks ``model.fast_dropout`` for our runs (default ``fast``: the C++ Philox dropout, as ``train.py``
 runs on CPU); with both, each seed runs the baseline once and ours once per choice, so the table shows the A/B
 against the same baseline. The plain script always uses torch's dropout. ``--gemm`` likewise picks
 ``runtime.gemm`` for our runs (default ``auto``, as ``train.py``); several dropout and GEMM choices give one run of
-ours per combination, each against the same baseline (issue 36's A/B: ``--gemm aten auto``).
+ours per combination, each against the same baseline (issue 36's A/B: ``--gemm aten auto``). ``--precision``
+picks ``trainer.precision`` for our runs (default ``32-true``, as ``train.py``); ``bf16-mixed`` runs the linear
+layers' GEMMs in bfloat16 under autocast, which CPUs with AMX or AVX-512 BF16 execute at a multiple of their fp32
+rate (the plain script stays in fp32; compare the two rows of ours for the A/B).
 
 With ``--compile PRESET`` the baseline is this project's own eager run instead of the plain script, and the
 measured run adds ``compile=PRESET``: the ratio of compiled to eager training throughput (``train/samples_per_sec``
@@ -175,6 +179,13 @@ def main() -> None:
         default=["auto"],
         help="runtime.gemm of our runs (docs/gemm.md); several: one run of ours per choice against the same baseline",
     )
+    parser.add_argument(
+        "--precision",
+        nargs="+",
+        choices=("32-true", "bf16-mixed"),
+        default=["32-true"],
+        help="trainer.precision of our runs; several: one run of ours per choice against the same baseline",
+    )
     args = parser.parse_args()
     presets = sorted(f.stem for f in (ROOT / "conf" / "compile").glob("*.yaml") if f.stem != "none")
     if args.compile is not None and args.compile not in presets:
@@ -204,10 +215,11 @@ def main() -> None:
 
 
 class Variant(NamedTuple):
-    """One configuration of our runs: the dropout kernel and the GEMM backend."""
+    """One configuration of our runs: the dropout kernel, the GEMM backend and the trainer's precision."""
 
     dropout: str
     gemm: str
+    precision: str
 
     def label(self, args: argparse.Namespace) -> str:
         """What sets this variant apart from the others asked for (both parts when both vary)."""
@@ -216,15 +228,26 @@ class Variant(NamedTuple):
             parts.append(f"{self.dropout} dropout")
         if len(args.gemm) > 1:
             parts.append(f"gemm={self.gemm}")
+        if len(args.precision) > 1:
+            parts.append(self.precision)
         return ", ".join(parts)
 
     def overrides(self) -> list[str]:
         fast = "true" if self.dropout == "fast" else "false"
-        return [f"model.fast_dropout={fast}", f"runtime.gemm={self.gemm}"]
+        return [
+            f"model.fast_dropout={fast}",
+            f"runtime.gemm={self.gemm}",
+            f"trainer.precision={self.precision}",
+        ]
 
 
 def variants(args: argparse.Namespace) -> list[Variant]:
-    return [Variant(dropout, gemm) for dropout in args.dropout for gemm in args.gemm]
+    return [
+        Variant(dropout, gemm, precision)
+        for dropout in args.dropout
+        for gemm in args.gemm
+        for precision in args.precision
+    ]
 
 
 def print_table(
@@ -260,7 +283,7 @@ def print_table(
         f"speed ratio ({our_name} / {base_name}) = {speed:.2f}x; accuracy difference = {statistics.mean(diffs):+.2f} pt"
         f"{spread} over {len(rows)} seed(s) (experiment={args.experiment}, model={args.model}, "
         f"max_length={args.max_length}, batch={args.batch_size}, lr={lr}, train={args.train_size}, test={args.test_size}, "
-        f"dropout={variant.dropout}, gemm={variant.gemm})"
+        f"dropout={variant.dropout}, gemm={variant.gemm}, precision={variant.precision})"
     )
 
 
@@ -320,13 +343,13 @@ def bench_one(
         )
         ours_by_variant = {}
         for variant in variants(args):
-            what = f"{variant.dropout} dropout, gemm={variant.gemm}"
+            what = f"{variant.dropout} dropout, gemm={variant.gemm}, {variant.precision}"
             print(
                 f"[bench] seed {seed}, adls-lightning{' compile=' + args.compile if args.compile else ''}, "
                 f"{what}: {args.train_size} rows x {args.epochs} epoch(s)",
                 flush=True,
             )
-            run_dir = f"{cfg.hydra.run.dir}/{variant.dropout}-{variant.gemm}"
+            run_dir = f"{cfg.hydra.run.dir}/{variant.dropout}-{variant.gemm}-{variant.precision}"
             ours = run(compose([*cfg_overrides, *variant.overrides(), f"hydra.run.dir={run_dir}"]))
             ours_by_variant[variant] = ours
             print(

@@ -113,8 +113,37 @@ ADLS_AVX2 inline void mulhilo8(__m256i a, __m256i multiplier, __m256i& high, __m
   high = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
 }
 
-ADLS_AVX2 void apply_avx2(const Stream& s, float scale, const float* x, float* out, int64_t numel,
-                          int64_t first_block, int64_t end_block) {
+// Eight elements to and from float lanes. float32 as is; bfloat16 widened exactly (its bits are the top half of
+// a float's) and narrowed as c10::BFloat16's float constructor does (round to nearest even, any NaN to 0x7FC0),
+// so the vector path writes what the portable loop writes, bit for bit.
+struct Float32Lanes {
+  using scalar_t = float;
+  ADLS_AVX2 static __m256 load(const float* p) { return _mm256_loadu_ps(p); }
+  ADLS_AVX2 static void store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+};
+
+struct BFloat16Lanes {
+  using scalar_t = c10::BFloat16;
+  ADLS_AVX2 static __m256 load(const c10::BFloat16* p) {
+    const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+  }
+  ADLS_AVX2 static void store(c10::BFloat16* p, __m256 v) {
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    const __m256i bias = _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, bias), 16);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    const __m256i narrow = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
+    // Each lane holds < 2^16: pack to 16 bits (per 128-bit half), then gather the two halves' low 64 bits.
+    const __m256i packed = _mm256_packus_epi32(narrow, narrow);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08)));
+  }
+};
+
+template <typename Lanes>
+ADLS_AVX2 void apply_avx2(const Stream& s, float scale, const typename Lanes::scalar_t* x,
+                          typename Lanes::scalar_t* out, int64_t numel, int64_t first_block, int64_t end_block) {
   const __m256i multiplier0 = _mm256_set1_epi32(static_cast<int>(kMultiplier0));
   const __m256i multiplier1 = _mm256_set1_epi32(static_cast<int>(kMultiplier1));
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -147,11 +176,13 @@ ADLS_AVX2 void apply_avx2(const Stream& s, float scale, const float* x, float* o
       const __m256i keep = _mm256_cmpgt_epi32(threshold, _mm256_xor_si256(words[w], sign));
       const __m256 factor = _mm256_and_ps(_mm256_castsi256_ps(keep), scale_vector);
       const int64_t at = start + w * kInstances;
-      _mm256_storeu_ps(out + at, _mm256_mul_ps(_mm256_loadu_ps(x + at), factor));
+      Lanes::store(out + at, _mm256_mul_ps(Lanes::load(x + at), factor));
     }
   }
   // The last, partial block (at most one per tensor).
-  if (full_end < end_block) apply_portable<float, float>(s, scale, x, out, numel, full_end, end_block);
+  if (full_end < end_block) {
+    apply_portable<typename Lanes::scalar_t, float>(s, scale, x, out, numel, full_end, end_block);
+  }
 }
 #endif
 
@@ -161,16 +192,28 @@ void apply(const Stream& s, opmath_t scale, const scalar_t* x, scalar_t* out, in
   apply_portable<scalar_t, opmath_t>(s, scale, x, out, numel, first_block, end_block);
 }
 
-// float32, the training dtype: the AVX2 kernel where selected.
+// float32, the training dtype, and bfloat16, the activations' dtype under CPU autocast (trainer.precision=
+// bf16-mixed): the AVX2 kernel where selected.
 void apply(const Stream& s, float scale, const float* x, float* out, int64_t numel, int64_t first_block,
            int64_t end_block) {
 #ifdef ADLS_DROPOUT_HAVE_AVX2
   if (mxint8::avx2_selected()) {
-    apply_avx2(s, scale, x, out, numel, first_block, end_block);
+    apply_avx2<Float32Lanes>(s, scale, x, out, numel, first_block, end_block);
     return;
   }
 #endif
   apply_portable<float, float>(s, scale, x, out, numel, first_block, end_block);
+}
+
+void apply(const Stream& s, float scale, const c10::BFloat16* x, c10::BFloat16* out, int64_t numel,
+           int64_t first_block, int64_t end_block) {
+#ifdef ADLS_DROPOUT_HAVE_AVX2
+  if (mxint8::avx2_selected()) {
+    apply_avx2<BFloat16Lanes>(s, scale, x, out, numel, first_block, end_block);
+    return;
+  }
+#endif
+  apply_portable<c10::BFloat16, float>(s, scale, x, out, numel, first_block, end_block);
 }
 
 void check_args(const at::Tensor& x, double p, const at::Tensor& seed, int64_t offset) {

@@ -85,6 +85,38 @@ def test_other_dtypes_use_the_same_mask(dtype):
     torch.testing.assert_close(out, (x.double() * keep / 0.7).to(dtype))
 
 
+def _bfloat16_input(numel: int) -> torch.Tensor:
+    """Normal values at several scales, with the edges a rounding kernel can get wrong at the front."""
+    x = (torch.randn(numel, generator=torch.Generator().manual_seed(numel)) * 3).to(torch.bfloat16)
+    edges = [
+        float("nan"),
+        float("inf"),
+        -float("inf"),
+        0.0,
+        -0.0,
+        3.3e38,
+        -3.3e38,
+        1e-39,
+        1.00390625,
+        -1.01171875,
+    ]
+    x[: len(edges)] = torch.tensor(edges[:numel], dtype=torch.bfloat16)
+    return x
+
+
+@needs_kernel
+@pytest.mark.parametrize("numel", [7, 32, 1000, 65 * 1024 + 7])
+def test_bfloat16_output_is_the_float_product_rounded_once(numel):
+    # Under CPU autocast (trainer.precision=bf16-mixed) the dropouts see bfloat16 activations: each output is
+    # float(x) * 1/(1 - p) rounded once to bfloat16 (nearest even), as torch rounds a float tensor to bfloat16.
+    x = _bfloat16_input(numel)
+    for p in (0.1, 0.3):
+        out = torch.ops.adls.philox_dropout(x, p, _seed(5), 1)
+        assert out.dtype == torch.bfloat16
+        expected = _expected(x.float(), p, 5, 1).to(torch.bfloat16)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+
+
 @needs_kernel
 def test_non_contiguous_input_is_masked_in_logical_order():
     x = torch.randn(64, 48).t()
@@ -94,18 +126,27 @@ def test_non_contiguous_input_is_masked_in_logical_order():
 
 @needs_kernel
 def test_portable_loops_match_the_avx2_kernel(tmp_path):
-    # The CPU-kernel switch is read once per process: the portable loops run in a child.
+    # The CPU-kernel switch is read once per process: the portable loops run in a child, on the inputs saved here.
+    inputs = {
+        "float32": torch.randn(10007, generator=torch.Generator().manual_seed(0)),
+        "bfloat16": _bfloat16_input(10007),
+    }
+    torch.save(inputs, tmp_path / "inputs.pt")
     code = (
-        "import torch, adls_lightning.dropout as d\n"
-        "x = torch.randn(10007, generator=torch.Generator().manual_seed(0))\n"
-        "torch.save(torch.ops.adls.philox_dropout(x, 0.2, torch.tensor(77), 5), 'portable.pt')\n"
+        "import torch, adls_lightning.dropout\n"
+        "inputs = torch.load('inputs.pt')\n"
+        "out = {k: torch.ops.adls.philox_dropout(x, 0.2, torch.tensor(77), 5) for k, x in inputs.items()}\n"
+        "torch.save(out, 'portable.pt')\n"
     )
     env = {**os.environ, "ADLS_MXINT8_PORTABLE_CPU": "1", "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path)
     portable = torch.load(tmp_path / "portable.pt")
-    x = torch.randn(10007, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(portable, torch.ops.adls.philox_dropout(x, 0.2, _seed(77), 5))
-    assert torch.equal(portable, _expected(x, 0.2, 77, 5))
+    x = inputs["float32"]
+    assert torch.equal(portable["float32"], torch.ops.adls.philox_dropout(x, 0.2, _seed(77), 5))
+    assert torch.equal(portable["float32"], _expected(x, 0.2, 77, 5))
+    # bfloat16: the same bits, NaNs included (both narrow as c10::BFloat16's float constructor does)
+    ours = torch.ops.adls.philox_dropout(inputs["bfloat16"], 0.2, _seed(77), 5)
+    assert torch.equal(portable["bfloat16"].view(torch.int16), ours.view(torch.int16))
 
 
 @needs_kernel
