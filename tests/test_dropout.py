@@ -7,6 +7,8 @@ edge cases, and Hugging Face's own SDPA attention.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from adls_lightning.dropout import (
     FAST_DROPOUT_SDPA,
@@ -30,6 +33,7 @@ from adls_lightning.dropout import (
     use_fast_dropout,
 )
 from adls_lightning.models import build_from_config
+from tests.helpers import run_train
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_kernel = pytest.mark.skipif(not native_dropout_loaded(), reason="C++ extension not built")
@@ -305,6 +309,51 @@ def test_attention_dropout_matches_sdpa_with_the_same_mask():
     probabilities = torch.softmax(q @ k.transpose(2, 3) * 0.25 + additive, dim=-1)
     expected = _expected(probabilities, 0.2, seed, 0) @ v
     torch.testing.assert_close(out, expected.transpose(1, 2))
+
+
+class _RecordDropouts(TorchDispatchMode):
+    """Every call of the Philox op: (input, p, seed, offset) and its output."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.adls.philox_dropout.default:
+            self.calls.append((args, out))
+        return out
+
+
+@needs_kernel
+def test_autocast_training_masks_bfloat16_activations_with_the_stream():
+    # trainer.precision=bf16-mixed on CPU: the linears' outputs are bfloat16, so the hidden, attention and LoRA
+    # dropouts run the bfloat16 kernel, forward and backward; the trainable weights and their gradients stay fp32.
+    model = _tiny_lora_bert()
+    use_fast_dropout(model)
+    model.train()
+    ids = torch.randint(0, 100, (4, 24))
+    with _RecordDropouts() as record, torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=ids, labels=torch.tensor([0, 1, 1, 0])).loss
+        loss.backward()
+    dtypes = [args[0].dtype for args, _ in record.calls]
+    assert dtypes.count(torch.bfloat16) >= 4, (
+        dtypes
+    )  # 2 layers x (attention output, FFN output), and backward
+    for (x, p, seed, offset), out in record.calls:
+        expected = _expected(x.float(), p, int(seed), offset).to(x.dtype)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    trainable = [param for param in model.parameters() if param.requires_grad]
+    assert all(param.dtype == torch.float32 and torch.isfinite(param.grad).all() for param in trainable)
+
+
+def test_train_py_runs_in_bf16_autocast_on_cpu(tiny_imdb_dir, cache_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = run_train(tiny_imdb_dir, cache_dir, out, "trainer.precision=bf16-mixed")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert 0 <= metrics["test/acc"] <= 1 and math.isfinite(metrics["train/loss"])
+    assert "precision: bf16-mixed" in (out / ".hydra" / "config.yaml").read_text()
 
 
 @needs_kernel
