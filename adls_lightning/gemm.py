@@ -230,15 +230,35 @@ def model_linear_shapes(model: torch.nn.Module) -> Counter[LinearShape]:
     return shapes
 
 
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), the cache key's machine part."""
+def _cpuinfo_field(names: tuple[str, ...]) -> str | None:
+    """The first ``/proc/cpuinfo`` line's value whose key is one of ``names``; None where there is none."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            if key.strip() in names:
+                return value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), the cache key's machine part."""
+    return _cpuinfo_field(("model name",)) or platform.processor() or platform.machine()
+
+
+# Feature flags of bfloat16 arithmetic: Intel AMX and AVX-512 BF16 (x86 ``flags``), Armv8.6 BF16 (Arm ``Features``).
+BFLOAT16_FLAGS = frozenset({"amx_bf16", "avx512_bf16", "bf16"})
+
+
+def native_bfloat16(flags: str | None = None) -> bool | None:
+    """Whether the CPU computes in bfloat16 natively, from its ``/proc/cpuinfo`` flags (or ``flags`` given);
+    None where they cannot be read. Without it, autocast's bfloat16 GEMMs are emulated in fp32 and slower."""
+    if flags is None:
+        flags = _cpuinfo_field(("flags", "Features"))
+    if not flags:
+        return None
+    return not BFLOAT16_FLAGS.isdisjoint(flags.split())
 
 
 def _gemm_calls(shape: LinearShape, rows: int, backend: str) -> list[Callable[[], object]]:

@@ -32,6 +32,7 @@ from adls_lightning.dropout import (
     sdpa_fast_dropout_forward,
     use_fast_dropout,
 )
+from adls_lightning.gemm import native_bfloat16
 from adls_lightning.models import build_from_config
 from tests.helpers import run_train
 
@@ -354,6 +355,9 @@ def test_train_py_runs_in_bf16_autocast_on_cpu(tiny_imdb_dir, cache_dir, tmp_pat
     metrics = json.loads((out / "metrics.json").read_text())
     assert 0 <= metrics["test/acc"] <= 1 and math.isfinite(metrics["train/loss"])
     assert "precision: bf16-mixed" in (out / ".hydra" / "config.yaml").read_text()
+    # one warning where the CPU has no bfloat16 arithmetic (autocast would emulate it), none where it has
+    warned = "without bfloat16 arithmetic" in proc.stdout + proc.stderr
+    assert warned == (native_bfloat16() is False)
 
 
 @needs_kernel

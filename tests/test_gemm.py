@@ -282,3 +282,18 @@ def test_measuring_leaves_the_global_random_stream_alone():
     torch.manual_seed(7)
     gemm.measure(shapes, rows=16, repeats=1)
     torch.testing.assert_close(torch.rand(4), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "native"),
+    [
+        ("fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni", True),  # AMD Zen 4
+        ("fpu avx2 avx512f amx_bf16 amx_tile amx_int8", True),  # Intel Sapphire Rapids
+        ("fp asimd sve bf16 i8mm", True),  # Arm Neoverse V1 (Features)
+        ("fpu sse2 avx2 fma f16c", False),  # AVX2 only
+        ("fpu avx512f avx512bw avx512_vnni", False),  # AVX-512 without BF16
+        ("", None),
+    ],
+)
+def test_native_bfloat16_reads_the_cpu_flags(flags, native):
+    assert gemm.native_bfloat16(flags) is native

@@ -19,6 +19,7 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
@@ -28,7 +29,7 @@ from adls_lightning.build import build
 from adls_lightning.checkpoints import check_shapes, find_last_checkpoint, read_checkpoint
 from adls_lightning.data.tasks import Task, head_outputs, without_task_head
 from adls_lightning.errors import ConfigError
-from adls_lightning.gemm import batch_rows, gemm_backend
+from adls_lightning.gemm import batch_rows, gemm_backend, native_bfloat16
 from adls_lightning.gemm import choose as choose_gemm
 from adls_lightning.io_utils import AtomicCheckpointIO, atomic_write_json
 from adls_lightning.logs import drop_unset_wandb_settings, wandb_location
@@ -149,6 +150,16 @@ def _checked_objects(cfg: DictConfig) -> tuple:
     trainer: L.Trainer = build(
         cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
     )
+    if (
+        str(trainer.precision).startswith("bf16")
+        and isinstance(trainer.accelerator, CPUAccelerator)
+        and native_bfloat16() is False
+    ):
+        log.warning(
+            "trainer.precision=%s on a CPU without bfloat16 arithmetic (no AMX, AVX-512 BF16 or Arm BF16 in "
+            "/proc/cpuinfo): autocast emulates it, likely slower than trainer.precision=32-true",
+            trainer.precision,
+        )
     if trainer.world_size > 1 and _is_multirun():
         raise ConfigError(
             f"trainer.devices={cfg.trainer.get('devices')}: a search trial runs in one process (Lightning's DDP "
