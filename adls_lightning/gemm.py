@@ -253,7 +253,7 @@ BFLOAT16_FLAGS = frozenset({"amx_bf16", "avx512_bf16", "bf16"})
 
 def native_bfloat16(flags: str | None = None) -> bool | None:
     """Whether the CPU computes in bfloat16 natively, from its ``/proc/cpuinfo`` flags (or ``flags`` given);
-    None where they cannot be read. Without it, autocast's bfloat16 GEMMs are emulated in fp32 and slower."""
+    None where they cannot be read. Without it autocast's bfloat16 has no hardware path, likely slower than fp32."""
     if flags is None:
         flags = _cpuinfo_field(("flags", "Features"))
     if not flags:
