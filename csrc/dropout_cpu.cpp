@@ -25,6 +25,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "mxint8_cpu_isa.h"
 
@@ -186,34 +187,36 @@ ADLS_AVX2 void apply_avx2(const Stream& s, float scale, const typename Lanes::sc
 }
 #endif
 
+// The AVX2 kernel's lanes for a dtype: float32, the training dtype, and bfloat16, the activations' dtype under CPU
+// autocast (trainer.precision=bf16-mixed); void (the portable loops) for the others.
+template <typename scalar_t>
+struct LanesOf {
+  using type = void;
+};
+#ifdef ADLS_DROPOUT_HAVE_AVX2
+template <>
+struct LanesOf<float> {
+  using type = Float32Lanes;
+};
+template <>
+struct LanesOf<c10::BFloat16> {
+  using type = BFloat16Lanes;
+};
+#endif
+
 template <typename scalar_t, typename opmath_t>
 void apply(const Stream& s, opmath_t scale, const scalar_t* x, scalar_t* out, int64_t numel, int64_t first_block,
            int64_t end_block) {
+#ifdef ADLS_DROPOUT_HAVE_AVX2
+  using Lanes = typename LanesOf<scalar_t>::type;
+  if constexpr (!std::is_void_v<Lanes>) {
+    if (mxint8::avx2_selected()) {
+      apply_avx2<Lanes>(s, scale, x, out, numel, first_block, end_block);
+      return;
+    }
+  }
+#endif
   apply_portable<scalar_t, opmath_t>(s, scale, x, out, numel, first_block, end_block);
-}
-
-// float32, the training dtype, and bfloat16, the activations' dtype under CPU autocast (trainer.precision=
-// bf16-mixed): the AVX2 kernel where selected.
-void apply(const Stream& s, float scale, const float* x, float* out, int64_t numel, int64_t first_block,
-           int64_t end_block) {
-#ifdef ADLS_DROPOUT_HAVE_AVX2
-  if (mxint8::avx2_selected()) {
-    apply_avx2<Float32Lanes>(s, scale, x, out, numel, first_block, end_block);
-    return;
-  }
-#endif
-  apply_portable<float, float>(s, scale, x, out, numel, first_block, end_block);
-}
-
-void apply(const Stream& s, float scale, const c10::BFloat16* x, c10::BFloat16* out, int64_t numel,
-           int64_t first_block, int64_t end_block) {
-#ifdef ADLS_DROPOUT_HAVE_AVX2
-  if (mxint8::avx2_selected()) {
-    apply_avx2<BFloat16Lanes>(s, scale, x, out, numel, first_block, end_block);
-    return;
-  }
-#endif
-  apply_portable<c10::BFloat16, float>(s, scale, x, out, numel, first_block, end_block);
 }
 
 void check_args(const at::Tensor& x, double p, const at::Tensor& seed, int64_t offset) {
