@@ -328,12 +328,28 @@ class PruningCallback(L.Callback):
     def on_before_optimizer_step(
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        # the schedule's multiplier of this step's learning rate (current over initial lr), which learned scores follow
         if not self.pruner.learns_scores:
             return
+        # the schedule's multiplier of this step's learning rate (current over initial lr), which learned scores follow
         group = optimizer.param_groups[0]
         initial = group.get("initial_lr", group["lr"])
         self._lr_scale = group["lr"] / initial if initial else 1.0
+        # the scores' gradients get what the weights' got before this hook (averaged over processes, unscaled) and
+        # what the trainer does to them after it (clipping), as the paper's scores, parameters of the same optimizer
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        scale = 1.0 / float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
+        clip_val = trainer.gradient_clip_val  # Lightning clips by norm unless told "value"
+        algorithm = "value" if trainer.gradient_clip_algorithm == "value" else "norm"
+        gradients = [
+            p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None
+        ]
+        norm = (
+            torch.nn.utils.get_total_norm(gradients)
+            if clip_val and algorithm == "norm" and gradients
+            else 0.0
+        )
+        reduce = partial(trainer.strategy.reduce, reduce_op="mean") if trainer.world_size > 1 else None
+        self.pruner.finish_score_step(pl_module, reduce, scale, clip_val, algorithm, norm)
 
     def _schedule_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
         """Masks for the step about to train, at the schedule's sparsity for it (returned)."""

@@ -9,6 +9,7 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from torch import nn
@@ -24,6 +25,7 @@ from adls_lightning.prune import (
     Pruner,
     WeightMask,
 )
+from callbacks.pruning import PruningCallback
 from tests.helpers import assert_one_line_error, kill_and_resume, run_train
 
 SMALL = ["data.train_size=64", "data.val_size=16", "data.test_size=16", "data.max_length=32"]
@@ -62,8 +64,6 @@ def test_scores_are_minus_weight_times_masked_weight_gradient_summed_over_steps(
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
     expected = torch.zeros(4, 6, dtype=torch.float64)
     for step in range(5):
-        if step == 3:  # from here on half of the weights are masked
-            pruner.prune_scheduled(layer, 0.5)
         x, target = torch.randn(8, 6), torch.randn(8, 4)
         weight = layer.parametrizations.weight.original.detach().double().clone()
         mask = layer.parametrizations.weight[0].mask.double()
@@ -74,6 +74,9 @@ def test_scores_are_minus_weight_times_masked_weight_gradient_summed_over_steps(
         optimizer.zero_grad()
         nn.functional.mse_loss(layer(x), target).backward()
         optimizer.step()
+        pruner.prune_scheduled(
+            layer, 0.5 if step >= 2 else 0.0
+        )  # from step 3 on, half of the weights are masked
         scores = layer.parametrizations.weight[0].scores
         torch.testing.assert_close(scores.double(), expected, rtol=1e-5, atol=1e-6)
     assert not bool(mask.all())  # the last steps had masked entries ...
@@ -118,6 +121,178 @@ def test_adam_scores_are_what_torch_adam_learns_on_the_straight_through_gradient
     assert set(learner.mask.flatten().nonzero().flatten().tolist()) == set(kept.tolist())
 
 
+class PaperMovement(nn.Module):
+    """The paper's formulation, as a reference: a linear layer whose scores S are a parameter, the mask M the top
+    half of S, and W' = W ⊙ (M + S - S.detach()): numerically M ⊙ W, with ∂L/∂S = ∂L/∂W' ⊙ W (straight-through)
+    and ∂L/∂W = ∂L/∂W' ⊙ M. Its parameters, S among them, are clipped together by torch's own clipping."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().double().clone())
+        self.bias = nn.Parameter(bias.detach().double().clone())
+        self.scores = nn.Parameter(torch.zeros_like(self.weight))
+        self.register_buffer("mask", torch.ones_like(self.weight))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        straight_through = self.mask + self.scores - self.scores.detach()
+        return x.double() @ (self.weight * straight_through).T + self.bias
+
+    def keep_highest(self, sparsity: float) -> None:
+        kept = (
+            self.scores.detach()
+            .flatten()
+            .argsort(descending=True)[: self.mask.numel() - zeros_at(self.mask.numel(), sparsity)]
+        )
+        self.mask.zero_().view(-1)[kept] = 1.0
+
+
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+def test_adam_scores_learn_from_gradients_clipped_with_the_weights(algorithm):
+    """With the trainer clipping gradients, ``movement_adam``'s scores are those of the paper's code: S a parameter
+    beside W and b, all three clipped by one ``clip_grad_norm_`` (or ``clip_grad_value_``), then Adam on S. The
+    threshold is chosen so that some steps are clipped and some are not, and the unclipped scores differ. The
+    weights are the trainer's (clipped without the scores, which are not its parameters: on MiniLM they add about
+    0.1 % to the norm), copied into the reference before each step."""
+    torch.manual_seed(0)
+    layer = nn.Linear(6, 4)
+    paper = PaperMovement(layer.weight, layer.bias)
+    pruner = Pruner(weight={"method": "movement_adam", "sparsity": 0.5})
+    pruner.register_placeholders(layer)
+    learner = layer.parametrizations.weight[0]
+    sgd = torch.optim.SGD(layer.parameters(), lr=0.05)
+    adam = torch.optim.Adam([paper.scores], lr=1.0, betas=learner.betas, eps=learner.eps)
+    unclipped = torch.zeros(4, 6, dtype=torch.float64, requires_grad=True)
+    unclipped_adam = torch.optim.Adam([unclipped], lr=1.0, betas=learner.betas, eps=learner.eps)
+    clip_val = {"norm": 0.5, "value": 0.05}[algorithm]
+    clipped_steps = 0
+    for step, input_scale in enumerate([0.2, 3.0, 0.5, 4.0, 0.1, 2.0]):
+        x, target = input_scale * torch.randn(8, 6), torch.randn(8, 4)
+        with torch.no_grad():
+            paper.weight.copy_(layer.parametrizations.weight.original)
+            paper.bias.copy_(layer.bias)
+        sgd.zero_grad()
+        nn.functional.mse_loss(layer(x), target).backward()
+        paper.zero_grad()
+        nn.functional.mse_loss(paper(x), target.double()).backward()
+        unclipped.grad = paper.scores.grad.clone()
+        # the trainer: clip the weights' gradients; the callback: clip the scores' with them
+        weight_grads = [p.grad for p in layer.parameters()]
+        norm = torch.nn.utils.get_total_norm(weight_grads)
+        factor = pruner.finish_score_step(
+            layer, clip_val=clip_val, clip_algorithm=algorithm, parameter_norm=norm
+        )
+        if algorithm == "norm":
+            total = torch.nn.utils.clip_grad_norm_(list(paper.parameters()), clip_val)
+            torch.nn.utils.clip_grad_norm_(list(layer.parameters()), clip_val)
+            assert factor == pytest.approx(min(1.0, clip_val / (float(total) + 1e-6)), rel=1e-5)
+            clipped_steps += factor < 1.0
+        else:
+            torch.nn.utils.clip_grad_value_(list(paper.parameters()), clip_val)
+            torch.nn.utils.clip_grad_value_(list(layer.parameters()), clip_val)
+            clipped_steps += bool((unclipped.grad.abs() > clip_val).any())
+        sgd.step()
+        adam.step()
+        unclipped_adam.step()
+        sparsity = 0.5 if step >= 2 else 0.0
+        pruner.prune_scheduled(layer, sparsity)
+        paper.keep_highest(sparsity)
+        torch.testing.assert_close(learner.scores.double(), paper.scores.detach(), rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(learner.mask.double(), paper.mask)
+    assert 0 < clipped_steps < 6
+    assert not torch.allclose(paper.scores.detach(), unclipped.detach(), rtol=1e-2, atol=1e-3)
+
+
+class _OneLinear(L.LightningModule):
+    """The smallest module the pruning callback can sit under: one prunable linear, SGD, an MSE loss."""
+
+    def __init__(self, layer: nn.Linear) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        inputs, targets = batch
+        return nn.functional.mse_loss(self.layer(inputs), targets)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def test_the_callback_clips_the_scores_gradients_with_the_trainers_clipping():
+    """``PruningCallback`` under ``L.Trainer(gradient_clip_val=0.5)``: after six steps (two dense, then a ramp to 50 %)
+    the scores, masks and weights are those of a loop written out by hand, where the scores' gradient is multiplied by
+    clip_grad_norm_'s factor over the weights' and scores' gradients together and the trainer clips the weights."""
+    torch.manual_seed(0)
+    layer = nn.Linear(6, 4)
+    paper = PaperMovement(layer.weight, layer.bias)
+    generator = torch.Generator().manual_seed(3)
+    scales = [0.2, 3.0, 0.5, 4.0, 0.1, 2.0]
+    batches = [
+        (s * torch.randn(8, 6, generator=generator), torch.randn(8, 4, generator=generator)) for s in scales
+    ]
+    schedule = {"initial_sparsity": 0.0, "warmup": 0.34, "cooldown": 0.0}
+    callback = PruningCallback(weight={"method": "movement_adam", "sparsity": 0.5}, schedule=schedule)
+    trainer = L.Trainer(
+        max_epochs=1,
+        gradient_clip_val=0.5,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
+    trainer.fit(_OneLinear(layer), train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
+    learner = layer.parametrizations.weight[0]
+
+    sgd = torch.optim.SGD([paper.weight, paper.bias], lr=0.05)
+    adam = torch.optim.Adam([paper.scores], lr=1.0, betas=learner.betas, eps=learner.eps)
+    ramp = CubicSchedule(0.5, **schedule)
+    clipped = 0
+    for step, (inputs, targets) in enumerate(batches):
+        paper.zero_grad()
+        nn.functional.mse_loss(paper(inputs), targets.double()).backward()
+        total = torch.nn.utils.get_total_norm([paper.weight.grad, paper.bias.grad, paper.scores.grad])
+        factor = min(1.0, 0.5 / (float(total) + 1e-6))
+        clipped += factor < 1.0
+        paper.scores.grad.mul_(factor)
+        torch.nn.utils.clip_grad_norm_([paper.weight, paper.bias], 0.5)
+        sgd.step()
+        adam.step()
+        if step > 0 or bool(paper.scores.detach().any()):
+            paper.keep_highest(ramp.sparsity(step + 1, len(batches)))
+    assert 0 < clipped < len(batches) and 0 < learner.mask.sum() < learner.mask.numel()
+    torch.testing.assert_close(learner.scores.double(), paper.scores.detach(), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(learner.mask.double(), paper.mask)
+    torch.testing.assert_close(
+        layer.parametrizations.weight.original.double(), paper.weight.detach(), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_a_step_with_non_finite_score_gradients_teaches_the_scores_nothing():
+    """A float16 loss scaler's overflow step (skipped by the optimizer): its score gradient is dropped, Adam's state
+    and the consistency sums are untouched; the next finite step learns as usual."""
+    torch.manual_seed(0)
+    layer = nn.Linear(6, 4)
+    pruner = Pruner(weight={"method": "movement_adam", "sparsity": 0.5})
+    pruner.register_placeholders(layer)
+    learner = layer.parametrizations.weight[0]
+    nn.functional.mse_loss(layer(torch.randn(8, 6)), torch.randn(8, 4)).backward()
+    pruner.finish_score_step(layer, clip_val=1.0, parameter_norm=1.0)
+    pruner.prune_scheduled(layer, 0.0)
+    before = {name: getattr(learner, name).clone() for name in ("scores", "exp_avg", "exp_avg_sq", "step")}
+    nn.functional.mse_loss(layer(torch.full((8, 6), float("inf"))), torch.randn(8, 4)).backward()
+    assert pruner.finish_score_step(layer, scale=1 / 65536, clip_val=1.0, parameter_norm=float("inf")) == 0.0
+    pruner.prune_scheduled(layer, 0.5)
+    for name, value in before.items():
+        assert torch.equal(getattr(learner, name), value), name
+    assert int(learner.sample_steps) == 1
+    nn.functional.mse_loss(layer(torch.randn(8, 6)), torch.randn(8, 4)).backward()
+    pruner.finish_score_step(layer, clip_val=1.0, parameter_norm=1.0)
+    pruner.prune_scheduled(layer, 0.5)
+    assert int(learner.step) == 2 and not torch.equal(learner.scores, before["scores"])
+
+
 def test_adam_scores_of_two_processes_agree_by_learning_from_their_averaged_gradient():
     """A distributed fit: each process accumulates the gradients of its own batches; ``reduce`` (the strategy's
     mean) gives both the average, so both learn the same scores and masks, those of Adam on the averaged gradient."""
@@ -135,18 +310,14 @@ def test_adam_scores_of_two_processes_agree_by_learning_from_their_averaged_grad
         for layer in ranks:  # each process its own batch
             x, target = torch.randn(8, 6, generator=generator), torch.randn(8, 4, generator=generator)
             nn.functional.mse_loss(layer(x), target).backward()
-        # what all-reduce(mean) gives each process, for each buffer it is called on
-        means = {
-            name: (getattr(learners[0], name) + getattr(learners[1], name)) / 2
-            for name in ("step_gradient", "sample_step")
-        }
-        mean = means["step_gradient"]
+        # what all-reduce(mean) gives each process: the step gradient is the only buffer it is called on
+        mean = (learners[0].step_gradient + learners[1].step_gradient) / 2
         assert not torch.equal(learners[0].step_gradient, learners[1].step_gradient)
         for layer, learner in zip(ranks, learners, strict=True):
 
-            def all_reduce_mean(tensor, learner=learner, means=means):
-                name = next(n for n in means if tensor is getattr(learner, n))
-                return means[name].clone()
+            def all_reduce_mean(tensor, learner=learner, mean=mean):
+                assert tensor is learner.step_gradient
+                return mean.clone()
 
             Pruner(weight={"method": "movement_adam", "sparsity": 0.5}).prune_scheduled(
                 layer, 0.5, reduce=all_reduce_mean

@@ -65,6 +65,7 @@ from adls_lightning.prune.movement import (
     AdamMovementMask,
     CubicSchedule,
     MovementMask,
+    clip_score_gradients,
     register_learned,
 )
 from adls_lightning.prune.oneshot import OneShotFn, SparseGPTConfig, register_oneshot, sparsegpt, wanda
@@ -123,6 +124,7 @@ __all__ = [
     "StructuredPruner",
     "WeightMask",
     "check_pattern",
+    "clip_score_gradients",
     "compute_weight_masks",
     "count_true",
     "find_prune_targets",

@@ -11,8 +11,10 @@ paper's hard movement score under its straight-through estimator (``∂L/∂S = 
 would learn (the score learning rate only scales S and top-k ranks the same). The paper's code learns S with AdamW,
 which normalises each entry's updates: ``method: movement_adam`` (:class:`AdamMovementMask`) learns them that way.
 Pruned entries keep accumulating (straight-through, their gradient through the mask is ``∂L/∂W'``, not 0), so a
-pruned weight whose score overtakes a kept one comes back. There is no score parameter and no optimizer: S is a float32 buffer beside the mask
-(:class:`MovementMask`), added to by a backward hook on the masked weight.
+pruned weight whose score overtakes a kept one comes back. There is no score parameter and no optimizer: S is a float32
+buffer beside the mask (:class:`MovementMask`); a backward hook on the masked weight adds each micro-batch's
+``-W ⊙ ∂L/∂W'`` to a step buffer, which is clipped with the weights' gradients (:func:`clip_score_gradients`, as the
+paper's code clips its score parameters) and learned from once per optimizer step.
 
 **Masks.** After every optimizer step the masks keep the highest ``1 - s_t`` of each layer's scores (exactly
 ``round(s_t · n)`` zeros, ties by position, :func:`~adls_lightning.prune.masks.masks_from_scores`), with ``s_t``
@@ -38,7 +40,7 @@ the same schedule (``l1`` on it is Zhu & Gupta's gradual magnitude pruning); onl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,12 +86,14 @@ class MovementMask(WeightMask):
         count = mask.numel()
         sample = torch.randperm(count, generator=torch.Generator().manual_seed(0))[:CONSISTENCY_SAMPLE]
         self.register_buffer("sample", sample.sort().values.to(mask.device), persistent=False)
-        self.register_buffer("sample_step", torch.zeros(len(sample), device=mask.device), persistent=False)
         self.register_buffer(
             "sample_halves", torch.zeros(2, len(sample), device=mask.device), persistent=False
         )
         self.register_buffer("sample_steps", torch.zeros((), dtype=torch.int64), persistent=False)
-        self._sampled = False
+        # -∂L/∂S of this optimizer step, accumulated over its micro-batches and applied by learn()
+        self.register_buffer("step_gradient", torch.zeros_like(scores), persistent=False)
+        self._has_gradient = False  # a backward since the last learn()
+        self._finished = False  # step_gradient already averaged over processes, unscaled and clipped
 
     def forward(self, weight: Tensor) -> Tensor:
         masked = super().forward(weight)
@@ -100,34 +104,46 @@ class MovementMask(WeightMask):
 
     @torch.no_grad()
     def _accumulate(self, grad: Tensor, weight: Tensor) -> None:
-        # the gradient of the masked weight, for every entry: straight-through, pruned ones are scored too
-        self.scores.addcmul_(grad.to(self.scores.dtype), weight.to(self.scores.dtype), value=-1.0)
-        self._sample_movement(grad, weight)
+        # -∂L/∂S = -∂L/∂W' ⊙ W for every entry: straight-through, pruned ones are scored too
+        self.step_gradient.addcmul_(grad.to(self.scores.dtype), weight.to(self.scores.dtype), value=-1.0)
+        self._has_gradient = True
 
-    def _sample_movement(self, grad: Tensor, weight: Tensor) -> None:
-        # index_select on the flat view: a third of the time of advanced indexing, once per micro-batch and layer
-        grad, weight = (
-            t.reshape(-1).index_select(0, self.sample).to(self.sample_step.dtype) for t in (grad, weight)
-        )
-        self.sample_step.addcmul_(grad, weight, value=-1.0)
-        self._sampled = True
+    @torch.no_grad()
+    def finish_gradient(self, reduce: Callable[[Tensor], Tensor] | None = None, scale: float = 1.0) -> bool:
+        """Makes this step's score gradient the one to learn from: averaged over the processes of a distributed fit
+        (``reduce``; each accumulated its own batches) and multiplied by ``scale`` (a loss scaler's inverse scale).
+        Once per step; returns whether there is a gradient (no backward since the last step: the fit's start, a
+        resume). Clipping it with the weights' gradients is :func:`clip_score_gradients`."""
+        if not self._has_gradient or self._finished:
+            return self._has_gradient
+        if reduce is not None:
+            self.step_gradient.copy_(reduce(self.step_gradient))
+        if scale != 1.0:
+            self.step_gradient.mul_(scale)
+        self._finished = True
+        return True
 
     @torch.no_grad()
     def learn(self, reduce: Callable[[Tensor], Tensor] | None = None, lr_scale: float = 1.0) -> None:
-        """Ends an optimizer step: the scores are final for ranking. ``reduce`` averages them over the processes of a
-        distributed fit (each accumulated its own batches); summed scores need no learning rate (``lr_scale``)."""
-        if reduce is not None:
-            self.scores.copy_(reduce(self.scores))
-        self._end_sample_step(reduce)
-
-    def _end_sample_step(self, reduce: Callable[[Tensor], Tensor] | None) -> None:
-        if not self._sampled:  # no backward since the last step (the fit's start, a resume)
+        """Ends an optimizer step: learns from its score gradient (:meth:`finish_gradient`, if not already called),
+        after which the scores are final for ranking. Summed scores need no learning rate (``lr_scale``)."""
+        if not self.finish_gradient(reduce):
             return
-        movement = reduce(self.sample_step) if reduce is not None else self.sample_step
-        self.sample_halves[int(self.sample_steps) % 2] += movement
+        self._learn_from(self.step_gradient, lr_scale)
+        # the consistency check follows the movement the scores learned from, this step's at the sampled entries
+        self.sample_halves[int(self.sample_steps) % 2] += self.step_gradient.reshape(-1).index_select(
+            0, self.sample
+        )
         self.sample_steps += 1
-        self.sample_step.zero_()
-        self._sampled = False
+        self.discard_gradient()
+
+    def _learn_from(self, gradient: Tensor, lr_scale: float) -> None:
+        self.scores.add_(gradient)  # what SGD on S learns, up to its learning rate
+
+    def discard_gradient(self) -> None:
+        """Forgets this step's score gradient (a step the optimizer skips teaches the scores nothing)."""
+        self.step_gradient.zero_()
+        self._has_gradient = self._finished = False
 
     def consistency(self) -> float | None:
         """How far the sampled entries' ranking by movement is a property of the weights rather than of the batches:
@@ -174,21 +190,11 @@ class AdamMovementMask(MovementMask):
 
     def __init__(self, mask: Tensor) -> None:
         super().__init__(mask)
-        for name in ("step_gradient", "exp_avg", "exp_avg_sq"):
+        for name in ("exp_avg", "exp_avg_sq"):
             self.register_buffer(name, torch.zeros_like(self.scores), persistent=False)
         self.register_buffer("step", torch.zeros((), dtype=torch.float64), persistent=False)
 
-    @torch.no_grad()
-    def _accumulate(self, grad: Tensor, weight: Tensor) -> None:
-        # -∂L/∂S of this optimizer step (accumulated over its micro-batches), applied by learn()
-        self.step_gradient.addcmul_(grad.to(self.scores.dtype), weight.to(self.scores.dtype), value=-1.0)
-        self._sample_movement(grad, weight)
-
-    @torch.no_grad()
-    def learn(self, reduce: Callable[[Tensor], Tensor] | None = None, lr_scale: float = 1.0) -> None:
-        if not self._sampled:  # no backward since the last step (the fit's start, a resume)
-            return
-        gradient = reduce(self.step_gradient) if reduce is not None else self.step_gradient
+    def _learn_from(self, gradient: Tensor, lr_scale: float) -> None:
         beta1, beta2 = self.betas
         self.step += 1
         self.exp_avg.lerp_(gradient, 1 - beta1)
@@ -196,11 +202,51 @@ class AdamMovementMask(MovementMask):
         step = float(self.step)
         denominator = (self.exp_avg_sq / (1 - beta2**step)).sqrt_().add_(self.eps)
         self.scores.addcdiv_(self.exp_avg, denominator, value=lr_scale / (1 - beta1**step))
-        self.step_gradient.zero_()
-        self._end_sample_step(reduce)
 
     def optimizer_state(self) -> dict[str, Tensor]:
         return {name: getattr(self, name).clone() for name in ("exp_avg", "exp_avg_sq", "step")}
+
+
+@torch.no_grad()
+def clip_score_gradients(
+    learners: Sequence[MovementMask],
+    clip_val: float | None = None,
+    algorithm: str = "norm",
+    parameter_norm: float | Tensor = 0.0,
+) -> float:
+    """Clips one optimizer step's score gradients (each :meth:`MovementMask.finish_gradient`-ed) as the trainer clips
+    the weights' gradients, as if the scores were parameters of the same optimizer. Sanh et al.'s code does exactly
+    that: the scores are parameters, and one ``clip_grad_norm_(model.parameters(), 1.0)`` scales every gradient,
+    theirs included, before AdamW steps. It matters for Adam-learned scores: a fine-tune's gradient norm is well above
+    the clipping threshold on most steps, so the weights learn from every step's direction with about equal weight,
+    while unclipped scores would learn mostly from the steps with the largest gradients, and rank the weights by a
+    movement that is not the weights' own (docs/pruning.md, "Clipped like the weights").
+
+    ``algorithm="norm"`` multiplies every score gradient by ``min(1, clip_val / (total + 1e-6))``, as
+    ``torch.nn.utils.clip_grad_norm_`` does, ``total`` being the 2-norm of the weights' gradients
+    (``parameter_norm``) and the scores' together; ``"value"`` clamps each entry to ``±clip_val``; ``clip_val=None``
+    or ``0`` leaves them. A step whose score gradient is not finite (a float16 loss scaler's overflow, after which the
+    optimizer skips the step) is discarded. Returns the factor applied (1.0 when none, 0.0 when discarded)."""
+    norms = [learner.step_gradient.norm() for learner in learners]
+    if not norms:
+        return 1.0
+    scores_norm = torch.stack(norms).norm()
+    if not bool(torch.isfinite(scores_norm)):
+        for learner in learners:
+            learner.discard_gradient()
+        return 0.0
+    if not clip_val:
+        return 1.0
+    if algorithm == "value":
+        for learner in learners:
+            learner.step_gradient.clamp_(-clip_val, clip_val)
+        return 1.0
+    total = torch.hypot(scores_norm, torch.as_tensor(parameter_norm, dtype=scores_norm.dtype))
+    factor = min(1.0, clip_val / (float(total) + 1e-6))
+    if factor < 1.0:
+        for learner in learners:
+            learner.step_gradient.mul_(factor)
+    return factor
 
 
 @dataclass(frozen=True)

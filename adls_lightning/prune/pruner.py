@@ -28,7 +28,7 @@ from adls_lightning.prune.masks import (
     is_weight_pruned,
     masks_from_scores,
 )
-from adls_lightning.prune.movement import CubicSchedule, MovementMask
+from adls_lightning.prune.movement import CubicSchedule, MovementMask, clip_score_gradients
 from adls_lightning.prune.oneshot import SparseGPTConfig, check_block_size, solve
 from adls_lightning.prune.scores import LEARNED_METHODS, ONESHOT_METHODS, PRUNE_METHODS, rank_scores
 
@@ -323,6 +323,25 @@ class Pruner:
         masks = masks_from_scores(scores, dataclasses.replace(self.weight, sparsity=sparsity))
         for target in targets:
             target.linear.parametrizations.weight[0].mask.copy_(masks[target.name])
+
+    def finish_score_step(
+        self,
+        model: nn.Module,
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        scale: float = 1.0,
+        clip_val: float | None = None,
+        clip_algorithm: str = "norm",
+        parameter_norm: float | torch.Tensor = 0.0,
+    ) -> float:
+        """Readies a learned method's score gradients of this optimizer step, between the backward passes and the
+        optimizer step, as the trainer readies the weights' (the next :meth:`prune_scheduled` learns from them):
+        averaged over processes (``reduce``), multiplied by ``scale`` (a loss scaler's ``1 / scale``; the weights'
+        gradients are unscaled by now) and clipped with the weights' gradients (:func:`clip_score_gradients`; their
+        norm: ``parameter_norm``). Returns the clipping factor (1.0 for other methods)."""
+        learners = [
+            learner for learner in self.learners(model).values() if learner.finish_gradient(reduce, scale)
+        ]
+        return clip_score_gradients(learners, clip_val, clip_algorithm, parameter_norm)
 
     def learners(self, model: nn.Module) -> dict[str, MovementMask]:
         """Layer name -> the mask that learns its scores; empty for methods that learn none."""
