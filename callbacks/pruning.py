@@ -10,7 +10,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from adls_lightning.distill import Distiller, check_distillation
@@ -18,7 +18,6 @@ from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import (
     DEFAULT_EXCLUDE,
-    NOISY_CONSISTENCY,
     Pruner,
     StructuredPruner,
     fit_structure_to_state,
@@ -184,8 +183,6 @@ class PruningCallback(L.Callback):
         self._total_steps = 0  # optimizer steps of the fit, known at its start
         self._lr_scale = 1.0  # the learning-rate schedule's multiplier of the step being taken
         self._scheduled_step: int | None = None  # the global step the masks were last computed for
-        # whether the ramp's start has judged the learned scores' consistency
-        self._consistency_checked = False
         #: per layer, the head and FFN-neuron indices structured pruning kept (callback state, for the record)
         self.kept: dict[str, list[list[int]]] | None = None
 
@@ -299,30 +296,21 @@ class PruningCallback(L.Callback):
             return
         sparsity = self._schedule_step(trainer, pl_module)
         pl_module.log("prune/scheduled_sparsity", sparsity, on_step=True, on_epoch=False, prog_bar=True)
-        start, end = self.pruner.schedule.bounds(self._total_steps)
         if self.pruner.learns_scores:
-            self._log_consistency(trainer, pl_module, start)
+            self._log_consistency(trainer, pl_module)
+        _, end = self.pruner.schedule.bounds(self._total_steps)
         if trainer.global_step == end:
             forget_best_checkpoints(trainer)  # "best" is chosen among checkpoints at the final sparsity
 
-    def _log_consistency(self, trainer: L.Trainer, pl_module: L.LightningModule, ramp_start: int) -> None:
+    def _log_consistency(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # the rank correlations take about 1.5 ms per layer: only on the steps that write logs (Lightning writes
-        # on_step values when global_step is a multiple of log_every_n_steps, here) and at the ramp's start
-        check = trainer.global_step >= ramp_start and not self._consistency_checked
-        writes_logs = trainer.log_every_n_steps > 0 and trainer.global_step % trainer.log_every_n_steps == 0
-        consistency = self.pruner.score_consistency(pl_module) if check or writes_logs else None
-        if consistency is None:  # not yet two steps measured
+        # on_step values when global_step is a multiple of log_every_n_steps, here). A diagnostic, not a verdict:
+        # runs at 0.10 have beaten gradual L1 and runs at 0.49 collapsed (docs/pruning.md, "Clipped like the weights")
+        if trainer.log_every_n_steps <= 0 or trainer.global_step % trainer.log_every_n_steps:
             return
-        pl_module.log("prune/score_consistency", consistency, on_step=True, on_epoch=False, prog_bar=True)
-        if check:  # once, as the ramp starts: warn when what it is about to rank by is mostly noise
-            self._consistency_checked = True
-            if consistency < NOISY_CONSISTENCY:
-                rank_zero_warn(
-                    f"prune: after {trainer.global_step} optimizer steps the {self.pruner.weight.method} scores are "
-                    f"mostly gradient noise (prune/score_consistency {consistency:.2f}: 1 = the same ranking from "
-                    "even and odd steps, 0 = unrelated), so the ramp now starting prunes by noise; see "
-                    "docs/pruning.md#when-the-scores-are-noise"
-                )
+        consistency = self.pruner.score_consistency(pl_module)
+        if consistency is not None:  # None: not yet two steps measured
+            pl_module.log("prune/score_consistency", consistency, on_step=True, on_epoch=False, prog_bar=True)
 
     @override
     def on_before_optimizer_step(
@@ -562,7 +550,6 @@ class PruningCallback(L.Callback):
             if moments:
                 state["score_optimizer"] = moments
             state["score_consistency"] = self.pruner.score_consistency_state(self._module)
-            state["consistency_checked"] = self._consistency_checked
         return state
 
     @override
@@ -584,7 +571,6 @@ class PruningCallback(L.Callback):
             self.pruner.load_scores(self._module, state_dict["scores"])
             for key in ("score_optimizer", "score_consistency"):
                 self.pruner.load_learner_states(self._module, state_dict.get(key, {}))
-            self._consistency_checked = state_dict.get("consistency_checked", self._consistency_checked)
         if state_dict.get("applied", False) and not self.applied and self.structured is None:
             # Activation-only pruning leaves no mask in the model state: re-enable the hooks from callback state.
             assert self._module is not None

@@ -18,7 +18,6 @@ from adls_lightning.app.training import run
 from adls_lightning.build import build
 from adls_lightning.errors import ConfigError
 from adls_lightning.prune import (
-    NOISY_CONSISTENCY,
     AdamMovementMask,
     CubicSchedule,
     MovementMask,
@@ -562,18 +561,13 @@ def test_movement_preset_runs_through_train_py(tiny_imdb_dir, cache_dir, tmp_pat
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     # the scores' consistency is logged on the logging steps once two steps are measured (the CSV counts steps
-    # from 0), and judged once as the ramp starts, after t_w = round(0.1 * 16) = 2 dense steps: a warning exactly
-    # when it is below the noise line
+    # from 0); it is a diagnostic, with no warning
     with (out / "csv" / "metrics.csv").open(newline="") as handle:
         rows = [row for row in csv.DictReader(handle) if row.get("prune/score_consistency")]
     consistency = {int(row["step"]): float(row["prune/score_consistency"]) for row in rows}
     assert sorted(consistency) == [step for step in range(1, 16) if (step + 1) % log_every == 0]
     assert all(-1 <= value <= 1 for value in consistency.values())
-    warned = proc.stderr.count("scores are mostly gradient noise")
-    if log_every == 1:
-        assert warned == (consistency[1] < NOISY_CONSISTENCY), (consistency, proc.stderr[-2000:])
-    else:
-        assert warned <= 1
+    assert "gradient noise" not in proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     # every layer ends with exactly round(0.9 n) zeros (nothing else is zero in a trained float weight)
     assert metrics["prune/weight_sparsity"] == sum(zeros_at(n, 0.9) for n in TINY_SIZES) / sum(TINY_SIZES)
@@ -664,9 +658,8 @@ def test_killed_movement_run_resumes_with_the_same_scores_and_masks(
         assert (len(whole_moments) == len(TINY_SIZES)) == (preset == "movement_adam_0.9")
         for key, moments in whole_moments.items():
             assert all(torch.equal(value, resumed_moments[key][name]) for name, value in moments.items()), key
-        # the consistency check continues where it was: the same even/odd sums, steps and verdict
+        # the consistency check continues where it was: the same even/odd sums and steps
         whole_check, resumed_check = (c["callbacks"]["PruningCallback"] for c in (whole, resumed))
-        assert whole_check["consistency_checked"] and resumed_check["consistency_checked"]
         for key, halves in whole_check["score_consistency"].items():
             assert all(
                 torch.equal(value, resumed_check["score_consistency"][key][n]) for n, value in halves.items()

@@ -60,7 +60,6 @@ from adls_lightning.prune.masks import (
     smallest_k_by_sort,
 )
 from adls_lightning.prune.movement import (
-    NOISY_CONSISTENCY,
     SCHEDULE_KEYS,
     AdamMovementMask,
     CubicSchedule,
@@ -105,7 +104,6 @@ __all__ = [
     "GRANULARITIES",
     "LEARNED_METHODS",
     "MASE_METHODS",
-    "NOISY_CONSISTENCY",
     "ONESHOT_METHODS",
     "PRUNE_METHODS",
     "SCHEDULE_KEYS",

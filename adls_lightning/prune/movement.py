@@ -57,9 +57,6 @@ from adls_lightning.registry import named_decorator
 SCHEDULE_KEYS = ("initial_sparsity", "warmup", "cooldown")
 #: entries of each layer whose movement :meth:`MovementMask.consistency` follows (all of a smaller layer)
 CONSISTENCY_SAMPLE = 4096
-#: below this mean consistency a ranking is mostly noise (pure noise gives about 0 ± 0.02 on 4,096 entries;
-#: docs/pruning.md: MiniLM's encoder layers measure about 0 on IMDb at a learning rate of 1e-4, its pooler 0.44)
-NOISY_CONSISTENCY = 0.2
 
 
 def register_learned(name: str) -> Callable[[type], type]:
