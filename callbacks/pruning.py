@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -28,6 +28,11 @@ from adls_lightning.prune import (
 )
 from callbacks.calibration import MODEL_INPUTS, calibration_batches, model_forward
 from callbacks.trainer_control import forget_best_checkpoints
+
+
+def _process_mean(trainer: L.Trainer) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The mean of a tensor over the processes of a distributed fit (None in a single process)."""
+    return partial(trainer.strategy.reduce, reduce_op="mean") if trainer.world_size > 1 else None
 
 
 def log_sparsity(trainer: L.Trainer, pruner: Pruner, model: torch.nn.Module, prefix: str = "prune") -> float:
@@ -336,16 +341,14 @@ class PruningCallback(L.Callback):
             if clip_val and algorithm == "norm" and gradients
             else 0.0
         )
-        reduce = partial(trainer.strategy.reduce, reduce_op="mean") if trainer.world_size > 1 else None
-        self.pruner.finish_score_step(pl_module, reduce, scale, clip_val, algorithm, norm)
+        self.pruner.finish_score_step(pl_module, _process_mean(trainer), scale, clip_val, algorithm, norm)
 
     def _schedule_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
         """Masks for the step about to train, at the schedule's sparsity for it (returned)."""
         assert self.pruner.schedule is not None
         sparsity = self.pruner.schedule.sparsity(trainer.global_step, self._total_steps)
         # each process scores its own batches: the masks must come from the scores of all of them
-        reduce = partial(trainer.strategy.reduce, reduce_op="mean") if trainer.world_size > 1 else None
-        self.pruner.prune_scheduled(pl_module, sparsity, reduce, lr_scale=self._lr_scale)
+        self.pruner.prune_scheduled(pl_module, sparsity, _process_mean(trainer), lr_scale=self._lr_scale)
         self._scheduled_step = trainer.global_step
         return sparsity
 
