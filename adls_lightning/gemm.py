@@ -15,7 +15,9 @@ evaluation) is reordered once into oneDNN's own layout (:class:`PackedWeights`) 
 :func:`choose` resolves ``auto``: it times both backends on the model's own linear shapes (forward, grad input,
 grad weight where the weight trains) and takes oneDNN only when it is faster by more than ``MARGIN``, so ``auto``
 never makes a run slower than torch's default. The answer is cached per CPU model, thread count, torch version
-and shapes in a small JSON file.
+and shapes in a small JSON file -- but only a measurement that can be trusted (:func:`untrustworthy`): the
+timing is repeated and compared with a reference GEMM of the same process, and one taken under load (repeats that
+disagree, a CPU far below any CPU's rate) is used for nothing: the run takes aten, says why, and caches nothing.
 
 Library code: no Lightning imports.
 """
@@ -50,6 +52,24 @@ MARGIN = 1.05
 # measurement to milliseconds per shape.
 TIMING_ROWS = 512
 CACHE_FILE = "gemm_choice.json"
+# `auto` measures the model's GEMMs this many times (each the best of `measure`'s rounds) and trusts them only when
+# they agree: a choice cached from one timing taken under load (issue 56: "aten 0.2 vs oneDNN 0.2 GFLOP/s") stayed
+# wrong for every later run on that machine.
+MEASUREMENTS = 3
+# The slowest of the repeats may take at most this many times the fastest's time, per backend. On an idle machine
+# the repeats of this project's CPU agree within 12 % (MiniLM's shapes at 512 rows, one thread); more means other
+# work took the CPU in the middle of a repeat, and the 5 % MARGIN cannot be read from such numbers.
+MAX_SPREAD = 1.25
+# The reference GEMM: a 256 x 256 x 256 fp32 torch.mm, big enough for every BLAS to run at its full rate, small
+# enough to take well under a millisecond (this project's AMD CPU: 100 GFLOP/s on one thread).
+REFERENCE_SIZE = 256
+# A CPU that computes the reference below this is not running the process at full speed: one AVX2 core does over
+# 30 GFLOP/s on it and even an SSE2-only one over 5, so 2 GFLOP/s is a CPU shared with other work (or OpenMP
+# threads oversubscribed), whose timing says nothing about the backends.
+REFERENCE_FLOOR_GFLOPS = 2.0
+# How much slower than the reference a model's GEMM may plausibly run (see `untrustworthy`): oneDNN's copies of
+# transposed operands, memory-bound thin shapes (LoRA's rank-8 layers) and another BLAS's kernels stay well within it.
+PLAUSIBLE_SLOWDOWN = 8.0
 
 
 def validate(value: object) -> None:
@@ -309,16 +329,90 @@ def _flops(shapes: Counter[LinearShape], rows: int) -> float:
     )
 
 
+def reference_gflops(repeats: int = 5) -> float:
+    """GFLOP/s of the reference GEMM (:data:`REFERENCE_SIZE` cubed, torch.mm, this process's threads): the best of
+    ``repeats`` after one warm-up call."""
+    gen = torch.Generator().manual_seed(0)  # not the global stream: see _gemm_calls
+    a = torch.randn(REFERENCE_SIZE, REFERENCE_SIZE, generator=gen)
+    b = torch.randn(REFERENCE_SIZE, REFERENCE_SIZE, generator=gen)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * REFERENCE_SIZE**3 / best / 1e9
+
+
+def _slowest_plausible(shapes: Counter[LinearShape], rows: int, reference: float) -> float:
+    """Seconds above which a measurement of all the model's GEMMs on one backend is implausible, given the
+    reference GEMM's rate (GFLOP/s) measured in the same process.
+
+    A GEMM's rate ``work / (overhead + work / peak)`` only grows with its work, so one smaller than the reference
+    runs at least at ``reference x work / reference work``: no GEMM plausibly takes longer than the reference GEMM
+    takes for ``max(its work, the reference's)``, times :data:`PLAUSIBLE_SLOWDOWN`. Tiny shapes get a loose bound
+    (their time is call overhead), large ones a tight one."""
+    reference_work = 2.0 * REFERENCE_SIZE**3
+    seconds = 0.0
+    for s, count in shapes.items():
+        work = 2.0 * rows * s.in_features * s.out_features
+        seconds += count * (3 if s.train_weight else 2) * max(work, reference_work)
+    return PLAUSIBLE_SLOWDOWN * seconds / (reference * 1e9)
+
+
+def untrustworthy(
+    runs: list[dict[str, float]], references: list[float], shapes: Counter[LinearShape], rows: int
+) -> str | None:
+    """Why repeated measurements (``runs``: seconds per backend, each a :func:`measure`) with the reference GEMM's
+    rates taken around them (``references``, GFLOP/s) cannot be trusted; None when they can."""
+    slowest_reference = min(references)
+    if not slowest_reference >= REFERENCE_FLOOR_GFLOPS:
+        return (
+            f"the reference GEMM ran at {slowest_reference:.1f} GFLOP/s, below the {REFERENCE_FLOOR_GFLOPS:g} "
+            "GFLOP/s any CPU core computes it at: the CPU is busy with other work"
+        )
+    for backend in runs[0]:
+        times = [run[backend] for run in runs]
+        if not all(t > 0 for t in times):
+            return f"{backend} measured {min(times):g} s, not a time"
+        if max(times) > MAX_SPREAD * min(times):
+            return (
+                f"{backend}'s {len(times)} measurements spread {max(times) / min(times):.2f}x, more than "
+                f"{MAX_SPREAD:g}x: other work took the CPU in between"
+            )
+    choices = {_faster(run) for run in runs}
+    if len(choices) > 1:
+        return f"the {len(runs)} measurements disagree on the faster backend"
+    limit = _slowest_plausible(shapes, rows, max(references))
+    flops = _flops(shapes, rows)
+    for backend in runs[0]:
+        best = min(run[backend] for run in runs)
+        if best > limit:
+            return (
+                f"{backend} ran at {flops / best / 1e9:.2g} GFLOP/s, below the {flops / limit / 1e9:.2g} GFLOP/s "
+                f"plausible on this model's shapes when the reference GEMM runs at {max(references):.1f} GFLOP/s"
+            )
+    return None
+
+
+def _faster(times: Mapping[str, float]) -> str:
+    return "onednn" if times["aten"] > MARGIN * times["onednn"] else "aten"
+
+
 def choose(
     backend: str,
     model: torch.nn.Module,
     rows: int,
     cache_dir: str | os.PathLike | None = None,
     measure_fn: Callable[[Counter[LinearShape], int], dict[str, float]] | None = None,
+    reference_fn: Callable[[], float] | None = None,
 ) -> str:
     """Resolve ``runtime.gemm``: ``aten``/``onednn`` as given; ``auto`` -> the faster of the two on the model's linear
     shapes at ``rows`` tokens (capped at :data:`TIMING_ROWS`), oneDNN only when faster by more than
-    :data:`MARGIN`. ``auto``'s answer is cached in ``cache_dir/gemm_choice.json`` and logged in one line."""
+    :data:`MARGIN`. ``auto``'s answer is logged in one line and cached in ``cache_dir/gemm_choice.json`` when the
+    measurement can be trusted (:func:`untrustworthy`); otherwise this run takes aten and nothing is cached.
+    ``measure_fn`` (default :func:`measure`) and ``reference_fn`` (default :func:`reference_gflops`) are the
+    timings."""
     validate(backend)
     if backend != "auto":
         return backend
@@ -335,6 +429,8 @@ def choose(
             f"threads={torch.get_num_threads()}",
             f"torch={torch.__version__}",
             f"rows={rows}",
+            # timings cached before they were checked (issue 56) may have been taken under load: not read
+            "checked",
             *sorted(f"{s.key}:{n}" for s, n in shapes.items()),
         ]
     )
@@ -342,14 +438,31 @@ def choose(
     entries = _read_cache(cache)
     times = entries.get(key)
     source = "cached"
+    flops = _flops(shapes, rows)
     if times is None:
-        times = (measure_fn or measure)(shapes, rows)
-        source = "measured"
+        # looked up here, not bound as defaults: tests (and callers) replace the module's timings
+        measure_fn = measure_fn or measure
+        reference_fn = reference_fn or reference_gflops
+        references = [reference_fn()]
+        runs = [measure_fn(shapes, rows) for _ in range(MEASUREMENTS)]
+        references.append(reference_fn())
+        times = {backend: min(run[backend] for run in runs) for backend in runs[0]}
+        why = untrustworthy(runs, references, shapes, rows)
+        if why is not None:
+            log.warning(
+                "runtime.gemm=auto: aten, the default, for this run, and nothing cached: the timing cannot be "
+                "trusted (%s; aten %.2g GFLOP/s, oneDNN %.2g GFLOP/s, the reference GEMM %s GFLOP/s)",
+                why,
+                flops / times["aten"] / 1e9,
+                flops / times["onednn"] / 1e9,
+                " and ".join(f"{r:.1f}" for r in references),
+            )
+            return "aten"
+        source = f"measured {MEASUREMENTS} times"
         if cache is not None:
             entries[key] = times
             _write_cache(cache, entries)
-    choice = "onednn" if times["aten"] > MARGIN * times["onednn"] else "aten"
-    flops = _flops(shapes, rows)
+    choice = _faster(times)
     log.info(
         "runtime.gemm=auto: %s (%s on this model's %d linear shapes: aten %.1f GFLOP/s, oneDNN %.1f GFLOP/s; "
         "oneDNN is taken when > %d%% faster)",

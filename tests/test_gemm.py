@@ -1,6 +1,6 @@
 """``runtime.gemm``: the oneDNN linear's numerics against an independent float64 computation, every linear type routed,
 a short training run identical (fp32 tolerance) on either backend, bad values in one line, ``auto``'s choice and
-its cache."""
+its cache, and no cache from a timing taken under load."""
 
 from __future__ import annotations
 
@@ -182,7 +182,8 @@ def test_auto_in_a_run_logs_its_choice_and_routes_the_evaluation(compose_cfg, mo
     calls = Counter()
     real = gemm.onednn_linear
     monkeypatch.setattr(gemm, "onednn_linear", lambda x, w, b=None: calls.update(["gemm"]) or real(x, w, b))
-    monkeypatch.setattr(gemm, "measure", lambda shapes, rows: {"aten": 2.0, "onednn": 1.0})
+    monkeypatch.setattr(gemm, "measure", lambda shapes, rows: {"aten": 2e-3, "onednn": 1e-3})
+    monkeypatch.setattr(gemm, "reference_gflops", steady_reference)
     cache = tmp_path / "cache"
     with caplog.at_level("INFO", logger="adls_lightning.gemm"):
         run(compose_cfg([*SMALL, "train=false", f"paths.cache_dir={cache}"]))
@@ -216,14 +217,20 @@ def test_bad_value_on_the_command_line_is_one_line(tmp_path):
 
 
 def fake_measure(times):
-    """A stand-in for the timing: returns ``times`` and records each call."""
+    """A stand-in for the timing: ``times`` in milliseconds (as seconds, as :func:`gemm.measure` gives them), the
+    same on every call (a steady machine); records each call."""
     calls = []
 
     def measure(shapes, rows):
         calls.append((shapes, rows))
-        return dict(times)
+        return {backend: ms / 1e3 for backend, ms in times.items()}
 
     return measure, calls
+
+
+def steady_reference() -> float:
+    """The reference GEMM's GFLOP/s on an idle machine (this project's CPU: 100 on one thread)."""
+    return 50.0
 
 
 @pytest.mark.parametrize(
@@ -239,8 +246,13 @@ def test_auto_takes_onednn_only_when_measurably_faster(tmp_path, caplog, times, 
     measure, calls = fake_measure(times)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8))
     with caplog.at_level("INFO", logger="adls_lightning.gemm"):
-        assert gemm.choose("auto", model, rows=64, cache_dir=tmp_path, measure_fn=measure) == expected
-    assert len(calls) == 1
+        assert (
+            gemm.choose(
+                "auto", model, rows=64, cache_dir=tmp_path, measure_fn=measure, reference_fn=steady_reference
+            )
+            == expected
+        )
+    assert len(calls) == gemm.MEASUREMENTS
     lines = [r.getMessage() for r in caplog.records if r.name == "adls_lightning.gemm"]
     assert len(lines) == 1 and lines[0].startswith(f"runtime.gemm=auto: {expected} (measured")
     assert "aten" in lines[0] and "oneDNN" in lines[0] and "GFLOP/s" in lines[0]
@@ -249,21 +261,120 @@ def test_auto_takes_onednn_only_when_measurably_faster(tmp_path, caplog, times, 
 def test_auto_uses_its_cache_on_the_second_call(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8))
     measure, calls = fake_measure({"aten": 1.0, "onednn": 0.5})
-    assert gemm.choose("auto", model, 64, tmp_path, measure_fn=measure) == "onednn"
-    assert gemm.choose("auto", model, 64, tmp_path, measure_fn=measure) == "onednn"
-    assert len(calls) == 1
+    assert (
+        gemm.choose("auto", model, 64, tmp_path, measure_fn=measure, reference_fn=steady_reference)
+        == "onednn"
+    )
+    assert (
+        gemm.choose("auto", model, 64, tmp_path, measure_fn=measure, reference_fn=steady_reference)
+        == "onednn"
+    )
+    assert len(calls) == gemm.MEASUREMENTS
     (key,) = json.loads((tmp_path / gemm.CACHE_FILE).read_text())
     assert gemm.cpu_name() in key and "8x16w:1" in key
     # another model's shapes are measured afresh
-    gemm.choose("auto", torch.nn.Linear(8, 4), 64, tmp_path, measure_fn=measure)
-    assert len(calls) == 2
+    gemm.choose(
+        "auto", torch.nn.Linear(8, 4), 64, tmp_path, measure_fn=measure, reference_fn=steady_reference
+    )
+    assert len(calls) == 2 * gemm.MEASUREMENTS
+
+
+def noisy_measure(*times):
+    """A timing under load: one ``{"aten": ms, "onednn": ms}`` per call, in turn."""
+    calls = []
+
+    def measure(shapes, rows):
+        calls.append(rows)
+        return {backend: ms / 1e3 for backend, ms in times[(len(calls) - 1) % len(times)].items()}
+
+    return measure, calls
+
+
+# MiniLM's attention and FFN shapes, as `runtime.gemm=auto` sees them in a LoRA fine-tune (frozen base weights)
+MINILM_LAYERS = [(384, 384), (384, 1536), (1536, 384)]
+
+
+def minilm_like() -> torch.nn.Module:
+    model = torch.nn.Sequential(*(torch.nn.Linear(i, o) for i, o in MINILM_LAYERS))
+    return model.requires_grad_(False)
+
+
+@pytest.mark.parametrize(
+    ("model", "measure", "reference", "why"),
+    [
+        # the repeats disagree: one of them ran while other processes had the CPU (oneDNN "twice as fast" once)
+        (
+            minilm_like,
+            noisy_measure({"aten": 70.0, "onednn": 35.0}, {"aten": 70.0, "onednn": 80.0}),
+            steady_reference,
+            "spread",
+        ),
+        (
+            minilm_like,
+            noisy_measure({"aten": 70.0, "onednn": 63.0}, {"aten": 70.0, "onednn": 68.0}),
+            steady_reference,
+            "disagree on the faster backend",
+        ),
+        # issue 56's log: "aten 0.2 vs oneDNN 0.2 GFLOP/s" (2.7 GFLOP in 13.6 s), steadily, on shapes the reference
+        # makes tens of GFLOP/s
+        (minilm_like, noisy_measure({"aten": 13600.0, "onednn": 13600.0}), steady_reference, "plausible"),
+        # the whole CPU crawls: the reference GEMM too
+        (
+            minilm_like,
+            noisy_measure({"aten": 70.0, "onednn": 35.0}),
+            lambda: 0.3,
+            "reference GEMM ran at 0.3",
+        ),
+    ],
+    ids=["spread", "disagree", "implausibly-slow", "slow-reference"],
+)
+def test_auto_caches_no_timing_it_cannot_trust(tmp_path, caplog, model, measure, reference, why):
+    """A noisy or implausible measurement: this run takes aten (torch's default), the log line says so and why,
+    no cache is written, and the next run measures again."""
+    measure_fn, calls = measure
+    with caplog.at_level("INFO", logger="adls_lightning.gemm"):
+        assert (
+            gemm.choose("auto", model(), 512, tmp_path, measure_fn=measure_fn, reference_fn=reference)
+            == "aten"
+        )
+    assert len(calls) == gemm.MEASUREMENTS  # measured repeatedly, not once
+    assert not (tmp_path / gemm.CACHE_FILE).exists()
+    records = [r for r in caplog.records if r.name == "adls_lightning.gemm"]
+    assert len(records) == 1 and records[0].levelname == "WARNING"
+    line = records[0].getMessage()
+    assert line.startswith("runtime.gemm=auto: aten, the default, for this run, and nothing cached"), line
+    assert why in line and "GFLOP/s" in line
+    gemm.choose("auto", model(), 512, tmp_path, measure_fn=measure_fn, reference_fn=reference)
+    assert len(calls) == 2 * gemm.MEASUREMENTS
+
+
+def test_a_steady_plausible_timing_is_cached(tmp_path, caplog):
+    """The same shapes measured steadily at a rate the reference makes plausible: oneDNN taken and cached."""
+    measure_fn, calls = noisy_measure({"aten": 70.0, "onednn": 35.0}, {"aten": 72.0, "onednn": 36.0})
+    with caplog.at_level("INFO", logger="adls_lightning.gemm"):
+        assert gemm.choose("auto", minilm_like(), 512, tmp_path, measure_fn, steady_reference) == "onednn"
+    assert (tmp_path / gemm.CACHE_FILE).is_file()
+    (times,) = json.loads((tmp_path / gemm.CACHE_FILE).read_text()).values()
+    assert times == {"aten": 70e-3, "onednn": 35e-3}  # the best of the repeats
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "adls_lightning.gemm"]
+    assert line.startswith("runtime.gemm=auto: onednn (measured 3 times")
+
+
+def test_the_reference_gemm_is_quick_and_above_the_floor():
+    rates = [gemm.reference_gflops() for _ in range(3)]
+    assert max(rates) > gemm.REFERENCE_FLOOR_GFLOPS, rates
 
 
 def test_forced_backends_need_no_timing(tmp_path):
     measure, calls = fake_measure({"aten": 9.0, "onednn": 1.0})
     model = torch.nn.Linear(4, 4)
-    assert gemm.choose("aten", model, 64, tmp_path, measure_fn=measure) == "aten"
-    assert gemm.choose("onednn", model, 64, tmp_path, measure_fn=measure) == "onednn"
+    assert (
+        gemm.choose("aten", model, 64, tmp_path, measure_fn=measure, reference_fn=steady_reference) == "aten"
+    )
+    assert (
+        gemm.choose("onednn", model, 64, tmp_path, measure_fn=measure, reference_fn=steady_reference)
+        == "onednn"
+    )
     assert not calls and not (tmp_path / gemm.CACHE_FILE).exists()
 
 
