@@ -15,7 +15,8 @@ B·A that the models add to their weights: soups are for full fine-tunes (``mode
 
 The soup is a checkpoint with the first one's hyper-parameters and no optimizer or loop state: evaluate it with
 the runs' own command and ``train=false ckpt_path=FILE``, start a run from it with ``init_ckpt=FILE``, or export it.
-Bad input: one line naming the key and the file, exit code 2, nothing written.
+Bad input (an unknown option, a checkpoint that cannot be averaged, an ``out`` that cannot be written): one line
+naming the key and the file, exit code 2, nothing written. ``--help``: this text.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 from adls_lightning.checkpoints import read_checkpoint
 from adls_lightning.errors import ConfigError
-from adls_lightning.export.compressed import flag_option, split_options
+from adls_lightning.tool_options import check_writable, flag_option, run_tool, split_options
 
 OPTIONS = {"ckpts": None, "out": None, "overwrite": "false"}
 USAGE = "python -m adls_lightning.soup ckpts=A.ckpt,B.ckpt out=SOUP.ckpt"
@@ -126,6 +127,7 @@ def check_options(options: Mapping[str, str | None]) -> tuple[list[Path], Path]:
         raise ConfigError(f"out={out}: exists (give another path, or overwrite=true)")
     if out.resolve() in {p.resolve() for p in ckpts}:
         raise ConfigError(f"out={out}: is one of the checkpoints to average (give another path)")
+    check_writable(out, "out", file=True)  # before the checkpoints are read
     return ckpts, out
 
 
@@ -150,17 +152,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from adls_lightning.logs import configure_tool
 
     configure_tool()
-    try:
-        options, extra = split_options(sys.argv[1:] if argv is None else argv, OPTIONS, USAGE)
-        if extra:
-            raise ConfigError(f"{extra[0]}: unknown option (valid: {', '.join(OPTIONS)}; usage: {USAGE})")
+
+    def soup() -> None:
+        options, _ = split_options(sys.argv[1:] if argv is None else argv, OPTIONS, USAGE, overrides=False)
         ckpts, out = check_options(options)
-        soup = make_soup(ckpts, out)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(f"Averaged {len(ckpts)} checkpoints ({len(soup['state_dict'])} tensors) into {out}")
-    return 0
+        made = make_soup(ckpts, out)
+        print(f"Averaged {len(ckpts)} checkpoints ({len(made['state_dict'])} tensors) into {out}")
+
+    return run_tool(soup, __doc__)
 
 
 if __name__ == "__main__":

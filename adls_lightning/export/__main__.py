@@ -4,21 +4,23 @@ Options: ``group_size=32``, ``exclude=classifier`` (comma-separated module names
 ``pack_embeddings=false`` (also pack the word embeddings), ``int8=false`` (``format=onnx`` only: ``true`` also
 writes ONNX Runtime's dynamic int8 model; ``scaled`` writes instead the int8 graph of a ``quant=int8_scaled`` run
 with the run's own weight codes and calibrated activation scales, :mod:`adls_lightning.export.int8`),
-``overwrite=false`` (allow a non-empty ``out``).
+``overwrite=false`` (allow a non-empty ``out``); ``--help``: this text.
 The model, its data and its compression are the run's own: the overrides Hydra recorded next to the checkpoint
 (``<run>/.hydra/overrides.yaml``, for a checkpoint in ``<run>/checkpoints/``); every other ``key=value`` is a
 Hydra override of ``conf/train.yaml`` on top of them (without a run record: on top of the MiniLM + LoRA of
 ``train.py``), e.g. ``model=tiny_random``. LoRA adapters are merged before anything is written; what a
 compressed run computed is baked into the weights (pruning masks, weights and biases as quantized, QAT or PTQ)
 and what acts on activations is written beside them (``compression.json``, :mod:`adls_lightning.export.compressed`),
-which ``format=onnx`` and ``mxint8`` cannot carry and so refuse. Bad input: one line naming the key, exit
-code 2, nothing written. An ONNX file whose ONNX
+which ``format=onnx`` and ``mxint8`` cannot carry and so refuse. Bad input (an ``out`` that cannot be written, an
+``exclude`` pattern that matches no linear layer, ...): one line naming the key, exit code 2, nothing written,
+before the model is loaded where it can be. An ONNX file whose ONNX
 Runtime logits miss PyTorch's: one line, exit code 1 (the file is kept for inspection).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -42,6 +44,7 @@ from adls_lightning.export.compressed import (
     split_options,
 )
 from adls_lightning.logs import configure_tool
+from adls_lightning.tool_options import HelpRequested, check_writable
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -81,6 +84,7 @@ def check_options(options: dict[str, str | None]) -> dict:
     overwrite = flag_option(options, "overwrite")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"out={out}: folder is not empty; choose a new one or pass overwrite=true")
+    check_writable(out, "out")  # before the checkpoint is read
     try:
         group_size = int(options["group_size"])
     except ValueError:
@@ -88,6 +92,11 @@ def check_options(options: dict[str, str | None]) -> dict:
     if group_size <= 0:
         raise ConfigError(f"group_size={options['group_size']}: must be a positive integer, e.g. 32")
     exclude = tuple(name for name in str(options["exclude"]).split(",") if name)
+    for pattern in exclude:
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise ConfigError(f"exclude={options['exclude']}: {pattern!r} is not a regex ({error})") from None
     int8: bool | str = "scaled" if str(options["int8"]).lower() == "scaled" else None
     if int8 is None:
         if str(options["int8"]).lower() not in FLAGS:
@@ -281,6 +290,7 @@ def export(options: dict, overrides: Sequence[str]) -> None:
         model.save_pretrained(out)
         summary = f"save_pretrained (merged, fp32): {fp32_bytes / 1e6:.1f} MB"
     else:
+        check_exclude(model, options["exclude"])
         try:
             packed = pack_for_export(
                 model, options["group_size"], options["exclude"], options["pack_embeddings"]
@@ -309,6 +319,21 @@ def export(options: dict, overrides: Sequence[str]) -> None:
         )
     if loaded.note:
         print(f"note: {loaded.note}")
+
+
+def check_exclude(model, exclude: Sequence[str]) -> None:
+    """Each ``exclude`` pattern (a regex searched in canonical layer names) matches a linear layer the packing
+    would swap: a misspelt name would otherwise pack the layer it meant to keep float, silently."""
+    from adls_lightning.mxint8.qlinear import packable_linear_layers
+
+    names = [name for name, _ in packable_linear_layers(model, exclude=())]
+    for pattern in exclude:
+        if not any(re.search(pattern, name) for name in names):
+            shown = ", ".join(names[:3] + names[-2:]) if len(names) > 5 else ", ".join(names)
+            raise ConfigError(
+                f"exclude={','.join(exclude)}: {pattern!r} matches no linear layer of the model; valid: regexes "
+                f"searched in its layer names ({len(names)}: {shown}), e.g. exclude=classifier"
+            )
 
 
 def export_scaled_int8(options: dict, overrides: Sequence[str]) -> None:
@@ -403,8 +428,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         options, overrides = parse_arguments(sys.argv[1:] if argv is None else argv)
         export(check_options(options), overrides)
+    except HelpRequested:
+        print(__doc__.strip())
+        return 0
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
     except ExportCheckError as error:
         print(f"error: {error}", file=sys.stderr)

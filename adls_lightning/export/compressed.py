@@ -39,6 +39,11 @@ from adls_lightning.quant import QuantRecipe, quantize_model, to_recipe
 from adls_lightning.quant.linear import QuantLinear
 from adls_lightning.quant.transform import find_linear_layers
 
+# the tools' one parser, where the export's modules have always found it
+from adls_lightning.tool_options import FLAGS as FLAGS
+from adls_lightning.tool_options import flag_option as flag_option
+from adls_lightning.tool_options import split_options as split_options
+
 RECIPE_FILE = "compression.json"
 ACTIVATION_STATE_FILE = "compression.safetensors"
 RECIPE_VERSION = 1
@@ -54,34 +59,6 @@ _PRUNE_KEYS = ("weight", "activation", "include", "exclude", "seed")
 def override_key(token: str) -> str:
     """The config key a Hydra override sets (``+a.b=1``, ``~a.b``, ``a/b=c`` → ``a.b``)."""
     return token.split("=", 1)[0].lstrip("+~").replace("/", ".")
-
-
-def split_options(
-    argv: Sequence[str], defaults: Mapping[str, str | None], example: str
-) -> tuple[dict[str, str | None], list[str]]:
-    """A ``python -m`` tool's ``key=value`` tokens: its own options (``defaults`` names them) and the Hydra
-    overrides of the run's config; ``example`` shows a valid command line in the error for a token without ``=``."""
-    options, overrides = dict(defaults), []
-    for token in argv:
-        key, sep, value = token.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{token!r}: expected key=value, e.g. {example}")
-        if key in defaults:
-            options[key] = value
-        else:
-            overrides.append(token)
-    return options, overrides
-
-
-FLAGS = {"true": True, "false": False}
-
-
-def flag_option(options: Mapping[str, str | None], key: str) -> bool:
-    """A ``python -m`` tool's ``key=true|false`` option (any case); ConfigError naming ``key`` otherwise."""
-    value = str(options[key]).lower()
-    if value not in FLAGS:
-        raise ConfigError(f"{key}={options[key]}: must be true or false")
-    return FLAGS[value]
 
 
 def merge_overrides(base: Sequence[str], extra: Sequence[str]) -> list[str]:

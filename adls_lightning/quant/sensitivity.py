@@ -13,8 +13,10 @@ Output: the table sorted by the metric's drop from full precision (largest first
 the checkpoint's run folder), and ``search_command.txt``: a Lab 3 mixed-precision search (``search.py
 search=mixed_precision``) over the layers of the ``search_top`` most sensitive groups only (default: the more
 sensitive half), every other layer fixed at the preset's format (``quant.config.default``), so the trials spend
-their budget where precision matters. Bad input: one line naming the key, exit code 2, nothing written; an ``out``
-that already holds files is refused unless ``overwrite=true``.
+their budget where precision matters. Bad input: one line naming the key, exit code 2, nothing written, before the
+model is loaded; an ``out`` that already holds files is refused unless ``overwrite=true``, one that cannot be written
+before the measurement starts. The preset's settings (``quant.calibration``, ...) are checked by the callback
+``train.py`` builds from them, so both commands accept and refuse the same values. ``--help``: this text.
 
 The model, data and task are the run's own (the overrides Hydra recorded beside the checkpoint); other
 ``key=value`` tokens are Hydra overrides of ``conf/train.yaml`` on top of them (e.g. ``data.val_size=500``); those
@@ -165,7 +167,8 @@ def plot(path: Path, title: str, metric_name: str, scores: Sequence[GroupScore])
 
 # ------------------------------------------------------------------------------------------------ command line
 def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, str | None], list[str]]:
-    from adls_lightning.export.compressed import override_key, split_options
+    from adls_lightning.export.compressed import override_key
+    from adls_lightning.tool_options import flag_option, split_options
 
     options, overrides = split_options(argv, OPTIONS, "ckpt=PATH quant=int8 by=layer")
     if not options["ckpt"]:
@@ -178,8 +181,7 @@ def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, str | None], list[st
         raise ConfigError(
             f"search_top={options['search_top']}: must be an integer >= 0 (0: no search command)"
         )
-    if options["overwrite"] not in ("true", "false"):
-        raise ConfigError(f"overwrite={options['overwrite']}: must be true or false")
+    options["overwrite"] = "true" if flag_option(options, "overwrite") else "false"
     if any(override_key(override) in ("compress", "prune") for override in overrides):
         raise ConfigError("compress= / prune=: sensitivity measures quantization alone; leave them out")
     return options, overrides
@@ -224,24 +226,37 @@ def _batch_inputs(batch: dict[str, Any]) -> dict[str, Any]:
     return {key: batch[key] for key in MODEL_INPUTS if key in batch}
 
 
+def check_out(ckpt: Path, options: dict) -> Path:
+    """The output folder (default: beside the checkpoint's run), refused before any work when it holds files
+    (without ``overwrite=true``) or cannot be written."""
+    from adls_lightning.tool_options import check_writable
+
+    out = Path(options["out"]) if options["out"] else default_out(ckpt, options["quant"], options["by"])
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out={out}: is a file, not a folder (give a folder path)")
+    if out.is_dir() and any(out.iterdir()) and options["overwrite"] != "true":
+        raise ConfigError(f"out={out}: already holds files; give another out= or overwrite=true")
+    check_writable(out, "out")
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from adls_lightning.logs import configure_tool
+    from adls_lightning.tool_options import run_tool
 
     argv = list(sys.argv[1:] if argv is None else argv)
     configure_tool()
-    try:
-        options, overrides = parse_arguments(argv)
-        ckpt = Path(options["ckpt"])
-        if not ckpt.is_file():
-            raise ConfigError(f"ckpt={ckpt}: no such file (give a train.py checkpoint)")
-        out = Path(options["out"]) if options["out"] else default_out(ckpt, options["quant"], options["by"])
-        if out.exists() and any(out.iterdir()) and options["overwrite"] != "true":
-            raise ConfigError(f"out={out}: already holds files; give another out= or overwrite=true")
-        result = run_sensitivity(ckpt, options, overrides)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    metric_name, baseline, scores, title, preset_default = result
+    return run_tool(lambda: measure_and_write(argv), __doc__)
+
+
+def measure_and_write(argv: Sequence[str]) -> None:
+    """The command (for :func:`main`): check everything, measure, print and write ``out``."""
+    options, overrides = parse_arguments(argv)
+    ckpt = Path(options["ckpt"])
+    if not ckpt.is_file():
+        raise ConfigError(f"ckpt={ckpt}: no such file (give a train.py checkpoint)")
+    out = check_out(ckpt, options)
+    metric_name, baseline, scores, title, preset_default = run_sensitivity(ckpt, options, overrides)
     table = format_table(metric_name, baseline, scores)
     print(title)
     print(table)
@@ -260,7 +275,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(command)
     print(f"wrote {', '.join(str(out / name) for name in written)}")
-    return 0
 
 
 def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
@@ -276,7 +290,6 @@ def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
         run_compression,
         run_overrides,
     )
-    from adls_lightning.quant.mase import to_recipe
     from adls_lightning.quant.scaled import calibrate
 
     preset = options["quant"]
@@ -292,7 +305,9 @@ def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
             "checkpoint"
         )
     preset_cfg = compose_train_config([*run_args, f"quant={preset}", *preset_args])
-    if preset_cfg.quant.get("config") is None:
+    if preset_cfg.quant.get("config") is None or "QuantizationCallback" not in str(
+        preset_cfg.quant.get("_target_")
+    ):
         raise ConfigError(
             f"quant={preset}: quantizes nothing; give a preset such as int8, int4 or int8_scaled"
         )
@@ -300,12 +315,16 @@ def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
     preset_default = None
     if OmegaConf.is_dict(config) and config.get("default") is not None:
         preset_default = OmegaConf.to_container(config.default, resolve=True)
-    if OmegaConf.is_dict(config) and "_target_" in config:
-        config = build(config, "quant.config")
-    elif OmegaConf.is_config(config):
-        config = OmegaConf.to_container(config, resolve=True)
-    recipe = to_recipe(config, "quant.config")  # a lab config file's path, too
-    calibration = int((preset_cfg.quant.get("calibration") or {}).get("batches") or 0)
+    # The preset's callback, built as train.py builds it: its constructor checks every quant.* setting (calibration,
+    # GPTQ, SmoothQuant, the recipe), so the two commands refuse the same values, before the model is loaded.
+    quantization = build(preset_cfg.quant, "quant")
+    if quantization.gptq is not None or quantization.smoothquant_alpha is not None:
+        raise ConfigError(
+            f"quant={preset}: quant.gptq / quant.smoothquant.alpha change the weights from calibration data; "
+            "sensitivity rounds each group to nearest; valid: quant.gptq=null quant.smoothquant.alpha=null"
+        )
+    recipe = quantization.recipe
+    calibration = quantization.calibration_batches
     model = load_checkpoint_model(ckpt, overrides).model.eval()
     data = build(run_cfg.data, "data")
     task = data.task

@@ -1,0 +1,110 @@
+"""The one command-line parser of the project's ``key=value`` tools (``python -m adls_lightning.export``,
+``export.evaluate``, ``soup``, ``quant.sensitivity``, ``report``, ``search.report``), and their output checks.
+
+Every tool answers ``--help`` / ``-h`` with its usage (its module docstring) and exit code 0, refuses an unknown
+key in one line naming the valid ones (a tool that also takes Hydra overrides of ``conf/train.yaml`` passes other
+keys on, for Hydra to refuse), and refuses an output path no file can be written to before any work starts.
+Imports only the ground floor (no torch), so ``--help`` and a refusal answer at once.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from adls_lightning.errors import ConfigError
+from adls_lightning.run_dir import cannot_create_in
+
+HELP_FLAGS = ("--help", "-h")
+FLAGS = {"true": True, "false": False}
+
+
+class HelpRequested(Exception):  # noqa: N818 - not an error: the tool prints its usage and exits 0
+    """``--help`` / ``-h`` on a tool's command line (raised by :func:`split_options`; :func:`run_tool` prints
+    the usage)."""
+
+
+def split_options(
+    argv: Sequence[str],
+    defaults: Mapping[str, str | None],
+    example: str,
+    *,
+    overrides: bool = True,
+    positional: str | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """A ``python -m`` tool's command line: its own ``key=value`` options (``defaults`` names them) and, when
+    ``overrides``, the Hydra overrides of the run's config (every other ``key=value``); ``example`` shows a valid
+    command line in errors.
+
+    ``positional`` names the bare arguments the tool takes (``options[positional]``: their list); without it a
+    token without ``=`` is refused.
+
+    Raises:
+        HelpRequested: ``--help`` or ``-h`` among the tokens.
+        ConfigError: a token without ``=`` (and no ``positional``), or (without ``overrides``) an unknown key,
+            naming the valid keys.
+    """
+    if any(token in HELP_FLAGS for token in argv):
+        raise HelpRequested()
+    options: dict[str, Any] = dict(defaults)
+    extra: list[str] = []
+    bare: list[str] = []
+    for token in argv:
+        key, sep, value = token.partition("=")
+        if not sep and positional is not None and not token.startswith("-"):
+            bare.append(token)
+        elif not sep or not key:
+            raise ConfigError(f"{token!r}: expected key=value, e.g. {example}")
+        elif key in defaults:
+            options[key] = value
+        elif overrides:
+            extra.append(token)
+        else:
+            raise ConfigError(f"{key}: unknown option (valid: {', '.join(defaults)}; usage: {example})")
+    if positional is not None:
+        options[positional] = bare
+    return options, extra
+
+
+def flag_option(options: Mapping[str, Any], key: str) -> bool:
+    """A ``python -m`` tool's ``key=true|false`` option (any case); ConfigError naming ``key`` otherwise."""
+    value = str(options[key]).lower()
+    if value not in FLAGS:
+        raise ConfigError(f"{key}={options[key]}: must be true or false")
+    return FLAGS[value]
+
+
+def check_writable(path: Path, key: str = "out", *, file: bool = False) -> None:
+    """Refuse an output path nothing can be written to: one under a regular file, or in a folder where no file
+    or folder can be created (``/proc``, a read-only mount, no permission). ``file``: ``path`` is the file to
+    write (its folder is checked), else the folder to create or fill. Tried, not guessed
+    (:func:`~adls_lightning.run_dir.cannot_create_in`); nothing is left behind.
+
+    Raises:
+        ConfigError: ``KEY=PATH: ...`` naming the part of the path in the way.
+    """
+    path = Path(path).expanduser().absolute()
+    folder = path.parent if file else path
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is None:
+        return
+    if not existing.is_dir():
+        raise ConfigError(f"{key}={path}: {existing} is a file, not a folder (give a path you can write to)")
+    if why := cannot_create_in(existing):
+        raise ConfigError(f"{key}={path}: cannot write in {existing} ({why}); give a path you can write to")
+
+
+def run_tool(body: Callable[[], Any], usage: str | None) -> int:
+    """A tool's ``main``: ``body()`` with ``--help`` answered by ``usage`` (exit code 0) and a refusal as one
+    ``error:`` line on stderr (exit code 2). Returns ``body``'s exit code (0 when it returns None)."""
+    try:
+        code = body()
+    except HelpRequested:
+        print((usage or "").strip())
+        return 0
+    except ConfigError as error:
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    return 0 if code is None else int(code)
