@@ -3,21 +3,28 @@
 Writes to ``out``: ``graph.svg/png`` (the captured graph), ``graph_passes.svg/png`` (after ``passes``),
 ``report.csv`` (one row per node of the final graph, also summarised on stdout), ``remove_dropout_error.txt``
 (FX's error when dropout is erased without ``replace_all_uses_with``), ``topology_<inputs>.svg/png`` for each input
-case and ``topology_diff.txt``. Bad input stops with one line naming the key, exit code 2.
+case and ``topology_diff.txt``. Bad input stops with one line naming the key, exit code 2, before Hydra runs anything:
+the command line's config is composed and checked first (:func:`guarded_main`), as ``train.py``'s pre-flight does --
+every ``_target_`` of it, ``hydra.callbacks`` included, against the project's allowed targets, then the command's own
+keys (:func:`validate`: names, passes, flags, an ``out`` that can be written). ``--help``: Hydra's help.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
-import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from adls_lightning.errors import ConfigError
+from adls_lightning.build import hydra_execution_whitelist
+from adls_lightning.errors import ConfigError, exit_with
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 os.environ.setdefault("PROJECT_ROOT", str(Path(CONF_DIR).parent))
@@ -66,6 +73,12 @@ def validate(cfg: DictConfig) -> None:
         )
     if not cfg.text or not all(isinstance(line, str) and line for line in cfg.text):
         raise ConfigError("text: give a list of one or more non-empty sentences")
+    for flag in ("dynamic", "train_mode", "overwrite"):
+        if not isinstance(cfg.get(flag), bool):
+            raise ConfigError(f"{flag}={cfg.get(flag)!r}: must be true or false")
+    seed = cfg.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ConfigError(f"seed={seed!r}: must be an integer in [0, 2**32)")
     out = Path(str(cfg.out))
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out={out}: is a file, not a folder")
@@ -73,6 +86,9 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(
             f"out={out}: already holds files of an earlier run (pass overwrite=true or another out)"
         )
+    from adls_lightning.tool_options import check_writable
+
+    check_writable(out, "out")
 
 
 def build_model(cfg: DictConfig) -> torch.nn.Module:
@@ -178,13 +194,82 @@ def run(cfg: DictConfig) -> Path:
     return out
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="graph")
-def main(cfg: DictConfig) -> None:
+def guarded_main(
+    hydra_main: Callable[[], Any], config_name: str, check: Callable[[Any], None]
+) -> Callable[[], Any]:
+    """Wrap a ``@hydra.main`` function so the command line's config is checked before Hydra runs anything.
+
+    Hydra instantiates ``hydra.callbacks`` (and sets up its logging) before the task starts, so the config is
+    composed here first, with the same files and overrides, and refused in one line (exit code 2) when one of its
+    ``_target_`` is outside the allowed ones (:func:`~adls_lightning.build.check_config_targets`, the check
+    ``train.py``'s pre-flight makes) or when ``check(cfg)`` (the command's own keys) raises a ConfigError.
+    ``--help``, ``--cfg`` and Hydra's other informational flags go straight to Hydra.
+    """
+
+    @functools.wraps(hydra_main)
+    def checked_main() -> Any:
+        from hydra import compose, initialize_config_dir
+        from hydra._internal.utils import get_args_parser  # the parser @hydra.main itself uses
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
+        from adls_lightning.build import check_config_targets
+
+        args, _ = get_args_parser().parse_known_args()
+        informational = (args.help, args.hydra_help, args.cfg, args.info, args.shell_completion)
+        if not any(informational):
+            try:
+                if args.multirun:
+                    raise ConfigError("--multirun: this command runs once; give one value per key")
+                if args.config_dir is not None or args.config_path is not None:
+                    raise ConfigError(
+                        "--config-dir/--config-path: this command reads the project's conf/ only"
+                    )
+                with initialize_config_dir(config_dir=CONF_DIR):
+                    try:
+                        cfg = compose(
+                            args.config_name or config_name, args.overrides, return_hydra_config=True
+                        )
+                    except HydraException as err:
+                        if not str(err).startswith("Could not override"):
+                            raise
+                        # a key the command does not have: Hydra's line, and the keys it has
+                        keys = ", ".join(k for k in compose(args.config_name or config_name) if k != "hydra")
+                        raise ConfigError(f"{str(err).splitlines()[0]} (valid keys: {keys})") from None
+                check_config_targets(cfg)
+                # ${hydra:runtime.choices.model} (the default out) resolves against the composed Hydra node
+                HydraConfig.instance().set_config(copy.deepcopy(cfg))  # (it makes what it is given read-only)
+                try:
+                    check(cfg)
+                finally:
+                    HydraConfig.instance().cfg = None
+            except ConfigError as err:
+                exit_with(str(err))
+            except (HydraException, OmegaConfBaseException) as err:
+                exit_with(str(err).replace("\n", "; "))
+        return hydra_main()
+
+    return checked_main
+
+
+def task(cfg: DictConfig) -> None:
     try:
         run(cfg)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        exit_with(str(err))
+
+
+main = guarded_main(
+    # No version_base: Hydra 1.4 deprecates the parameter (a warning on every run); conf/graph.yaml sets what
+    # the run folder and working directory are
+    hydra.main(
+        config_path=CONF_DIR,
+        config_name="graph",
+        execution_whitelist=hydra_execution_whitelist(),
+    )(task),
+    "graph",
+    validate,
+)
 
 
 if __name__ == "__main__":
