@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 
 import lightning as L
@@ -41,7 +42,9 @@ class MXInt8PackedEvaluation(L.Callback):
     layers' weights), ``mxint8/model_bytes_float`` / ``_packed`` / ``mxint8/model_saving`` (all
     parameters and buffers of the LightningModule), and ``mxint8/<monitor>_float`` /
     ``mxint8/<monitor>_packed`` (e.g. ``mxint8/val_acc_float``: the best checkpoint's score, or the
-    last full-precision validation when no best checkpoint is evaluated; and the packed score).
+    last full-precision validation when no best checkpoint is evaluated, or -- in an evaluation-only run, which
+    has neither -- a validation of the float model run just before packing, on the same data; and the packed
+    score).
 
     Args:
         group_size: elements per MXINT8 group along each layer's input features.
@@ -81,7 +84,10 @@ class MXInt8PackedEvaluation(L.Callback):
         if trainer.state.fn != fn or self._swaps:
             return
         if fn == TrainerFn.VALIDATING:
-            self._report[self._metric_key("float")] = self._float_score(trainer)
+            score = self._float_score(trainer)
+            if math.isnan(score):
+                score = self._evaluate_float(trainer, pl_module)
+            self._report[self._metric_key("float")] = score
         merge_before_compression(pl_module)
         bytes_before = module_bytes(pl_module)
         self._swaps = pack_linear_layers(pl_module, self.group_size, self.exclude)
@@ -122,6 +128,47 @@ class MXInt8PackedEvaluation(L.Callback):
             return float(checkpoint.best_model_score)
         score = trainer.callback_metrics.get(self.monitor)
         return float(score) if score is not None else float("nan")
+
+    def _evaluate_float(self, trainer: L.Trainer, pl_module: L.LightningModule) -> float:
+        """The monitored score of the float model as it is now (the evaluated checkpoint restored), by a validation
+        on this validation's own data: an evaluation-only run (``train=false``) has no earlier validation whose
+        score could be read, and a ``nan`` in its place reads as a failed model in every table.
+
+        A second, bare Trainer runs it (Lightning cannot start a validation inside another): same device,
+        precision and batch limit, no logger, no callbacks, no checkpoints, so nothing is written or reported twice.
+        """
+        if trainer.world_size > 1:
+            # each rank holds a shard of the data: one process's validation would not be the model's score
+            log.warning(
+                "MXINT8: %s of the float model not measured in an evaluation-only run on %d processes",
+                self.monitor,
+                trainer.world_size,
+            )
+            return float("nan")
+        device = trainer.strategy.root_device
+        inner = L.Trainer(
+            accelerator=device.type,
+            devices=[device.index] if device.index is not None else 1,
+            precision=trainer.precision,
+            limit_val_batches=trainer.limit_val_batches,
+            logger=False,
+            callbacks=[],
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=trainer.default_root_dir,
+        )
+        try:
+            inner.validate(pl_module, dataloaders=trainer.val_dataloaders, verbose=False)
+        finally:
+            # the bare Trainer's teardown moved the module to the CPU and took it over: give it back
+            pl_module.to(device)
+            pl_module.trainer = trainer
+        score = inner.callback_metrics.get(self.monitor)
+        if score is None:
+            return float("nan")
+        log.info("MXINT8: %s of the float model before packing: %.4f", self.monitor, float(score))
+        return float(score)
 
     def _metric_key(self, variant: str) -> str:
         return f"mxint8/{self.monitor.replace('/', '_')}_{variant}"

@@ -278,6 +278,44 @@ def test_callback_packs_only_for_final_validate_and_test(tmp_path, lora, tiny_be
     assert 0 <= report["mxint8/val_acc_packed"] <= 1
 
 
+def bare_trainer(tmp_path, callbacks=()) -> L.Trainer:
+    return L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+        default_root_dir=tmp_path,
+    )
+
+
+def test_evaluation_only_measures_the_float_score_before_packing(tmp_path, tiny_bert):
+    """No fit, so no earlier validation to read: the float model is validated on the same data before packing,
+    and ``mxint8/val_acc_float`` is its score (a number, not nan), the packed score the run's own validation."""
+
+    class RecordsMode(TinyClassifier):
+        def validation_step(self, batch, batch_idx):
+            self.modes.add(self.model.training)
+            return super().validation_step(batch, batch_idx)
+
+    torch.manual_seed(0)
+    module = RecordsMode(tiny_bert(), lora=False)
+    module.modes = set()
+    (float_only,) = bare_trainer(tmp_path / "float").validate(module, dataloaders=loader(), verbose=False)
+    callback = MXInt8PackedEvaluation(group_size=32)
+    trainer = bare_trainer(tmp_path / "packed", [callback])
+    (packed,) = trainer.validate(module, dataloaders=loader(), verbose=False)
+
+    report = callback.report()
+    assert report["mxint8/val_acc_float"] == float_only["val/acc"]
+    assert report["mxint8/val_acc_packed"] == packed["val/acc"]
+    assert module.packed_during["validate"] == {False, True}  # the float pass, then the packed one
+    assert module.modes == {False}  # both passes in eval mode: the bare Trainer left the loop's mode alone
+    assert module.trainer is trainer  # handed back
+    assert not any(isinstance(m, QLinearPacked) for m in module.modules())
+
+
 def test_callback_rejects_bad_config_before_training(tiny_bert):
     with pytest.raises(ConfigError, match="quant.group_size=0"):
         MXInt8PackedEvaluation(group_size=0)

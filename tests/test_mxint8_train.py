@@ -33,6 +33,15 @@ def test_train_with_mxint8_packed_records_packed_metrics(compose_cfg, tmp_path):
     assert (tmp_path / "run" / "metrics.json").is_file()
 
 
+def test_evaluation_only_run_reports_a_float_score(compose_cfg, tmp_path):
+    """train=false: no fit whose validation gives the float score, so it is measured before packing (issue 56:
+    it was nan); the run's val/acc is the packed model's."""
+    metrics = run(compose_cfg(["quant=mxint8_packed", "train=false"]))
+    assert 0 <= metrics["mxint8/val_acc_float"] <= 1  # a number: nan fails both comparisons
+    assert metrics["val/acc"] == metrics["mxint8/val_acc_packed"]
+    assert abs(metrics["mxint8/val_acc_packed"] - metrics["mxint8/val_acc_float"]) <= 0.05
+
+
 def test_indivisible_group_size_fails_before_training(compose_cfg, tmp_path):
     with pytest.raises(
         ConfigError, match=r"quant.group_size=48: group_size=48 does not divide in_features=32"
