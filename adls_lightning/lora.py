@@ -74,6 +74,21 @@ def check_lora_targets(model: PreTrainedModel, config: LoraConfig) -> None:
                 f"to adapt (its linear layers: {linears})"
             )
         return
+    if not targets:  # [] or "": PEFT would stop with a traceback ("no modules were targeted")
+        shown = repr(targets) if isinstance(targets, str) else "[]"
+        default = (
+            ", null for PEFT's default"
+            if model_type in TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+            else ""
+        )
+        raise ConfigError(
+            f"model.lora.target_modules={shown}: names no layer to adapt; list some of this {model_type} model's "
+            f"linear layers ({linears}){default}, or give model/lora=none for full fine-tuning"
+        )
+    for key, entries in (("target_modules", targets), ("modules_to_save", config.modules_to_save or ())):
+        odd = next((e for e in ([] if isinstance(entries, str) else entries) if not isinstance(e, str)), None)
+        if odd is not None:  # PEFT would compare it with the layer names and stop with a TypeError
+            raise ConfigError(f"model.lora.{key}: {odd!r} is not a layer name (its linear layers: {linears})")
     if isinstance(targets, str):  # a regular expression over full names, or PEFT's "all-linear"
         if targets != "all-linear" and not any(re.fullmatch(targets, name) for name in names):
             raise ConfigError(

@@ -1,7 +1,9 @@
-"""A run's folder: Hydra's run record, written by the task once the run's checks passed."""
+"""A run's folder: Hydra's run record, written by the task once the run's checks passed; the folder of a run
+refused inside the task removed again when the refusal left nothing of value in it."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,8 @@ from omegaconf import OmegaConf
 from adls_lightning.atomic_files import atomic_write_bytes
 
 RUN_RECORD_DIR = ".hydra"
+# What write_run_record writes into RUN_RECORD_DIR.
+RUN_RECORD_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 
 
 def write_run_record(output_dir: str | os.PathLike, cfg: Any) -> None:
@@ -24,10 +28,65 @@ def write_run_record(output_dir: str | os.PathLike, cfg: Any) -> None:
         return
     hydra_cfg = HydraConfig.instance().cfg  # the `hydra` node alone, as Hydra records it
     record = Path(output_dir) / RUN_RECORD_DIR
-    files = {
-        "config.yaml": OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]),
-        "hydra.yaml": hydra_cfg,
-        "overrides.yaml": hydra_cfg.hydra.overrides.task,
-    }
+    nodes = (
+        OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]),
+        hydra_cfg,
+        hydra_cfg.hydra.overrides.task,
+    )
+    files = dict(zip(RUN_RECORD_FILES, nodes))
     for name, node in files.items():
         atomic_write_bytes(record / name, OmegaConf.to_yaml(node).encode())
+
+
+def made_by_this_process(folder: Path) -> bool:
+    """``folder`` was created (or last changed) after this process started: Hydra made it for this run."""
+    import psutil  # installed with peft; read lazily, as only a refused run asks
+
+    try:
+        return folder.stat().st_ctime >= psutil.Process().create_time()
+    except (OSError, psutil.Error):
+        return False
+
+
+def entries(folder: Path) -> set[str] | None:
+    """The names in ``folder`` (None when it is not a folder)."""
+    try:
+        return {p.name for p in folder.iterdir()}
+    except OSError:
+        return None
+
+
+def remove_unused_run_folder(folder: Path, at_start: set[str] | None) -> bool:
+    """Remove the run folder of a refused run when it holds nothing of value: Hydra made it for this process (it
+    was empty when the task started, and is no older than the process) and it holds at most the run record
+    (:data:`RUN_RECORD_DIR`) and the run's log file. An earlier run's folder, or one with anything else in it
+    (checkpoints, metrics, a user's file), is left as it is. Returns whether the folder is gone.
+    """
+    if at_start != set() or not made_by_this_process(folder):
+        return False
+    root = logging.getLogger()
+    logs = {
+        Path(h.baseFilename): h
+        for h in root.handlers
+        if isinstance(h, logging.FileHandler) and Path(h.baseFilename).parent == folder
+    }
+    record = folder / RUN_RECORD_DIR
+    for path in folder.iterdir():
+        if path == record and path.is_dir() and not path.is_symlink():
+            if any(not f.is_file() or f.name not in RUN_RECORD_FILES for f in record.iterdir()):
+                return False
+        elif path not in logs or not path.is_file():
+            return False
+    for path, handler in logs.items():  # closed first: a later record would reopen the file in a gone folder
+        root.removeHandler(handler)
+        handler.close()
+        path.unlink(missing_ok=True)
+    if record.is_dir():
+        for f in record.iterdir():
+            f.unlink()
+        record.rmdir()
+    try:
+        folder.rmdir()  # only ever an empty folder: a file written meanwhile keeps it
+    except OSError:
+        return False
+    return True

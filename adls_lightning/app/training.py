@@ -24,9 +24,10 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from adls_lightning.app.preflight import METRICS_FILE, check_output_dir, validate_run_config
-from adls_lightning.app.run_folder import write_run_record
+from adls_lightning.app.run_folder import entries, remove_unused_run_folder, write_run_record
 from adls_lightning.build import build
 from adls_lightning.checkpoints import check_shapes, find_last_checkpoint, read_checkpoint
+from adls_lightning.data.datamodule import TextDataModule
 from adls_lightning.data.tasks import Task, head_outputs, without_task_head
 from adls_lightning.errors import ConfigError
 from adls_lightning.gemm import batch_rows, gemm_backend, native_bfloat16
@@ -119,7 +120,12 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
 
 def _checked_objects(cfg: DictConfig) -> tuple:
-    """Validate and build everything a run needs, writing nothing: data (parsed whole), model, checkpoints."""
+    """Validate and build everything a run needs, writing nothing: model, checkpoints, trainer, then the data.
+
+    The cheap checks come first: the data module is built without reading its splits (its task, which shapes the
+    model, is known from its definition, or from the training file's labels alone), the model with its LoRA wrapping
+    is built and checked, then the trainer; only then are the splits tokenized (minutes on a whole data set).
+    """
     validate_run_config(OmegaConf.to_container(cfg, resolve=True))
     output_dir = Path(cfg.paths.output_dir)
     check_output_dir(output_dir, cfg)
@@ -130,19 +136,20 @@ def _checked_objects(cfg: DictConfig) -> tuple:
 
     log.debug("Instantiating datamodule <%s>", cfg.data._target_)
     datamodule = build(cfg.data, "data")
-    datamodule.setup("fit")  # fail fast on data problems, before the model is built
+    task = datamodule.task  # checks data.main_metric against the task's metrics
+    check_monitored_metrics(cfg, task)
     log.debug("Instantiating model <%s>", cfg.model._target_)
     init_head = cfg.get("init_head", "checkpoint")
     init = {"init_ckpt": str(cfg.init_ckpt), "init_head": init_head} if cfg.get("init_ckpt") else {}
     # The task shapes the model: head size (1 = regression), label names, metrics, evaluation splits.
-    model = build(cfg.model, "model", _convert_="partial", **init, **datamodule.task.model_overrides())
+    model = build(cfg.model, "model", _convert_="partial", **init, **task.model_overrides())
     check_max_length(model, cfg.data.get("max_length"))
     if init:
         state = read_checkpoint(init["init_ckpt"], "init_ckpt")["state_dict"]
         if init_head == "new":  # the head is not loaded: another task's checkpoint is a start for this one
             state = without_task_head(state)
         else:
-            check_label_count(state, datamodule.task, cfg.init_ckpt, "init_ckpt")
+            check_label_count(state, task, cfg.init_ckpt, "init_ckpt")
         check_shapes(state, model, cfg.init_ckpt, "init_ckpt", structured=_prunes_structurally(cfg))
     callbacks = instantiate_callbacks(cfg)
     loggers = instantiate_loggers(cfg)
@@ -174,11 +181,71 @@ def _checked_objects(cfg: DictConfig) -> tuple:
                 f"ckpt_path={ckpt_path}: holds model weights only (save_weights_only), no training state to "
                 f"resume; start from its weights with init_ckpt={ckpt_path} instead"
             )
-        check_label_count(checkpoint["state_dict"], datamodule.task, ckpt_path, "ckpt_path")
+        check_label_count(checkpoint["state_dict"], task, ckpt_path, "ckpt_path")
         check_shapes(
             checkpoint["state_dict"], model, ckpt_path, "ckpt_path", structured=_prunes_structurally(cfg)
         )
+    # Last, the expensive part: tokenize the splits (cached), only as many rows as the trainer will use
+    # (fast_dev_run, limit_*_batches: the debug presets); data problems still fail before anything is written.
+    if isinstance(datamodule, TextDataModule):  # the project's data modules (another reads what it reads)
+        datamodule.use_at_most(rows_used(trainer, datamodule.hparams.batch_size))
+    datamodule.setup("fit")
     return datamodule, model, callbacks, loggers, trainer, ckpt_path
+
+
+def check_monitored_metrics(cfg: DictConfig, task: Task) -> None:
+    """``main_metric`` (what checkpoint selection and the compression callbacks monitor) is a validation metric
+    the task logs, and ``optimized_metric`` (what a search optimises) one the run records, before any work:
+    Lightning would stop with a traceback after the first validation, a search would get no value.
+
+    Raises:
+        ConfigError: naming the key and the metrics the task logs.
+    """
+    validation = [f"val/{name}" for name in task.metrics]
+    main = cfg.get("main_metric")
+    if main is not None and main not in validation:
+        raise ConfigError(
+            f"main_metric={main}: not a validation metric this task ({task.name}) logs; give one of "
+            f"{', '.join(validation)} (or data.main_metric={task.metrics[-1]})"
+        )
+    optimized = cfg.get("optimized_metric")
+    if optimized is None or optimized == main:
+        return
+    splits = ("val", *task.test_splits)
+    recorded = [f"{split}/{name}" for split in splits for name in (*task.metrics, "loss")]
+    # Other namespaces (params/, time/, quant/, prune/...) are the callbacks' reports, known only once they ran.
+    if optimized not in recorded and (("/" not in str(optimized)) or str(optimized).split("/")[0] in splits):
+        raise ConfigError(
+            f"optimized_metric={optimized}: not a metric this run records; give one of {', '.join(recorded)}, "
+            "or a callback's report (e.g. quant/avg_weight_bits)"
+        )
+
+
+def rows_used(trainer: L.Trainer, batch_size: int | None) -> dict[str, int]:
+    """How many rows of each split (``train``, ``val``, ``test``) the trainer can reach, where it is limited to a
+    number of batches (``fast_dev_run``, an integer ``limit_<split>_batches``); a split left out reads all its rows.
+
+    Each pass takes that many batches per device; training passes ``max_epochs`` times, each over batches drawn
+    anew (no epoch limit: all rows). A fraction (``limit_val_batches=0.25``) is left to Lightning: a split cut
+    to it would be cut once more by the trainer.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1:
+        return {}
+    limits = {
+        "train": trainer.limit_train_batches,
+        "val": trainer.limit_val_batches,
+        "test": trainer.limit_test_batches,
+    }
+    passes = {"train": trainer.max_epochs}
+    rows = {}
+    for split, limit in limits.items():
+        if isinstance(limit, bool) or not isinstance(limit, int):  # a fraction, or all
+            continue
+        times = passes.get(split, 1)
+        if times is None or times < 0:
+            continue
+        rows[split] = max(limit, 1) * batch_size * trainer.world_size * max(times, 1)
+    return rows
 
 
 def _prunes_structurally(cfg: DictConfig) -> bool:
@@ -361,12 +428,18 @@ def print_summary(
 def one_line_errors():
     """Turn a ConfigError into one line on stderr and exit code 2 (single runs only).
 
-    In a multirun the error propagates, so the sweeper records the job (trial) as failed and goes on.
+    In a multirun the error propagates, so the sweeper records the job (trial) as failed and goes on. A single
+    run's folder, made by Hydra before the task started, goes again when the refusal left nothing of value in it
+    (:func:`~adls_lightning.app.run_folder.remove_unused_run_folder`): a refused run leaves nothing behind.
     """
+    folder = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
+    at_start = entries(folder) if folder is not None else None
     try:
         yield
     except ConfigError as err:
         if _is_multirun():
             raise
+        if folder is not None:
+            remove_unused_run_folder(folder, at_start)
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

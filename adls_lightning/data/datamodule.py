@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import datasets
@@ -55,6 +55,10 @@ def stratified_subset(labels: np.ndarray, size: int | None, seed: int, stratify:
     index = np.arange(len(labels))
     if size is None or size >= len(labels):
         return np.random.default_rng(seed).permutation(index)
+    if stratify:
+        # stratifying needs every class at least twice and a place for each class on both sides of the cut
+        counts = np.unique(labels, return_counts=True)[1]
+        stratify = counts.min() >= 2 and min(size, len(labels) - size) >= len(counts)
     chosen, _ = train_test_split(
         index, train_size=size, stratify=labels if stratify else None, random_state=seed
     )
@@ -133,6 +137,7 @@ class TextDataModule(LightningDataModule):
         self._task: Task | None = None
         self._train_loader: ResumableLoader | None = None
         self._loader_state: dict | None = None
+        self._at_most: dict[str, int] = {}
 
     # ---------------------------------------------------------------------------------------------------- source
     def load(self) -> tuple[datasets.DatasetDict, str, Task]:
@@ -226,6 +231,18 @@ class TextDataModule(LightningDataModule):
             shutil.rmtree(tmp, ignore_errors=True)
         return datasets.load_from_disk(str(path))
 
+    def use_at_most(self, rows: Mapping[str, int]) -> None:
+        """Tokenize at most ``rows[split]`` rows of a split (``train``, ``val``, ``test``: every test split), a
+        seeded, stratified subset: what a trainer limited to a few batches (``fast_dev_run``, the ``debug=``
+        presets) can reach, instead of the whole split. Called before :meth:`setup`."""
+        if self.splits:
+            raise RuntimeError("use_at_most: the splits are tokenized already")
+        self._at_most = {split: int(n) for split, n in rows.items()}
+
+    def _capped(self, split: str, size: int | None) -> int | None:
+        cap = self._at_most.get("test" if split in self.task.test_splits else split)
+        return size if cap is None else cap if size is None else min(size, cap)
+
     # --------------------------------------------------------------------------------------------- Lightning hooks
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
@@ -244,7 +261,13 @@ class TextDataModule(LightningDataModule):
             stratify=train_labels if classes else None,
             random_state=hp.seed,
         )
-        train_idx = rest[stratified_subset(train_labels[rest], hp.train_size, hp.seed, classes)]
+        train_idx = rest[
+            stratified_subset(train_labels[rest], self._capped("train", hp.train_size), hp.seed, classes)
+        ]
+        if "val" in self._at_most:  # the carve stays val_size rows (train never holds them); fewer are read
+            val_idx = val_idx[
+                stratified_subset(train_labels[val_idx], self._capped("val", None), hp.seed, classes)
+            ]
         # Only the rows this run uses are tokenized (and cached under a key that includes which rows).
         train = self._tokenized(raw["train"], identity, "train", train_idx)
         if hp.swap_pairs:
@@ -256,7 +279,7 @@ class TextDataModule(LightningDataModule):
         }
         for split in task.test_splits:
             labels = np.asarray(raw[split]["label"])
-            test_idx = stratified_subset(labels, hp.test_size, hp.seed, classes)
+            test_idx = stratified_subset(labels, self._capped(split, hp.test_size), hp.seed, classes)
             self.splits[split] = self._tokenized(raw[split], identity, split, np.sort(test_idx))
         for split in self.splits.values():
             split.set_format(
@@ -269,9 +292,10 @@ class TextDataModule(LightningDataModule):
             for hit in (False, True)
         }
         log.info(
-            "Data: %s rows%s, max_length=%d (%s; cache %s)",
+            "Data: %s rows%s%s, max_length=%d (%s; cache %s)",
             ", ".join(f"{k} {len(v)}" for k, v in self.splits.items()),
             " (train: each pair also swapped)" if hp.swap_pairs else "",
+            " (as many as the trainer's batch limits reach)" if self._at_most else "",
             hp.max_length,
             "; ".join(f"{how}: {', '.join(names)}" for how, names in sources.items() if names),
             Path(hp.cache_dir) / "tokenized",

@@ -140,8 +140,12 @@ def _load_raw_splits(data_dir: Path | None, hub_name: str) -> tuple[datasets.Dat
         files = find_split_files(data_dir)
         raw = datasets.DatasetDict({split: read_data_file(path) for split, path in files.items()})
         identity = local_identity(files)
+    sources = {
+        split: files[split] if data_dir is not None else f"{hub_name} split '{split}'" for split in SPLITS
+    }
     for split in SPLITS:
-        check_rows(raw[split], files[split] if data_dir is not None else f"split '{split}'")
+        check_rows(raw[split], sources[split])
+    check_pair_columns(raw, sources)
     return raw, identity
 
 
@@ -191,6 +195,22 @@ def check_rows(split: datasets.Dataset, source: Path | str) -> None:
                 f"data.data_dir: {source}: row {bad} has {column} {texts[bad]!r} "
                 f"(every row needs a string in '{column}')"
             )
+
+
+def check_pair_columns(raw: datasets.DatasetDict, sources: dict[str, Path | str]) -> None:
+    """Every split of single texts, or every split of pairs: a model trained on pairs and tested on the first text
+    alone (or the reverse) would report a score of another task, without a word.
+
+    Raises:
+        ConfigError: naming the file (or hub split) that lacks ``text_pair`` and the one that has it.
+    """
+    paired = [split for split in SPLITS if "text_pair" in raw[split].column_names]
+    if paired and len(paired) < len(SPLITS):
+        single = next(split for split in SPLITS if split not in paired)
+        raise ConfigError(
+            f"data.data_dir: {sources[single]}: lacks column 'text_pair', which {sources[paired[0]]} has (a "
+            f"{single} split of single texts for a task of pairs); give every split a text_pair column, or none"
+        )
 
 
 def _one_of(values: Sequence) -> str:
