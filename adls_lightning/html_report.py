@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from adls_lightning.atomic_files import atomic_write_bytes
-from adls_lightning.errors import ConfigError, exit_with
+from adls_lightning.errors import ConfigError
+from adls_lightning.tool_options import run_tool, split_options
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
@@ -139,22 +140,21 @@ class Page:
 def parse_args(
     argv: Sequence[str], positional: str | None, keys: Sequence[str], usage: str
 ) -> dict[str, str]:
-    """``key=value`` arguments (Hydra-style) and, when ``positional`` names it, one bare argument.
+    """``key=value`` arguments and, when ``positional`` names it, one bare argument: the tools' one parser
+    (:func:`~adls_lightning.tool_options.split_options`), with ``out`` (and the bare argument) required.
 
     Raises:
+        HelpRequested: ``--help`` / ``-h``.
         ConfigError: an unknown key, a second bare argument, or a missing required key (``out`` always).
     """
-    args: dict[str, str] = {}
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep:
-            if positional is None or positional in args:
-                raise ConfigError(f"{arg}: unexpected argument ({usage})")
-            args[positional] = arg
-        elif key in keys:
-            args[key] = value
-        else:
-            raise ConfigError(f"{key}: unknown option (valid: {', '.join(keys)}; {usage})")
+    options, _ = split_options(argv, dict.fromkeys(keys), usage, overrides=False, positional=positional)
+    args = {key: value for key, value in options.items() if key in keys and value is not None}
+    if positional is not None:
+        bare = options[positional]
+        if len(bare) > 1:
+            raise ConfigError(f"{bare[1]}: unexpected argument ({usage})")
+        if bare:
+            args[positional] = bare[0]
     required = [positional] if positional else []
     for key in [*required, "out"]:
         if not args.get(key):
@@ -175,10 +175,11 @@ def check_out_dir(out: str) -> Path:
     return path
 
 
-def main_guard(func: Any) -> None:
-    """Run ``func(sys.argv[1:])`` with a refusal as one line and exit code 2."""
-    try:
-        path = func(sys.argv[1:])
-    except ConfigError as err:
-        exit_with(str(err))
-    print(f"Report written to {path}")
+def main_guard(func: Any, usage: str | None = None) -> None:
+    """Run ``func(sys.argv[1:])`` with ``--help`` answered by ``usage`` (exit code 0) and a refusal as one line and
+    exit code 2."""
+
+    def report() -> None:
+        print(f"Report written to {func(sys.argv[1:])}")
+
+    sys.exit(run_tool(report, usage))

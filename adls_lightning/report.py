@@ -5,6 +5,9 @@ main metric (``metric=``, else the runs' ``optimized_metric``) against each swep
 Jobs are the folders under ``sweep`` holding a run record (``.hydra/overrides.yaml``, written once a run's
 checks passed); a job without ``metrics.json`` (failed or still running) is listed without metrics. A search's
 folder (``search.py``) is a study: ``python -m adls_lightning.search.report`` draws it with Optuna's figures.
+
+Bad input (an unknown option, an ``out`` that cannot be written, a damaged run record or ``metrics.json``): one
+line naming it, exit code 2, nothing written. ``--help``: this text.
 """
 
 from __future__ import annotations
@@ -48,6 +51,21 @@ def _optimized_metric(config_file: Path) -> str | None:
         return None
 
 
+def _read(path: Path, parse: Any, kind: type) -> Any:
+    """``parse`` of the file's text (None for an empty record), refused in one line naming the file when it is
+    damaged (cut, not text) or not a ``kind``."""
+    try:
+        data = parse(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as error:
+        first = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+        raise ConfigError(f"sweep: {path}: damaged ({first}); remove the job's folder or re-run it") from None
+    if data is not None and not isinstance(data, kind):
+        raise ConfigError(
+            f"sweep: {path}: a {type(data).__name__}, expected a {kind.__name__} (a damaged file)"
+        )
+    return data
+
+
 def read_jobs(sweep: Path) -> list[Job]:
     """The jobs under ``sweep`` (any depth), in folder order (Hydra's job numbers sort numerically).
 
@@ -62,11 +80,11 @@ def read_jobs(sweep: Path) -> list[Job]:
     for record in sweep.rglob(str(RECORD / "overrides.yaml")):
         folder = record.parent.parent
         overrides = {}
-        for line in yaml.safe_load(record.read_text()) or []:
+        for line in _read(record, yaml.safe_load, list) or []:
             key, _, value = str(line).partition("=")
             overrides[key.lstrip("+~")] = value
         metrics_file = folder / METRICS_FILE
-        metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
+        metrics = _read(metrics_file, json.loads, dict) if metrics_file.is_file() else {}
         config_file = folder / RECORD / "config.yaml"
         jobs.append(Job(folder, overrides, metrics, _optimized_metric(config_file)))
     if not jobs:
@@ -184,4 +202,4 @@ def write_report(argv: Sequence[str]) -> Path:
 
 
 if __name__ == "__main__":
-    main_guard(write_report)
+    main_guard(write_report, __doc__)

@@ -5,6 +5,9 @@ It holds Optuna's own plotly figures (optimisation history, parameter importance
 Pareto front of a two-objective study), a sortable table of every trial with the overrides its job ran with, and
 the command line that re-runs the best trial as a single training run. For a live view of a study, Optuna's web UI
 serves the same storage: ``optuna-dashboard sqlite:///outputs/search/NAME/NAME.db`` (docs/search.md).
+
+Bad input (an unknown option, an ``out`` that cannot be written, a storage that is damaged or holds no such
+study): one line naming it, exit code 2, nothing written. ``--help``: this text.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import optuna
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
+from adls_lightning.errors import ConfigError
 from adls_lightning.html_report import Page, check_out_dir, main_guard, parse_args
 from adls_lightning.search.from_study import open_study, study_storage
 from adls_lightning.search.storage import mask_password
@@ -40,9 +44,28 @@ def load_study(
     Raises:
         ConfigError: no such storage or study, or several studies and no ``study=``.
     """
+    from sqlalchemy.exc import SQLAlchemyError
+
     search_dir = search_dir or Path(os.environ.get("PROJECT_ROOT", os.getcwd())) / "outputs" / "search"
     spec, name = study_storage(source, search_dir, key="source")
-    return open_study(mask_password(source), spec, study or name, key="source"), mask_password(spec)
+    try:
+        return open_study(mask_password(source), spec, study or name, key="source"), mask_password(spec)
+    except ConfigError:
+        raise
+    except (
+        ValueError,
+        KeyError,
+        TypeError,
+        OSError,
+        SQLAlchemyError,
+        optuna.exceptions.OptunaError,
+    ) as error:
+        # a damaged storage (a journal file of random bytes, a .db that is no SQLite database): one line naming it
+        first = str(error).splitlines()[0][:200] if str(error) else ""
+        raise ConfigError(
+            f"source={mask_password(source)}: not a readable Optuna storage ({type(error).__name__}: {first}); "
+            "give a study's .db, .journal or URL as search.py wrote it"
+        ) from None
 
 
 def trial_overrides(trial: FrozenTrial) -> list[str] | None:
@@ -192,4 +215,4 @@ def write_report(argv: Sequence[str]) -> Path:
 
 
 if __name__ == "__main__":
-    main_guard(write_report)
+    main_guard(write_report, __doc__)
