@@ -166,8 +166,13 @@ class LoadedRun:
         return None
 
 
-def compose_train_config(overrides: Sequence[str], return_hydra_config: bool = False):
-    """``conf/train.yaml`` with ``overrides``, composed as ``train.py`` composes it (one line for a bad one)."""
+def compose_train_config(
+    overrides: Sequence[str], return_hydra_config: bool = False, options: Sequence[str] | None = None
+):
+    """``conf/train.yaml`` with ``overrides``, composed as ``train.py`` composes it (one line for a bad one).
+
+    ``options``: the calling tool's own keys, named beside the config's when an override sets a key neither has.
+    """
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -179,15 +184,26 @@ def compose_train_config(overrides: Sequence[str], return_hydra_config: bool = F
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
                 return compose("train", overrides=list(overrides), return_hydra_config=return_hydra_config)
     except (HydraException, OmegaConfBaseException) as error:
-        raise ConfigError(f"overrides {list(overrides)}: {str(error).splitlines()[0]}") from error
+        first = str(error).splitlines()[0]
+        unknown = re.match(r"Could not override '([^']+)'", first)
+        if unknown and options is not None:
+            # a misspelt option of the tool reaches Hydra as an override: say both what the tool and the config take
+            raise ConfigError(
+                f"{unknown.group(1)}: unknown key; valid: this command's options ({', '.join(options) or 'none'}) or a key "
+                f"of conf/train.yaml (model=..., data.*, quant.*; a new key: +{unknown.group(1)}=...)"
+            ) from None
+        raise ConfigError(f"overrides {list(overrides)}: {first}") from error
 
 
-def load_checkpoint_model(ckpt: Path, overrides: Sequence[str], keep_quantized: bool = False) -> LoadedRun:
+def load_checkpoint_model(
+    ckpt: Path, overrides: Sequence[str], keep_quantized: bool = False, options: Sequence[str] | None = None
+) -> LoadedRun:
     """The merged Hugging Face model of a ``train.py`` checkpoint, with what its run's compression computed.
 
     The model and its compression come from the run's own overrides (Hydra's record next to the checkpoint's
     folder), then ``overrides`` on top. ``keep_quantized``: leave the fake-quantized layers in place (the model
-    the run evaluated, for the int8 export) instead of baking them.
+    the run evaluated, for the int8 export) instead of baking them. ``options``: the calling tool's own keys
+    (:func:`compose_train_config`).
     """
     from peft import PeftModel
 
@@ -198,7 +214,7 @@ def load_checkpoint_model(ckpt: Path, overrides: Sequence[str], keep_quantized: 
     from adls_lightning.quant import quantize_model
 
     overrides = merge_overrides(run_overrides(ckpt), overrides)
-    cfg = compose_train_config(overrides)
+    cfg = compose_train_config(overrides, options=options)
     tokenizer = cfg.data.get("tokenizer")
     # the data's task shapes the head (labels, regression) as in the run that wrote the checkpoint
     task = build(cfg.data, "data").task
@@ -274,7 +290,7 @@ def export(options: dict, overrides: Sequence[str]) -> None:
     if options["format"] == "onnx" and options["int8"] == "scaled":
         export_scaled_int8(options, overrides)
         return
-    loaded = load_checkpoint_model(options["ckpt"], overrides)
+    loaded = load_checkpoint_model(options["ckpt"], overrides, options=list(OPTIONS))
     model, recipe = loaded.model, loaded.recipe
     if options["format"] != "hf":
         refuse_compression_beyond_weights(loaded, options["format"])
@@ -341,7 +357,7 @@ def export_scaled_int8(options: dict, overrides: Sequence[str]) -> None:
     checked in ONNX Runtime against the fake-quantized model; every refusal comes before anything is written."""
     from adls_lightning.export import int8 as int8_export
 
-    loaded = load_checkpoint_model(options["ckpt"], overrides, keep_quantized=True)
+    loaded = load_checkpoint_model(options["ckpt"], overrides, keep_quantized=True, options=list(OPTIONS))
     model = loaded.model
     if loaded.recipe.activation_prune:
         raise ConfigError(

@@ -148,11 +148,12 @@ def evaluation_loader(overrides: Sequence[str]):
     return evaluation_setup(overrides)[0]
 
 
-def evaluation_setup(overrides: Sequence[str]):
-    """The run's test loader and its composed config (for ``runtime.gemm`` and the cache folder)."""
+def evaluation_setup(overrides: Sequence[str], options: Sequence[str] | None = None):
+    """The run's test loader and its composed config (for ``runtime.gemm`` and the cache folder); ``options``:
+    the calling tool's own keys, named when an override sets a key the config lacks."""
     from adls_lightning.build import build
 
-    cfg = compose_train_config(overrides, return_hydra_config=True)
+    cfg = compose_train_config(overrides, return_hydra_config=True, options=options)
     data = build(cfg.data, "data")
     data.setup("test")
     return data.test_dataloader(), cfg
@@ -174,7 +175,7 @@ def evaluate_folders(argv: Sequence[str]) -> None:
     models = [load_folder(folder, recipe) for folder, recipe in zip(folders, recipes, strict=True)]
     # the first folder's run gives the test split (its data, batch size and length), the command line on top
     run = next((recipe.run_overrides for recipe in recipes if recipe is not None), [])
-    loader, cfg = evaluation_setup(merge_overrides(run, overrides))
+    loader, cfg = evaluation_setup(merge_overrides(run, overrides), options=[])
     validate_gemm(cfg.runtime.gemm)
     first = None
     rows, cache_dir = batch_rows(cfg.data), cfg.paths.get("cache_dir")

@@ -297,7 +297,7 @@ def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
     preset_args = [o for o in overrides if override_key(o).startswith("quant.")]
     overrides = [o for o in overrides if o not in preset_args]
     run_args = merge_overrides(run_overrides(ckpt), overrides)
-    run_cfg = compose_train_config(run_args)
+    run_cfg = compose_train_config(run_args, options=list(OPTIONS))
     compression = run_compression(run_cfg)
     if compression.quant is not None or compression.pruner is not None:
         raise ConfigError(
