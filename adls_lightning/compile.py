@@ -12,19 +12,61 @@ several runs in one process (Optuna trials) each report their own numbers.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch._dynamo
 import torch._dynamo.utils as dynamo_utils
 
 from adls_lightning.errors import ConfigError
+from adls_lightning.typed_settings import check_value
 
 # Modes torch.compile accepts (``torch._inductor.list_mode_options()``); "default" = no mode.
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # Backends that only work on CUDA tensors.
 CUDA_ONLY_BACKENDS = ("cudagraphs",)
+
+
+def inductor_option_type(name: str) -> Any:
+    """The type ``torch._inductor.config`` declares for a setting (its default's type where it declares none)."""
+    import torch._inductor.config as inductor_config
+
+    entry = getattr(inductor_config, "_config", {}).get(name)
+    declared = getattr(entry, "value_type", None)
+    if declared is not None:
+        return declared
+    default = getattr(inductor_config, name)
+    return Any if default is None else type(default)
+
+
+def check_inductor_options(key: str, options: Any) -> None:
+    """Each of ``options`` a setting of ``torch._inductor.config``, its value of the type torch declares for it
+    (torch.compile checks only plain types, and only at the first compile: a string where a callable belongs
+    reaches the compiler). A YAML integer is taken for a float setting (:meth:`CompileOptions.torch_kwargs`
+    converts it).
+
+    Raises:
+        ConfigError: ``KEY.NAME=VALUE: must be ...`` naming the first bad option.
+    """
+    import torch._inductor.config as inductor_config
+
+    if not isinstance(options, Mapping):
+        return
+    for name, value in options.items():
+        if not hasattr(inductor_config, str(name)):
+            raise ConfigError(
+                f"{key}.{name}: not a setting of torch._inductor.config (e.g. fallback_random, freezing, max_autotune)"
+            )
+        try:
+            check_value(f"{key}.{name}", value, inductor_option_type(str(name)))
+        except ConfigError as err:
+            raise ConfigError(f"{err} (the type torch._inductor.config declares)") from None
+
+
+#: ``compile.options``: inductor settings, each checked against torch's own declared type.
+InductorOptions = Annotated[Mapping[str, Any], check_inductor_options]
 
 
 def available_backends() -> list[str]:
@@ -79,24 +121,9 @@ class CompileOptions:
                 f"{self.key}.options={self.options!r}: must be a mapping of inductor settings, e.g. "
                 "{fallback_random: true}, or null"
             )
-        for name, value in (self.options or {}).items():
-            self._check_inductor_setting(str(name), value)
+        check_inductor_options(f"{self.key}.options", self.options)
         if self.backend in CUDA_ONLY_BACKENDS and not torch.cuda.is_available():
             raise ConfigError(f"{self.key}.backend={self.backend!r}: needs CUDA, which is not available here")
-
-    def _check_inductor_setting(self, name: str, value: Any) -> None:
-        """A known ``torch._inductor.config`` name with a value of its default's type (torch.compile checks the
-        same, but with a traceback at the first compile)."""
-        import torch._inductor.config as inductor_config
-
-        if not hasattr(inductor_config, name):
-            raise ConfigError(
-                f"{self.key}.options.{name}: not a setting of torch._inductor.config "
-                "(e.g. fallback_random, freezing, max_autotune)"
-            )
-        default = getattr(inductor_config, name)
-        if default is not None and not isinstance(value, type(default)):
-            raise ConfigError(f"{self.key}.options.{name}={value!r}: must be a {type(default).__name__}")
 
     def torch_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.compile`` / ``nn.Module.compile``.
@@ -108,7 +135,14 @@ class CompileOptions:
         mode = None if self.mode == "default" else self.mode
         if self.options and self.backend == "inductor":
             mode_options = torch._inductor.list_mode_options(mode, self.dynamic) if mode else {}
-            kwargs["options"] = {**mode_options, **self.options}
+            # torch checks a float setting with isinstance(value, float): a YAML integer becomes its float
+            options = {
+                name: float(value)
+                if inductor_option_type(name) is float and isinstance(value, numbers.Integral)
+                else value
+                for name, value in self.options.items()
+            }
+            kwargs["options"] = {**mode_options, **options}
         else:
             kwargs["mode"] = mode
         return kwargs

@@ -4,23 +4,30 @@ SmoothQuant, GPTQ; one-shot pruning): the ``<group>.calibration`` setting and th
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import lightning as L
 
 from adls_lightning.errors import ConfigError
+from adls_lightning.typed_settings import section
 
 #: the batch entries a calibration forward gives the model (labels would only add the loss)
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def calibration_batches(calibration: Mapping[str, Any] | None, key: str) -> int:
+class CalibrationSettings(TypedDict, total=False):
+    """``<group>.calibration`` as a config gives it."""
+
+    batches: int
+
+
+def calibration_batches(calibration: CalibrationSettings | Mapping[str, Any] | None, key: str) -> int:
     """``N`` of a ``{batches: N}`` setting named ``key`` (``quant.calibration``); 0 when unset.
 
     Raises:
         ConfigError: an unknown key or a count that is not an integer >= 0.
     """
-    calibration = dict(calibration or {})
+    calibration = section(calibration, key) or {}
     unknown = sorted(set(calibration) - {"batches"})
     if unknown:
         raise ConfigError(f"{key}.{unknown[0]}: unknown key; valid: batches")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 import lightning as L
 from typing_extensions import override
@@ -12,6 +11,7 @@ from typing_extensions import override
 from adls_lightning.compile import (
     CompileCounters,
     CompileOptions,
+    InductorOptions,
     compile_in_place,
     graph_break_reasons,
     is_compiled,
@@ -51,9 +51,12 @@ class CompileCallback(L.Callback):
         mode: str = "default",
         dynamic: bool | None = None,
         fullgraph: bool = False,
-        options: Mapping[str, Any] | None = None,
+        options: InductorOptions | None = None,
         module: str = "model",
     ) -> None:
+        # each setting's type is checked in the pre-flight against these annotations (adls_lightning.typed_settings);
+        # options given false are none, as null
+        options = None if options is False else options
         self.options = CompileOptions(
             backend=backend,
             mode=mode,

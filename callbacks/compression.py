@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
 import lightning as L
 import torch
@@ -17,11 +17,23 @@ from adls_lightning.distill import Distiller, check_distillation
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import Pruner
+from adls_lightning.prune.masks import MaskSettings
 from adls_lightning.quant import QuantRecipe, quantization_report, quantize_model, to_recipe
+from adls_lightning.typed_settings import section
 from callbacks.pruning import PruningCallback, log_sparsity
 from callbacks.trainer_control import forget_best_checkpoints, set_max_epochs, validate_mid_fit
 
 PRUNE_KEYS = ("weight", "activation", "include", "exclude", "seed")
+
+
+class CompressPruneSettings(TypedDict, total=False):
+    """``compress.prune``: as :class:`~callbacks.pruning.PruningCallback`'s arguments of the same names."""
+
+    weight: MaskSettings | None
+    activation: MaskSettings | None
+    include: Sequence[str] | None
+    exclude: Sequence[str] | None
+    seed: int
 
 
 def _plain(config: Any) -> Any:
@@ -74,7 +86,7 @@ class CompressionCallback(L.Callback):
         at_epoch: int = 1,
         post_epochs: int = 1,
         quant: Mapping[str, Any] | str | QuantRecipe | None = None,
-        prune: Mapping[str, Any] | None = None,
+        prune: CompressPruneSettings | None = None,
         monitor: str = DEFAULT_MAIN_METRIC,
         distill: bool = False,
         distill_temperature: float = 2.0,
@@ -87,7 +99,9 @@ class CompressionCallback(L.Callback):
             )
         if isinstance(post_epochs, bool) or not isinstance(post_epochs, int) or post_epochs < 0:
             raise ConfigError(f"compress.post_epochs={post_epochs!r}: must be an integer >= 0")
-        quant, prune = _plain(quant), _plain(prune)
+        # each setting's type is checked in the pre-flight against these annotations (adls_lightning.typed_settings);
+        # a section given false is off, as null
+        quant, prune = _plain(None if quant is False else quant), _plain(section(prune, "compress.prune"))
         if not quant and not prune:
             raise ConfigError(
                 "compress.quant and compress.prune are both empty: nothing to compress (use compress=none)"
@@ -99,6 +113,9 @@ class CompressionCallback(L.Callback):
                 raise ConfigError(
                     f"compress.prune.{unknown[0]}: unknown key; valid keys are {', '.join(PRUNE_KEYS)}"
                 )
+            for part in ("weight", "activation"):
+                if part in prune:
+                    prune[part] = section(prune[part], f"compress.prune.{part}")
             self.pruner = Pruner(**prune, key="compress.prune")
             if self.pruner.learns_scores:
                 # compress= prunes once, at_epoch epochs in; movement learns its masks over the training steps

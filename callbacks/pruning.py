@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -26,7 +27,12 @@ from adls_lightning.prune import (
     structured_layer_sparsity,
     structured_weight_sparsity,
 )
-from callbacks.calibration import MODEL_INPUTS, calibration_batches, model_forward
+from adls_lightning.prune.masks import MaskSettings
+from adls_lightning.prune.movement import ScheduleSettings
+from adls_lightning.prune.oneshot import SparseGPTConfig
+from adls_lightning.prune.structured import StructuredSettings
+from adls_lightning.typed_settings import section
+from callbacks.calibration import MODEL_INPUTS, CalibrationSettings, calibration_batches, model_forward
 from callbacks.trainer_control import forget_best_checkpoints
 
 
@@ -116,23 +122,33 @@ class PruningCallback(L.Callback):
 
     def __init__(
         self,
-        weight: Mapping[str, Any] | None = None,
-        activation: Mapping[str, Any] | None = None,
+        weight: MaskSettings | None = None,
+        activation: MaskSettings | None = None,
         at: str | int = "fit_start",
         include: Sequence[str] | None = None,
         exclude: Sequence[str] | None = DEFAULT_EXCLUDE,
         seed: int = 0,
         make_permanent: bool = False,
         config: Mapping[str, Any] | str | None = None,
-        calibration: Mapping[str, Any] | None = None,
-        sparsegpt: Mapping[str, Any] | None = None,
-        schedule: Mapping[str, Any] | None = None,
+        calibration: CalibrationSettings | None = None,
+        sparsegpt: SparseGPTConfig | None = None,
+        schedule: ScheduleSettings | None = None,
         train: bool = True,
-        structured: Mapping[str, Any] | None = None,
+        structured: StructuredSettings | None = None,
         distill: bool = False,
         distill_temperature: float = 2.0,
         distill_weight: float = 0.5,
     ) -> None:
+        # each setting's type is checked in the pre-flight against these annotations (adls_lightning.typed_settings);
+        # a section given false is off, as null
+        weight, activation = section(weight, "prune.weight"), section(activation, "prune.activation")
+        schedule, structured = section(schedule, "prune.schedule"), section(structured, "prune.structured")
+        if not isinstance(sparsegpt, SparseGPTConfig):
+            sparsegpt = section(sparsegpt, "prune.sparsegpt")
+        elif sparsegpt is not None:
+            sparsegpt = dataclasses.asdict(sparsegpt)
+        if config is False:
+            config = None
         self.structured = self._structured(structured, weight, activation, config, at, schedule, seed)
         if not isinstance(distill, bool):
             raise ConfigError(f"prune.distill={distill!r}: must be true or false")

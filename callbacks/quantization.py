@@ -26,9 +26,10 @@ from adls_lightning.quant import (
     to_recipe,
 )
 from adls_lightning.quant.gptq import GPTQConfig, gptq_quantize, put_weights
-from adls_lightning.quant.smoothquant import Smoothed, check_alpha, check_scope, smooth
+from adls_lightning.quant.smoothquant import Smoothed, SmoothQuantSettings, check_alpha, check_scope, smooth
 from adls_lightning.registry import import_plugins
-from callbacks.calibration import calibration_batches, model_forward
+from adls_lightning.typed_settings import section
+from callbacks.calibration import CalibrationSettings, calibration_batches, model_forward
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,8 @@ class QuantizationCallback(L.Callback):
             with migration strength A from the calibration batches, for the layers a LayerNorm feeds (the paper's)
             or for all (:mod:`adls_lightning.quant.smoothquant`); alpha null = off.
         gptq: PTQ only: ``{batches, damp, act_order, block_size}`` (:class:`~adls_lightning.quant.gptq.GPTQConfig`)
-            to choose the quantized weights by GPTQ from that many training batches, before evaluation; null = round
-            to nearest.
+            to choose the quantized weights by GPTQ from that many training batches, before evaluation; null (or
+            false) = round to nearest.
 
     Raises:
         ConfigError: bad mode or config (checked here, before training starts).
@@ -93,10 +94,13 @@ class QuantizationCallback(L.Callback):
         train_base: bool = False,
         monitor: str = DEFAULT_MAIN_METRIC,
         plugins: Sequence[str] | None = None,
-        calibration: Mapping[str, Any] | None = None,
-        gptq: Mapping[str, Any] | None = None,
-        smoothquant: Mapping[str, Any] | None = None,
+        calibration: CalibrationSettings | None = None,
+        gptq: GPTQConfig | None = None,
+        smoothquant: SmoothQuantSettings | None = None,
     ) -> None:
+        # each setting's type is checked in the pre-flight against these annotations (adls_lightning.typed_settings);
+        # a section given false is off, as null
+        gptq = gptq if isinstance(gptq, GPTQConfig) else section(gptq, "quant.gptq")
         import_plugins(plugins, "quant.plugins")
         batches = calibration_batches(calibration, "quant.calibration")
         self.calibration_batches = batches
@@ -107,13 +111,15 @@ class QuantizationCallback(L.Callback):
                 raise ConfigError(
                     "quant.gptq: GPTQ is post-training quantization; give quant.mode=ptq (or quant.gptq=null)"
                 )
-            unknown = sorted(set(gptq) - {f.name for f in dataclasses.fields(GPTQConfig)})
-            if unknown:
-                raise ConfigError(
-                    f"quant.gptq.{unknown[0]}: unknown key; valid: batches, damp, act_order, block_size"
-                )
-            self.gptq = GPTQConfig(**gptq)
-        smoothquant = dict(smoothquant or {})
+            if not isinstance(gptq, GPTQConfig):
+                unknown = sorted(set(gptq) - {f.name for f in dataclasses.fields(GPTQConfig)})
+                if unknown:
+                    raise ConfigError(
+                        f"quant.gptq.{unknown[0]}: unknown key; valid: batches, damp, act_order, block_size"
+                    )
+                gptq = GPTQConfig(**gptq)
+            self.gptq = gptq
+        smoothquant = section(smoothquant, "quant.smoothquant") or {}
         unknown = sorted(set(smoothquant) - {"alpha", "scope"})
         if unknown:
             raise ConfigError(f"quant.smoothquant.{unknown[0]}: unknown key; valid: alpha, scope")

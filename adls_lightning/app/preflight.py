@@ -168,6 +168,39 @@ def validate_run_config(cfg: Mapping) -> None:
     problems.raise_all()
 
 
+#: The project's callbacks (quantization, pruning, compression, compile, ...): their settings' types are checked here.
+PROJECT_CALLBACKS = "callbacks."
+
+
+def check_callback_settings(job: Any, key: str = "") -> None:
+    """The type of every setting of every node that builds one of the project's callbacks (``quant``, ``prune``,
+    ``compress``, ``compile``, entries of ``callbacks``), against the callback's constructor's annotations and the
+    schemas they name (:mod:`adls_lightning.typed_settings`): a wrong type is one line naming its full key
+    (``quant.gptq.batches``) before anything is built or written, not a ``TypeError`` inside the constructor.
+
+    The class is found as the guarded builder finds it (:func:`~adls_lightning.build.check_resolved_target` first),
+    so this module names no callback.
+
+    Raises:
+        ConfigError: naming the first offending key.
+    """
+    if isinstance(job, Mapping):
+        target = job.get("_target_")
+        if isinstance(target, str) and target.startswith(PROJECT_CALLBACKS):
+            from adls_lightning.build import check_resolved_target, resolve_target
+            from adls_lightning.typed_settings import check_call
+
+            where = f"{key}._target_" if key else "_target_"
+            check_resolved_target(where, target)
+            check_call(key, resolve_target(target), job)
+            return
+        for name, value in job.items():
+            check_callback_settings(value, f"{key}.{name}" if key else str(name))
+    elif isinstance(job, list):
+        for index, value in enumerate(job):
+            check_callback_settings(value, f"{key}[{index}]")
+
+
 def checkpoint_files(cfg: Mapping) -> Iterator[tuple[str, Any]]:
     """``(key, path)`` of each checkpoint file a run config names: ``init_ckpt``, and ``ckpt_path`` unless it is
     ``last`` or ``best`` (found by the run)."""
@@ -267,6 +300,8 @@ def check_composed_config(cfg: Any, multirun: bool, sweep_overrides: bool = Fals
     job.pop("hydra", None)
     with problems.check():
         validate_run_config(job)
+    with problems.check():
+        check_callback_settings(job)
     with problems.check():
         check_output_dir(
             run_dir, job, "hydra.sweep.dir" if multirun else "hydra.run.dir", earlier_run=not multirun

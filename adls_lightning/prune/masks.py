@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +22,17 @@ SCOPES = ("local", "global")
 MASE_METHODS = {"l1-norm": "l1"}
 #: What one pruning decision covers; MASE also validates "channel" but has no criterion for it.
 GRANULARITIES = ("elementwise",)
+
+
+class MaskSettings(TypedDict, total=False):
+    """``prune.weight`` / ``prune.activation`` as a config gives them (read by :meth:`MaskSpec.from_config`; ``null``
+    is chop's ``"NA"``: the default)."""
+
+    sparsity: float | None
+    method: str | None
+    scope: str | None
+    granularity: str | None
+    pattern: str | None
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor
@@ -244,6 +244,14 @@ def clip_score_gradients(
         for learner in learners:
             learner.step_gradient.mul_(factor)
     return factor
+
+
+class ScheduleSettings(TypedDict, total=False):
+    """``prune.schedule`` as a config gives it (read by :meth:`CubicSchedule.from_config`)."""
+
+    initial_sparsity: float | None
+    warmup: float | None
+    cooldown: float | None
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import nn
@@ -395,6 +395,14 @@ def weight_sparsity(model: nn.Module, layers: Mapping[str, nn.Linear]) -> float:
             zeros += int((linear.weight == 0).sum()) + numel - linear.weight.numel()
             total += numel
     return zeros / total if total else 0.0
+
+
+class StructuredSettings(TypedDict, total=False):
+    """``prune.structured`` as a config gives it (:class:`StructuredPruner`'s arguments)."""
+
+    heads: float
+    neurons: float
+    method: str
 
 
 class StructuredPruner:

@@ -154,6 +154,12 @@ def _read_bools(fmt: str, params: dict[str, Any]) -> None:
             params[name] = bool(value)
 
 
+def _frac_above_width(params: Mapping[str, Any]) -> bool:
+    """Whether chop's integer operand asks for more fractional bits than bits (valid fixed point in chop)."""
+    width, frac = params.get("width"), params.get("frac_width")
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in (width, frac)) and frac > width
+
+
 def _is_layer_config(value: Mapping) -> bool:
     """True for a layer entry (``{"config": ...}`` or a dict of layer keys), False for a namespace of names."""
     if "config" in value:
@@ -280,6 +286,8 @@ class _Entry:
             shared = QUANTIZERS[operand_fmt].layer_params if operand_fmt in QUANTIZERS else ()
             params.update({p: values[p] for p in shared if p in values})
             _read_bools(operand_fmt, params)
+            if operand_fmt == "integer" and _frac_above_width(params):
+                params["frac_above_width"] = True  # chop computes it: its grid inside (-1, 1)
             try:
                 operands[operand] = OperandRecipe(operand_fmt, params)
             except QuantizerParamError as err:

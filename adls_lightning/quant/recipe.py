@@ -67,6 +67,15 @@ class OperandRecipe:
         object.__setattr__(self, "params", dict(_plain(self.params) or {}))
         self._checked.append(make_quantizer(self.format, **self.params))
 
+    @classmethod
+    def check_settings(cls, key: str, settings: Mapping[str, Any]) -> None:
+        """Pre-flight: the types of ``params`` against the constructor of the ``format`` named next to them."""
+        from adls_lightning.typed_settings import check_call
+
+        fmt, params = settings.get("format"), settings.get("params")
+        if isinstance(fmt, str) and fmt in QUANTIZERS and isinstance(params, Mapping):
+            check_call(f"{key}.params", QUANTIZERS[fmt], params)
+
     def build(self) -> Quantizer:
         """A quantizer module of this format, a new one for each call (the first is the one the check built)."""
         return self._checked.pop() if self._checked else make_quantizer(self.format, **self.params)
@@ -157,6 +166,14 @@ class QuantRecipe:
                 re.compile(pattern)
             except re.error as err:
                 raise ConfigError(f"{self.key}.{pattern}: not a valid regular expression ({err})") from None
+
+    @classmethod
+    def settings_view(cls, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """Pre-flight: the recipe's mapping with ``layers`` by dotted name, as the recipe reads it."""
+        layers = settings.get("layers")
+        if isinstance(layers, Mapping):
+            return {**settings, "layers": _dotted_names(layers)}
+        return dict(settings)
 
     def for_layers(self, names: list[str]) -> dict[str, LayerRecipe | None]:
         """Each layer's recipe.

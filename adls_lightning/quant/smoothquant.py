@@ -19,7 +19,7 @@ into that one operation; ``all`` gives every layer that quantizes input and weig
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +33,13 @@ from adls_lightning.quant.transform import find_linear_layers
 _EPSILON = 1e-5
 #: ``quant.smoothquant.scope``: the layers a normalisation feeds (the paper's), or every layer on its own
 SCOPES = ("norm_fed", "all")
+
+
+class SmoothQuantSettings(TypedDict, total=False):
+    """``quant.smoothquant`` as a config gives it: ``alpha`` null = off."""
+
+    alpha: float | None
+    scope: str
 
 
 def check_alpha(alpha: Any) -> float:

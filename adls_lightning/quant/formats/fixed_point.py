@@ -34,22 +34,32 @@ class IntegerQuantizer(Quantizer):
 
     Args:
         width: total bits including the sign, 1..32.
-        frac_width: fractional bits, 0..64 (default ``width // 2``); above ``width`` the grid lies inside
-            (-1, 1), as in chop.
+        frac_width: fractional bits, 0..``width`` (default ``width // 2``).
         floor: round towards -inf instead of to nearest (MASE's ``floor`` key).
+        frac_above_width: allow ``frac_width`` up to 64, above ``width``: the grid then lies inside (-1, 1) (8 bits
+            with 9 fractional ones step by 2^-9 over [-2^-2, 2^-2 - 2^-9]). chop computes such a config without a
+            word; here it is asked for explicitly (the reader of chop's configs sets it), since a fractional width
+            above the width is far more often a typo than a wish.
     """
 
     format_name = "integer"
     search_space = {"params": {"width": [8, 16, 32], "frac_width": [2, 4, 8]}}
     layer_params = ("floor",)
 
-    def __init__(self, width: int, frac_width: int | None = None, floor: bool = False) -> None:
+    def __init__(
+        self, width: int, frac_width: int | None = None, floor: bool = False, frac_above_width: bool = False
+    ) -> None:
         super().__init__()
         self.width = _int_param("width", width, 1, _MAX_WIDTH)
         frac_width = width // 2 if frac_width is None else frac_width
-        # above the width is valid fixed point (chop computes it): 8 bits with 9 fractional ones step by 2^-9
-        # over [-2^-2, 2^-2 - 2^-9]; the bound keeps 2^f a normal float32
-        self.frac_width = _int_param("frac_width", frac_width, 0, _MAX_FRAC_WIDTH)
+        # above the width is valid fixed point only when asked for (chop's reading); the 64 bound keeps 2^f a
+        # normal float32
+        self.frac_above_width = _bool_param("frac_above_width", frac_above_width)
+        if self.frac_above_width:
+            self.frac_width = _int_param("frac_width", frac_width, 0, _MAX_FRAC_WIDTH)
+        else:
+            hint = f" (width={width}; frac_above_width: true for chop's grid inside (-1, 1))"
+            self.frac_width = _int_param("frac_width", frac_width, 0, width, hint)
         self.floor = _bool_param("floor", floor)
         self.qmin, self.qmax = -(2 ** (width - 1)), 2 ** (width - 1) - 1
 
