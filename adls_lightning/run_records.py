@@ -23,17 +23,31 @@ def iter_run_records(
 
     Runs without ``metric`` are skipped with a note on stderr (e.g. a job that failed before testing); a run
     without a saved config gets ``{}``.
+
+    Raises:
+        ValueError: a ``metrics.json`` that is not a JSON object (a file cut by a killed job) or a saved config
+            that is not a YAML mapping, naming the file: a figure drawn without that run would be silently wrong.
     """
     for root in roots:
         for metrics_file in sorted(Path(root).rglob("metrics.json")):
             run_dir = metrics_file.parent
-            metrics = json.loads(metrics_file.read_text())
+            metrics = _read_mapping(metrics_file, json.loads, "JSON")
             if metric not in metrics:
                 print(f"skipping {run_dir}: no {metric} in metrics.json", file=sys.stderr)
                 continue
             config_file = run_dir / ".hydra" / "config.yaml"
-            config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
+            config = _read_mapping(config_file, yaml.safe_load, "YAML") if config_file.is_file() else {}
             yield run_dir, metrics, config
+
+
+def _read_mapping(path: Path, parse: Callable[[str], Any], kind: str) -> dict[str, Any]:
+    try:
+        value = parse(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as err:
+        raise ValueError(f"{path}: not readable {kind} ({' '.join(str(err).split())})") from err
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: not a {kind} mapping of names to values (holds {type(value).__name__})")
+    return value
 
 
 def markdown_table(x_name: str, curves: Curves, x_format: str, baseline: tuple[str, float] | None) -> str:

@@ -6,6 +6,11 @@ the model's size in MB (weights as stored: fp32; int8 = the quantized linear lay
 the packed model; L1 50 % is counted dense, its zeros stored). The task and the method of a run come from its
 saved config (``data.task``, ``method``); the main metric from the task table (``adls_lightning.data.tasks``).
 
+A run whose main metric is not a number (``nan``: a diverged fine-tune, a regression's constant prediction) is shown
+as missing (``–``), named in a footnote and on stderr, and left out of its row's average, which then says how many
+tasks it is over (``71.2 (2/3)``); an average is never a ``nan``, nor over fewer tasks without saying so. Both
+outputs are checked before anything is written, and a damaged ``metrics.json`` is refused in one line naming it.
+
 Usage::
 
     python scripts/glue_table.py outputs/glue_table --out docs/figures/glue_table.png --md docs/glue_table.md
@@ -14,11 +19,15 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from pathlib import Path
 
 from adls_lightning.data.tasks import GLUE_TASKS
+from adls_lightning.errors import ConfigError
 from adls_lightning.run_records import iter_run_records
+from adls_lightning.tool_options import check_writable
 
 METHODS = {
     "fp": "full precision",
@@ -27,6 +36,9 @@ METHODS = {
     "mxint8": "MXINT8 packed",
 }
 MB = 1e6
+# What the figure can be saved as (matplotlib's writers for these suffixes ship with it).
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+MISSING = "–"
 
 
 def model_mb(method: str, metrics: dict) -> float | None:
@@ -40,9 +52,16 @@ def model_mb(method: str, metrics: dict) -> float | None:
     return None
 
 
-def read_cells(roots: list[Path]) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
-    """``{(method, task): main metric}`` and ``{method: size in MB}`` from the runs under ``roots``."""
-    cells, sizes = {}, {}
+def read_cells(
+    roots: list[Path],
+) -> tuple[dict[tuple[str, str], float], dict[str, float], dict[tuple[str, str], str]]:
+    """``{(method, task): main metric}`` and ``{method: size in MB}`` from the runs under ``roots``, and
+    ``{(method, task): why}`` for the runs whose main metric is not a number (left out of the cells).
+
+    Raises:
+        ValueError: a ``metrics.json`` or saved config that cannot be read (naming the file).
+    """
+    cells, sizes, missing = {}, {}, {}
     for run_dir, metrics, config in iter_run_records(roots, "time/total_s"):
         task = (config.get("data") or {}).get("task")
         method = config.get("method")
@@ -53,25 +72,62 @@ def read_cells(roots: list[Path]) -> tuple[dict[tuple[str, str], float], dict[st
         if key not in metrics:
             print(f"skipping {run_dir}: no {key}", file=sys.stderr)
             continue
-        cells[(method, task)] = metrics[key]
+        value = metrics[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            why = f"{run_dir} has {key} = {value}"
+            print(f"warning: {why}: shown as missing ({MISSING}), left out of the average", file=sys.stderr)
+            missing[(method, task)] = why
+            cells.pop((method, task), None)
+        else:
+            cells[(method, task)] = float(value)
+            missing.pop((method, task), None)
         size = model_mb(method, metrics)
         if size is not None:
             sizes.setdefault(method, size)
-    return cells, sizes
+    return cells, sizes, missing
 
 
-def markdown(cells: dict[tuple[str, str], float], sizes: dict[str, float]) -> str:
-    tasks = [t for t in GLUE_TASKS if any(task == t for _, task in cells)]
-    methods = [m for m in METHODS if any(method == m for method, _ in cells)]
+def markdown(
+    cells: dict[tuple[str, str], float],
+    sizes: dict[str, float],
+    missing: dict[tuple[str, str], str] | None = None,
+) -> str:
+    """The table; a ``missing`` cell is ``–`` with a numbered footnote, and an average over fewer than all the
+    table's tasks says over how many (``(n/N)``), with a footnote saying what it leaves out."""
+    missing = missing or {}
+    keys = [*cells, *missing]
+    tasks = [t for t in GLUE_TASKS if any(task == t for _, task in keys)]
+    methods = [m for m in METHODS if any(method == m for method, _ in keys)]
     head = [f"{t} ({GLUE_TASKS[t].main_metric})" for t in tasks]
     lines = [f"| method | {' | '.join(head)} | average | size (MB) |", "|---" * (len(tasks) + 3) + "|"]
+    notes: list[str] = []
+    partial = False
     for method in methods:
-        values = [cells.get((method, t)) for t in tasks]
-        shown = [f"{100 * v:.1f}" if v is not None else "" for v in values]
-        done = [v for v in values if v is not None]
-        average = f"{100 * sum(done) / len(done):.1f}" if len(done) == len(tasks) else ""
+        shown = []
+        for task in tasks:
+            if (method, task) in cells:
+                shown.append(f"{100 * cells[(method, task)]:.1f}")
+            elif (method, task) in missing:
+                notes.append(missing[(method, task)])
+                shown.append(f"{MISSING} [{len(notes)}]")
+            else:
+                shown.append("")
+        done = [cells[(method, t)] for t in tasks if (method, t) in cells]
+        average = f"{100 * sum(done) / len(done):.1f}" if done else ""
+        if done and len(done) < len(tasks):
+            average += f" ({len(done)}/{len(tasks)})"
+            partial = True
         size = f"{sizes[method]:.1f}" if method in sizes else ""
         lines.append(f"| {METHODS[method]} | {' | '.join(shown)} | {average} | {size} |")
+    if notes or partial:
+        lines.append("")
+    for number, note in enumerate(notes, 1):
+        lines.append(f"[{number}] not a number: {note}; left out of the average.")
+    if partial:
+        lines.append(
+            "(n/N): the average over the n of the N tasks with a number; "
+            "not comparable with an average over all N."
+        )
     return "\n".join(lines)
 
 
@@ -97,24 +153,47 @@ def plot(cells: dict[tuple[str, str], float], out: Path) -> None:
     fig.savefig(out, dpi=120)
 
 
+def check_output(path: Path, option: str, suffixes: tuple[str, ...] | None = None) -> None:
+    """Refuse an output file that cannot be written (before anything is read or written): a wrong suffix, a
+    folder, a read-only file, a folder nothing can be created in.
+
+    Raises:
+        ConfigError: ``OPTION=PATH: ...``.
+    """
+    if path.is_dir():
+        raise ConfigError(f"{option}={path}: is a folder; give a file path")
+    if suffixes is not None and path.suffix.lower() not in suffixes:
+        raise ConfigError(f"{option}={path}: must end in one of {', '.join(suffixes)}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ConfigError(f"{option}={path}: the file is not writable; give a path you can write to")
+    check_writable(path, option, file=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("roots", nargs="+", type=Path, help="folders holding the runs (searched recursively)")
     parser.add_argument("--out", type=Path, required=True, help="figure file (.png, .svg, .pdf)")
     parser.add_argument("--md", type=Path, help="also write the markdown table to this file")
     args = parser.parse_args(argv)
-    missing = [str(root) for root in args.roots if not root.is_dir()]
-    if missing:
-        print(f"error: roots: no such folder {missing[0]}", file=sys.stderr)
+    try:
+        return _main(args)
+    except (ConfigError, ValueError) as error:
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
-    cells, sizes = read_cells(args.roots)
-    if not cells:
-        print(
-            f"error: roots: no finished GLUE table run under {', '.join(map(str, args.roots))}",
-            file=sys.stderr,
-        )
-        return 2
-    table = markdown(cells, sizes)
+
+
+def _main(args: argparse.Namespace) -> int:
+    missing_roots = [str(root) for root in args.roots if not root.is_dir()]
+    if missing_roots:
+        raise ConfigError(f"roots: no such folder {missing_roots[0]}")
+    # every output checked before any is written: a table written and then a failing figure left half a result
+    check_output(args.out, "--out", FIGURE_SUFFIXES)
+    if args.md is not None:
+        check_output(args.md, "--md")
+    cells, sizes, missing = read_cells(args.roots)
+    if not cells and not missing:
+        raise ConfigError(f"roots: no finished GLUE table run under {', '.join(map(str, args.roots))}")
+    table = markdown(cells, sizes, missing)
     print(table)
     if args.md is not None:
         args.md.parent.mkdir(parents=True, exist_ok=True)

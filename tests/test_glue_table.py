@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.glue_layouts import write_glue_task
+from tests.helpers import assert_one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,3 +70,70 @@ def test_table_command_runs_tasks_by_methods_and_redraws(tmp_path, cache_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert fig.is_file() and md.is_file() and "MXINT8 packed" in proc.stdout
     assert {p: p.stat().st_mtime_ns for p in out.rglob("metrics.json")} == stamps
+
+
+# --- the table script on its own: stored runs written here, no training ------------------------------------------
+
+
+def write_run(root: Path, name: str, task: str, method: str, value) -> Path:
+    """A finished run's folder as train.py leaves it: ``metrics.json`` and ``.hydra/config.yaml``."""
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    key = "test/pearson" if task == "stsb" else "test/acc"
+    (run / "metrics.json").write_text(json.dumps({"time/total_s": 1.0, key: value, "params/total": 1e6}))
+    (run / ".hydra" / "config.yaml").write_text(f"data:\n  task: {task}\nmethod: {method}\n")
+    return run
+
+
+def table_script(*args, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "scripts/glue_table.py", *map(str, args)],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_nan_score_is_shown_missing_named_and_not_averaged(tmp_path):
+    """issue 56: the table averaged the nans of evaluation-only runs. A nan cell is shown as missing with a
+    footnote naming the run, a warning names it on stderr, and the row's average is over the numbers, saying over
+    how many."""
+    runs = tmp_path / "runs"
+    write_run(runs, "rte", "rte", "fp", 0.6)
+    bad = write_run(runs, "stsb", "stsb", "fp", float("nan"))  # json.dumps writes NaN, as metrics.json does
+    write_run(runs, "rte-mxint8", "rte", "mxint8", 0.55)
+    write_run(runs, "stsb-mxint8", "stsb", "mxint8", 0.8)
+    md = tmp_path / "table.md"
+    proc = table_script(runs, "--out", tmp_path / "fig.png", "--md", md)
+    assert proc.returncode == 0, proc.stderr
+    lines = md.read_text().splitlines()
+    assert lines[2] == "| full precision | – [1] | 60.0 | 60.0 (1/2) | 4.0 |"
+    assert lines[3] == "| MXINT8 packed | 80.0 | 55.0 | 67.5 | 4.0 |"
+    assert f"[1] not a number: {bad} has test/pearson = nan; left out of the average." in lines
+    assert any(line.startswith("(n/N): the average over the n of the N tasks") for line in lines)
+    assert "nan" not in "\n".join(lines[:4])
+    assert f"warning: {bad} has test/pearson = nan" in proc.stderr
+
+
+def test_table_refusals_are_one_line_and_write_nothing(tmp_path):
+    """An unwritable output (checked before any output is written: the table used to be written, then the figure
+    failed), a figure suffix matplotlib cannot write, a cut metrics.json: one error line, exit 2, no file."""
+    runs = tmp_path / "runs"
+    write_run(runs, "rte", "rte", "fp", 0.6)
+    md, fig = tmp_path / "table.md", tmp_path / "fig.png"
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+
+    assert_one_line_error(table_script(runs, "--out", blocker / "fig.png", "--md", md), contains="--out=")
+    assert_one_line_error(table_script(runs, "--out", fig, "--md", blocker / "t.md"), contains="--md=")
+    assert_one_line_error(table_script(runs, "--out", tmp_path / "fig.txt"), contains=".png, .svg, .pdf")
+    assert_one_line_error(table_script(runs, "--out", tmp_path, "--md", md), contains="is a folder")
+    assert not md.exists() and not fig.exists()
+
+    cut = runs / "rte" / "metrics.json"
+    cut.write_text(cut.read_text()[:20])
+    line = assert_one_line_error(table_script(runs, "--out", fig, "--md", md), contains=str(cut))
+    assert "not readable JSON" in line
+    assert not md.exists() and not fig.exists()
