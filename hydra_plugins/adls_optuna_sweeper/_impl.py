@@ -61,8 +61,15 @@ from optuna.trial import FrozenTrial, TrialState
 from adls_lightning.app.objective import TrialResult, objective_names
 from adls_lightning.atomic_files import atomic_write_json
 from adls_lightning.build import build
-from adls_lightning.errors import ConfigError
+from adls_lightning.errors import ConfigError, exit_with
 from adls_lightning.progress import trial_line
+from adls_lightning.search.identity import (
+    DIGEST_ATTR,
+    SETTINGS_ATTR,
+    check_study_settings,
+    settings_digest,
+    study_settings,
+)
 from adls_lightning.search.storage import is_journal, job_spec, mask_password, open_storage, storage_spec
 
 log = logging.getLogger(__name__)
@@ -411,6 +418,15 @@ class StudySweeper(Sweeper):
         self.storage_url = url
         self.shown_url = mask_password(url)
         try:
+            stored = self.storage.get_study_user_attrs(self.storage.get_study_id_from_name(self.study_name))
+        except KeyError:  # no such study yet
+            stored = {}
+        try:
+            recorded = check_study_settings(stored, self.settings, self.study_name, self.shown_url)
+        except ConfigError as err:
+            # exit code 2 like every refusal of the entry points; nothing of the study has been touched
+            exit_with(str(err))
+        try:
             study = optuna.create_study(
                 study_name=self.study_name,
                 storage=self.storage,
@@ -425,6 +441,16 @@ class StudySweeper(Sweeper):
                 f"hydra.sweeper.direction={self.directions}: study {self.study_name} in {self.shown_url} was created with "
                 f"{[d.name.lower() for d in study.directions]}; use another study_name or storage"
             )
+        if not recorded:
+            if study.trials:
+                log.warning(
+                    "Study %s holds %d trials but no record of its search's settings (made before they were "
+                    "recorded): recording this command's; a later command with other settings will be refused",
+                    self.study_name,
+                    len(study.trials),
+                )
+            study.set_user_attr(SETTINGS_ATTR, self.settings)
+            study.set_user_attr(DIGEST_ATTR, settings_digest(self.settings))
         return study
 
     # -- the sweep ----------------------------------------------------------------------------------------------
@@ -452,6 +478,8 @@ class StudySweeper(Sweeper):
             budget = min(budget, math.prod(len(v) for v in self.grid.values()))
         self._check_objectives()
         self._dry_run()
+        # what makes this search's trials comparable: a study made by another search is refused, not joined
+        self.settings = study_settings(self.config, self.distributions)
 
         study = self._open_study()
         log.info(

@@ -1,0 +1,155 @@
+"""What makes a study's trials comparable, recorded with the study so that another search never joins it.
+
+A study is found by its name (``hydra.sweeper.study_name``, by default ``<space>-<objective>-<sampler>``), and two
+different searches can share that name: another ``search=hparams`` space, the same space on another model or data.
+Optuna would load the existing study and mix the two searches' trials, reporting one's trial as the other's best.
+
+The *settings* of a search are everything its trials' results depend on: the trial config (model, data, trainer,
+compression, seed... with the keys that only say where or how to report excluded, :data:`NOT_SETTINGS`), the
+search space (``hydra.sweeper.search_space``, ``params`` and the command line's sweep overrides), the sampler,
+its start-up trials and grid, and the directions. They are stored in the study's user attributes when it is
+created; a later command on the same study must have the same settings (:func:`check_study_settings`), so
+re-running a command resumes its study and any other command is refused, naming the keys that differ.
+The budget and the bookkeeping (``n_trials``, ``n_jobs``, heartbeats, ``max_failure_rate``, the storage) are not
+settings: raising ``n_trials`` to extend a study is a resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from adls_lightning.errors import ConfigError
+
+SETTINGS_ATTR = "search_settings"
+DIGEST_ATTR = "search_settings_digest"
+# Keys of the trial config that say where outputs go or how a run reports, not what it computes.
+NOT_SETTINGS = (
+    "paths",
+    "logger",
+    "tags",
+    "overwrite",
+    "keep_freed_memory",
+    "runtime",  # the GEMM backend: the same products, timed differently
+    "search.trial",  # set per trial by the sweeper
+    "search.storage",  # where the study lives, not what it holds
+    "trainer.default_root_dir",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "callbacks.rich_progress_bar",
+    "callbacks.progress",
+    "callbacks.throughput",
+)
+# The sweeper's own keys that shape what is sampled (the rest is budget, storage and bookkeeping).
+SWEEPER_SETTINGS = ("search_space", "params", "grid", "sampler", "startup_trials", "direction")
+
+
+def _excluded(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in NOT_SETTINGS)
+
+
+def _leaves(node: Any, prefix: str) -> Iterable[tuple[str, Any]]:
+    """``(dotted key, value)`` of each leaf; a value that cannot be resolved here (``${hydra:...}`` of a job)
+    keeps its interpolation text."""
+    if isinstance(node, DictConfig):
+        items = [(str(k), prefix + str(k)) for k in node]
+        if not items:
+            yield prefix.rstrip("."), {}
+        for name, key in items:
+            if _excluded(key) or key == "hydra":  # the sweeper's settings are read apart
+                continue
+            try:
+                child = node[name]
+            except Exception:  # an interpolation only a running job resolves
+                yield key, node._get_node(name)._value()  # type: ignore[union-attr]
+                continue
+            yield from _leaves(child, key + ".")
+    elif isinstance(node, ListConfig):
+        try:
+            yield prefix.rstrip("."), OmegaConf.to_container(node, resolve=True)
+        except Exception:
+            yield prefix.rstrip("."), OmegaConf.to_container(node, resolve=False)
+    elif isinstance(node, Mapping):
+        if not node:
+            yield prefix.rstrip("."), {}
+        for name, child in node.items():
+            key = prefix + str(name)
+            if not _excluded(key):
+                yield from _leaves(child, key + ".")
+    else:
+        yield prefix.rstrip("."), node
+
+
+def _plain(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def study_settings(config: DictConfig, distributions: Mapping[str, Any]) -> dict[str, str]:
+    """The settings of the search that ``config`` (composed with its ``hydra`` node) runs, flattened to
+    ``{dotted key: JSON value}``; ``distributions``: the parameters of the sweep overrides and
+    ``hydra.sweeper.params`` (``key=choice(...)``: Optuna distributions), each by its ``repr``."""
+    settings = {
+        key: _plain(value)
+        for key, value in _leaves(config, "")
+        if key and key != "hydra" and not key.startswith("hydra.")
+    }
+    sweeper = OmegaConf.select(config, "hydra.sweeper", default=None) or {}
+    for name in SWEEPER_SETTINGS:
+        if name in sweeper:
+            settings.update(
+                (key, _plain(value)) for key, value in _leaves(sweeper[name], f"hydra.sweeper.{name}.")
+            )
+    # the sweep overrides, one key per parameter: their order on the command line does not matter
+    settings.update((f"hydra.sweep.{name}", _plain(repr(d))) for name, d in distributions.items())
+    return dict(sorted(settings.items()))
+
+
+def settings_digest(settings: Mapping[str, str]) -> str:
+    """A short hash of the settings (suggests a study name of its own for a search that differs)."""
+    return hashlib.sha256(_plain(dict(settings)).encode()).hexdigest()[:8]
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def settings_difference(old: Mapping[str, str], new: Mapping[str, str], shown: int = 3) -> str:
+    """The differing keys as ``key: old -> new`` (the first ``shown``, then how many more)."""
+    # the search's own keys (space, sampler, sweep overrides) first: what a user changes between two searches
+    keys = sorted(
+        (k for k in set(old) | set(new) if old.get(k) != new.get(k)),
+        key=lambda k: (not k.startswith("hydra."), k),
+    )
+    parts = [f"{k}: {_short(old.get(k, '(unset)'))} -> {_short(new.get(k, '(unset)'))}" for k in keys[:shown]]
+    if len(keys) > shown:
+        parts.append(f"and {len(keys) - shown} more")
+    return "; ".join(parts)
+
+
+def check_study_settings(
+    stored: Mapping[str, Any], settings: Mapping[str, str], study_name: str, where: str
+) -> bool:
+    """Whether a study whose user attributes are ``stored`` may run a search with ``settings``.
+
+    Returns:
+        True when the study already records these settings, False when it records none (a new study, or one made
+        before settings were recorded: the caller records them).
+
+    Raises:
+        ConfigError: the study records other settings; names the differing keys and a study name of its own.
+    """
+    recorded = stored.get(SETTINGS_ATTR)
+    if recorded is None:
+        return False
+    if dict(recorded) == dict(settings):
+        return True
+    raise ConfigError(
+        f"hydra.sweeper.study_name={study_name}: the study in {where} was made by another search "
+        f"({settings_difference(recorded, settings)}); it is left unchanged. Repeat that search's command to "
+        f"resume it, or give this search a study of its own: hydra.sweeper.study_name={study_name}-"
+        f"{settings_digest(settings)}"
+    )
