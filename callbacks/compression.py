@@ -18,7 +18,13 @@ from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import Pruner
 from adls_lightning.prune.masks import MaskSettings
-from adls_lightning.quant import QuantRecipe, quantization_report, quantize_model, to_recipe
+from adls_lightning.quant import (
+    QuantRecipe,
+    check_recipe_fits,
+    quantization_report,
+    quantize_model,
+    to_recipe,
+)
 from adls_lightning.typed_settings import section
 from callbacks.pruning import PruningCallback, log_sparsity
 from callbacks.trainer_control import forget_best_checkpoints, set_max_epochs, validate_mid_fit
@@ -164,6 +170,9 @@ class CompressionCallback(L.Callback):
             )
         self._module = pl_module
         merge_before_compression(pl_module)
+        if self.quant is not None and not self.compressed:
+            # quantized at_epoch epochs in: a recipe that cannot fit the layers is refused before the first step
+            check_recipe_fits(self._inner_model(pl_module), self.quant, key=self.quant.key)
         if self.pruner is not None:
             # Fixed structure (placeholder masks) before the optimizer is built: see Pruner.register_placeholders.
             self.pruner.register_placeholders(pl_module)

@@ -19,6 +19,7 @@ from adls_lightning.lora import merge_before_compression
 from adls_lightning.quant import (
     QuantRecipe,
     calibrate,
+    check_recipe_fits,
     init_learned_steps,
     quantization_report,
     quantize_model,
@@ -156,6 +157,9 @@ class QuantizationCallback(L.Callback):
         if self.quantized:
             return
         if self.mode == "ptq" and trainer.state.fn not in _EVALUATION_FNS:
+            # quantized after the fit: a recipe that cannot fit the model's layers (a group size that does not
+            # divide a layer's input size) is refused now, before any training step or checkpoint
+            check_recipe_fits(getattr(pl_module, "model", pl_module), self.recipe, key=self.recipe.key)
             return
         if self.mode == "ptq":
             # The in-memory weights' full-precision score, in case no checkpoint is loaded (the

@@ -26,6 +26,7 @@ from adls_lightning.quant.scaled import (
     init_learned_steps,
 )
 from adls_lightning.quant.transform import (
+    check_recipe_fits,
     find_linear_layers,
     quantization_report,
     quantize_model,
@@ -44,6 +45,7 @@ __all__ = [
     "calibrate",
     "init_learned_steps",
     "calibrating",
+    "check_recipe_fits",
     "find_linear_layers",
     "from_mase",
     "load_lab_config",

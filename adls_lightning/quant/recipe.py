@@ -187,6 +187,16 @@ class QuantRecipe:
             raise ConfigError(f"{self.key}.{unmatched[0]}: matches no linear layer ({_examples(names)})")
         return {name: self._recipe(name) for name in names}
 
+    def where(self, name: str) -> str:
+        """The config key of the entry layer ``name`` gets (``quant.config.layers.classifier``, ``...default``)."""
+        for key in self.layers:
+            if _names(key, name):
+                return f"{self.key}.layers.{key}"
+        for pattern in self.patterns:
+            if _matches(pattern, name):
+                return f"{self.key}.patterns.{pattern}"
+        return f"{self.key}.default"
+
     def _recipe(self, name: str) -> LayerRecipe | None:
         for key, recipe in self.layers.items():
             if _names(key, name):

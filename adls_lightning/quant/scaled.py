@@ -329,7 +329,7 @@ class ScaledIntegerQuantizer(Quantizer):
 
     def check_last_dim(self, size: int) -> str | None:
         if self.granularity == "group" and size % self.group_size:
-            return f"does not divide the last dimension {size} (group_size)"
+            return f"does not divide the dimension of size {size}"
         return None
 
     def extra_repr(self) -> str:

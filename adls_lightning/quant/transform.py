@@ -24,7 +24,7 @@ from adls_lightning.layers import FilterFn, swap_module, target_layers
 from adls_lightning.quant.linear import QuantLinear, dtype_bits
 from adls_lightning.quant.mase import to_recipe
 from adls_lightning.quant.quantizers import Quantizer, QuantizerParamError
-from adls_lightning.quant.recipe import LayerRecipe
+from adls_lightning.quant.recipe import LayerRecipe, QuantRecipe
 
 
 @dataclass
@@ -74,18 +74,7 @@ def quantize_model(model: nn.Module, config: Any, *, key: str = "config") -> lis
         ConfigError: bad config, a per-name key matching no layer, or a block size that does not
             divide a layer's dimension. The model is not modified when this is raised.
     """
-    recipe = to_recipe(config, key)
-    layers = find_linear_layers(model)
-    recipes = recipe.for_layers([layer.name for layer in layers])
-    planned: list[tuple[LinearLayer, dict[str, Quantizer | None]]] = []
-    for layer in layers:
-        layer_recipe = recipes[layer.name]
-        if layer_recipe is None:
-            continue
-        quantizers = layer_recipe.quantizers()
-        _check_dims(layer, quantizers, layer_recipe)
-        _bind(layer, quantizers, layer_recipe)
-        planned.append((layer, quantizers))
+    planned = _plan(model, to_recipe(config, key))
     for layer, quantizers in planned:
         linear = layer.module.linear if isinstance(layer.module, QuantLinear) else layer.module
         new = QuantLinear(
@@ -96,18 +85,60 @@ def quantize_model(model: nn.Module, config: Any, *, key: str = "config") -> lis
     return [layer.name for layer, _ in planned]
 
 
-def _check_dims(layer: LinearLayer, quantizers: dict[str, Quantizer | None], recipe: LayerRecipe) -> None:
+def check_recipe_fits(model: nn.Module, config: Any, *, key: str = "config") -> None:
+    """Everything :func:`quantize_model` checks against the model's layers (names, block and group sizes, learned
+    state), without swapping a layer: for a callback that quantizes later (post-training quantization, GPTQ, a
+    compression step after some epochs) to refuse before training and checkpoints, not after them.
+
+    Raises:
+        ConfigError: as :func:`quantize_model` would.
+    """
+    _plan(model, to_recipe(config, key))
+
+
+def _plan(model: nn.Module, recipe: QuantRecipe) -> list[tuple[LinearLayer, dict[str, Quantizer | None]]]:
+    """Each layer to quantize with its new quantizers, every check done; the model is not touched."""
+    layers = find_linear_layers(model)
+    recipes = recipe.for_layers([layer.name for layer in layers])
+    planned: list[tuple[LinearLayer, dict[str, Quantizer | None]]] = []
+    for layer in layers:
+        layer_recipe = recipes[layer.name]
+        if layer_recipe is None:
+            continue
+        quantizers = layer_recipe.quantizers()
+        where = recipe.where(layer.name)
+        _check_dims(layer, quantizers, layer_recipe, where)
+        _bind(layer, quantizers, layer_recipe, where)
+        planned.append((layer, quantizers))
+    return planned
+
+
+def _key(recipe: LayerRecipe, where: str, operand: str, param: str) -> str:
+    """The full config key of a parameter: where a MASE config wrote it, else under the recipe entry's key."""
+    return recipe.origins.get(f"{operand}_{param}") or f"{where}.{recipe.key_of(operand, param)}"
+
+
+def _check_dims(
+    layer: LinearLayer, quantizers: dict[str, Quantizer | None], recipe: LayerRecipe, where: str
+) -> None:
     found = dimension_problem(layer.module, quantizers)
     if found:
         operand, problem = found
         quantizer = quantizers[operand]
+        # the parameter that blocks the dimension: a scaled integer's group_size, else the block formats' block_size
+        param = "group_size" if getattr(quantizer, "granularity", None) == "group" else "block_size"
+        dim = "in_features" if operand in ("data_in", "weight") else "out_features"
+        size = getattr(layer.module, dim)
+        valid = [str(d) for d in range(1, size + 1) if size % d == 0]
         raise ConfigError(
-            f"{recipe.key_of(operand, 'block_size')}={getattr(quantizer, 'block_size', '?')} {problem} "
-            f"in layer {layer.name}"
+            f"{_key(recipe, where, operand, param)}={getattr(quantizer, param, '?')} {problem} in layer {layer.name} "
+            f"({dim}={size}; valid: {', '.join(valid)})"
         )
 
 
-def _bind(layer: LinearLayer, quantizers: dict[str, Quantizer | None], recipe: LayerRecipe) -> None:
+def _bind(
+    layer: LinearLayer, quantizers: dict[str, Quantizer | None], recipe: LayerRecipe, where: str
+) -> None:
     """Tell each quantizer its operand's shape (learned steps are sized now, before any optimizer exists)."""
     linear = layer.module
     shapes = {"data_in": None, "weight": tuple(linear.weight.shape), "data_out": None}
@@ -119,7 +150,7 @@ def _bind(layer: LinearLayer, quantizers: dict[str, Quantizer | None], recipe: L
             quantizer.bind(shapes[operand])
         except QuantizerParamError as err:
             raise ConfigError(
-                f"{recipe.key_of(operand, err.param)}{err.detail} (layer {layer.name})"
+                f"{_key(recipe, where, operand, err.param)}{err.detail} (layer {layer.name})"
             ) from None
 
 
