@@ -168,3 +168,25 @@ def test_settings_are_plain_json_text():
     settings = _settings(["search=hparams", LR])
     assert all(isinstance(v, str) for v in settings.values())
     assert OmegaConf.create(settings)  # storable as a study user attribute (JSON)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["train.py", "init_from_study=sqlite:///{missing}"],
+        ["-m", "adls_lightning.search.report", "sqlite:///{missing}", "out={tmp}/report"],
+    ],
+    ids=["init_from_study", "study-report"],
+)
+def test_a_reader_of_a_study_never_creates_its_file(tmp_path, command):
+    missing = tmp_path / "no_such" / "study.db"
+    args = [a.format(missing=missing, tmp=tmp_path) for a in command]
+    script = [str(ROOT / args[0])] if args[0].endswith(".py") else args[:2]
+    rest = args[1:] if args[0].endswith(".py") else args[2:]
+    proc = subprocess.run(
+        [sys.executable, *script, *rest], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PROJECT_ROOT": str(ROOT)},
+    )  # fmt: skip
+    assert_one_line_error(proc, contains="no such study file")
+    assert not missing.exists() and not missing.parent.exists()
+    assert not (tmp_path / "report").exists()

@@ -87,7 +87,7 @@ def open_study(source: str, url: str, name: str | None, key: str = KEY) -> optun
         ConfigError: naming ``key=source``: the storage cannot be opened, holds several studies and no name was
             given, or has no study of that name.
     """
-    storage = open_storage(url, key=key)
+    storage = open_storage(url, key=key, create=False)  # a reader: never creates the file it is given
     names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
     if name is None:
         if len(names) != 1:

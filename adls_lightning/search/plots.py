@@ -38,7 +38,7 @@ def load_studies(locations: Sequence[str], names: Sequence[str] | None = None) -
     """
     studies = []
     for location in locations:
-        storage = open_storage(storage_url(location), key="storage")
+        storage = open_storage(storage_url(location), key="storage", create=False)
         for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
             if names is None or summary.study_name in names:
                 studies.append(optuna.load_study(study_name=summary.study_name, storage=storage))

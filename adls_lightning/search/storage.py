@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.engine
 import sqlalchemy.exc
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
@@ -128,12 +129,33 @@ def storage_spec(storage: str | Mapping[str, Any] | None, sweep_dir: str | Path,
     return str(url)
 
 
-def open_storage(spec: str, key: str = "hydra.sweeper.storage", **rdb_kwargs: Any) -> BaseStorage:
+def sqlite_file(spec: str) -> Path | None:
+    """The database file of an ``sqlite://`` URL (None for another scheme, or an in-memory database)."""
+    if not spec.startswith("sqlite:"):
+        return None
+    database = sqlalchemy.engine.make_url(spec).database
+    return Path(database).expanduser() if database and database != ":memory:" else None
+
+
+def open_storage(
+    spec: str, key: str = "hydra.sweeper.storage", *, create: bool = True, **rdb_kwargs: Any
+) -> BaseStorage:
     """Open (and create the tables of) the storage of a spec; ``rdb_kwargs`` go to ``RDBStorage`` only.
 
+    ``create=False`` is for readers of an existing study (a report, ``init_from_study``): a SQLite or journal file
+    that does not exist is refused instead of being created empty by the open.
+
     Raises:
-        ConfigError: the storage cannot be opened, with the driver's first line of explanation (password masked).
+        ConfigError: the storage cannot be opened, with the driver's first line of explanation (password masked),
+            or (``create=False``) its file does not exist.
     """
+    if not create:
+        path = Path(spec).expanduser() if is_journal(spec) else sqlite_file(spec)
+        if (path is None and spec.startswith("sqlite:")) or (path is not None and not path.is_file()):
+            raise ConfigError(
+                f"{key}={mask_password(spec)}: no such study file"
+                f"{f' ({path})' if path is not None else ''}; give an existing .db or .journal file or a URL"
+            )
     if is_journal(spec):
         try:
             return JournalStorage(JournalFileBackend(spec))
