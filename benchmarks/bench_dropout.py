@@ -19,7 +19,6 @@ with the ratio to the copy.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 import sys
@@ -33,6 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adls_lightning.dropout import native_dropout_loaded  # noqa: E402
+from adls_lightning.script_args import Parser, fraction, positive_int  # noqa: E402
 
 # The `make train` step (16 x 256 tokens, MiniLM: hidden 384, 12 heads): hidden states and attention probabilities.
 SHAPES = {"hidden 16x256x384": (16, 256, 384), "attention 16x12x256x256": (16, 12, 256, 256)}
@@ -50,12 +50,10 @@ def methods(x: torch.Tensor, p: float) -> dict[str, Callable[[], torch.Tensor]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--p", type=float, default=0.1)
+    parser = Parser(description=__doc__)
+    parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--repeats", type=positive_int, default=15)
+    parser.add_argument("--p", type=fraction, default=0.1, help="dropout probability, in [0, 1)")
     parser.add_argument(
         "--dtype",
         nargs="+",

@@ -25,7 +25,6 @@ heads, FFN 1536) forward at each ``--tokens`` in eval mode, and forward + backwa
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -38,6 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adls_lightning.gemm import cpu_name, gemm_backend, onednn_available, onednn_linear  # noqa: E402
+from adls_lightning.script_args import Parser, batch_by_length, positive_float, positive_int  # noqa: E402
 
 # MiniLM (all-MiniLM-L6-v2): hidden 384, intermediate 1536; (in_features, out_features) of its linear layers.
 SHAPES = {"384->384": (384, 384), "384->1536": (384, 1536), "1536->384": (1536, 384)}
@@ -195,15 +195,21 @@ def model_steps(threads: list[int], tokens: list[str], repeats: int) -> None:
                 )
 
 
+def tokens_arg(text: str) -> str:
+    """``--tokens``: ``BATCHxLENGTH``, checked when parsed (the loops split it again)."""
+    batch_by_length(text)
+    return text
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--tokens", nargs="+", default=["16x256", "8x128"], help="batch x sequence length")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = Parser(description=__doc__)
+    parser.add_argument("--threads", type=positive_int, nargs="+", default=[1, 2])
     parser.add_argument(
-        "--ghz", type=float, default=None, help="clock for the peak estimate (default: cpuinfo)"
+        "--tokens", type=tokens_arg, nargs="+", default=["16x256", "8x128"], help="batch x sequence length"
+    )
+    parser.add_argument("--repeats", type=positive_int, default=5)
+    parser.add_argument(
+        "--ghz", type=positive_float, default=None, help="clock for the peak estimate (default: cpuinfo)"
     )
     parser.add_argument("--no-model", action="store_true", help="skip the routing and whole-model timings")
     args = parser.parse_args()

@@ -18,7 +18,6 @@ bandwidth, measured in the same run.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_prune import kthvalue_pruned  # noqa: E402
 
 from adls_lightning.prune import MaskSpec, masks_from_scores  # noqa: E402
+from adls_lightning.script_args import Parser, fraction, positive_int  # noqa: E402
 
 # all-MiniLM-L6-v2's pruned linears (out x in): per layer query, key, value, attention output, FFN in, FFN out;
 # then the pooler
@@ -54,19 +54,16 @@ def timed_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(description=__doc__)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu (one thread) or cuda")
-    parser.add_argument("--sparsity", type=float, nargs="+", default=[0.5, 0.9])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sparsity", type=fraction, nargs="+", default=[0.5, 0.9])
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--dry-run", action="store_true", help="check the arguments and say what would run")
     args = parser.parse_args()
-    if bad := [s for s in args.sparsity if not 0 <= s < 1]:
-        parser.error(f"--sparsity {bad[0]:g}: must be in [0, 1)")
-    if args.rounds < 1 or args.repeats < 1:
-        parser.error("--rounds and --repeats: must be at least 1")
+    # checked before the dry run too: a dry run says what would run, so it must refuse what would not
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device (valid here: cpu)")
     if args.dry_run:
         sparsities = ", ".join(f"{s:g}" for s in args.sparsity)
         print(
@@ -74,8 +71,6 @@ def main() -> None:
         )
         return
     device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch sees no CUDA device")
     torch.set_num_threads(1)
 
     g = torch.Generator().manual_seed(0)

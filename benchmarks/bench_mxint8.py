@@ -41,6 +41,7 @@ from adls_lightning.mxint8 import (
     quantize_reference,
 )
 from adls_lightning.runtime import keep_freed_memory
+from adls_lightning.script_args import Parser, positive_int
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20]
@@ -176,32 +177,44 @@ def parse_size(label: str) -> int:
     """``"64M"`` -> 64 * 2^20 elements (suffixes K, M, G; a plain number is elements)."""
     shift = {"K": 10, "M": 20, "G": 30}.get(label[-1:].upper())
     try:
-        return int(label[:-1]) << shift if shift else int(label)
+        n = int(label[:-1]) << shift if shift else int(label)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--sizes {label}: expected e.g. 64M, 1G or 4096") from None
+        raise argparse.ArgumentTypeError(f"{label}: expected e.g. 64M, 1G or 4096") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{label}: must be at least 1 element, e.g. 64M, 1G or 4096")
+    return n
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="sizes up to 4M elements and fewer repeats")
-    parser.add_argument("--group-size", type=int, default=32)
+    parser.add_argument("--group-size", type=positive_int, default=32)
     parser.add_argument("--sizes", type=parse_size, nargs="+", help="element counts, e.g. 64M 256M 1G")
     parser.add_argument("--cpu-only", action="store_true", help="skip the GPU rows")
     parser.add_argument("--gpu-only", action="store_true", help="skip the CPU rows")
     parser.add_argument("--dry-run", action="store_true", help="check the arguments and say what would run")
-    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's default)")
+    parser.add_argument("--threads", type=positive_int, help="CPU threads (default: torch's default)")
     parser.add_argument(
         "--allocator", choices=["reuse", "os"], default="reuse", help="keep freed CPU memory (default) or not"
     )
     args = parser.parse_args()
+    if args.cpu_only and args.gpu_only:
+        parser.error("--cpu-only and --gpu-only: together they leave nothing to measure; give one")
+    if args.gpu_only and not torch.cuda.is_available():
+        parser.error("--gpu-only: torch sees no CUDA device (drop it, or give --cpu-only)")
+    sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
+    # every size is a (rows, min(n, ROW)) tensor quantized in groups along its rows: checked before the dry run
+    # and before the first size is timed, not at the size that does not fit
+    if bad := [n for n in sizes if min(n, ROW) % args.group_size]:
+        parser.error(
+            f"--group-size {args.group_size}: does not divide the {size_label(bad[0])}-element tensor's rows of "
+            f"{min(bad[0], ROW)} (give a divisor of {ROW}, e.g. 32, or sizes that are multiples of it)"
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
     allocator = args.allocator
     if allocator == "reuse" and not keep_freed_memory():
         allocator = "os (glibc malloc not configurable here)"
-    sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
     if args.dry_run:
         devices = ([] if args.gpu_only else ["cpu"]) + (["cuda"] if not args.cpu_only else [])
         print(

@@ -24,7 +24,6 @@ dequantize + matmul).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -43,6 +42,7 @@ from adls_lightning.mxint8 import (  # noqa: E402
     native_cpu_isa,
     native_linear_kernel_loaded,
 )
+from adls_lightning.script_args import Parser, positive_float, positive_int  # noqa: E402
 
 SHAPES = [(768, 3072), (3072, 768)]
 ROWS = [1, 2, 4, 8, 16, 32, 64, 128, 512]
@@ -166,17 +166,22 @@ def summarise(all_results: list[tuple[int, str, list[dict]]]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="CPU thread counts")
-    parser.add_argument("--rows", type=int, nargs="+", default=ROWS, help="input rows (batch x tokens)")
-    parser.add_argument("--budget", type=float, default=0.5, help="seconds of rounds per row")
+    parser = Parser(description=__doc__)
+    parser.add_argument("--threads", type=positive_int, nargs="+", default=[1, 2], help="CPU thread counts")
     parser.add_argument(
-        "--device", default="cpu", help="cpu or cuda (on CUDA both routes dequantize + matmul)"
+        "--rows", type=positive_int, nargs="+", default=ROWS, help="input rows (batch x tokens)"
+    )
+    parser.add_argument("--budget", type=positive_float, default=0.5, help="seconds of rounds per row")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="cpu or cuda (on CUDA both routes dequantize + matmul)",
     )
     parser.add_argument("--dry-run", action="store_true", help="check the arguments and say what would run")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device (valid here: cpu)")
     device = torch.device(args.device)
     if args.dry_run:
         print(f"dry run: would time rows {args.rows} of {SHAPES} on {device}, threads {args.threads}")

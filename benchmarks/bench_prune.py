@@ -17,7 +17,6 @@ Prints milliseconds per call and each alternative's time divided by ours.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adls_lightning.prune import ActivationSparsifier, MaskSpec, num_to_prune  # noqa: E402
+from adls_lightning.script_args import Parser, fraction, positive_int  # noqa: E402
 
 
 def kthvalue_pruned(rows: torch.Tensor, sparsity: float) -> torch.Tensor:
@@ -59,15 +59,13 @@ def cpu_ms(fn: Callable[[], torch.Tensor], repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--features", type=int, nargs="+", default=[384, 1536])
-    parser.add_argument("--sparsity", type=float, default=0.5)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = Parser(description=__doc__)
+    parser.add_argument("--batch", type=positive_int, default=16)
+    parser.add_argument("--seq", type=positive_int, default=256)
+    parser.add_argument("--features", type=positive_int, nargs="+", default=[384, 1536])
+    parser.add_argument("--sparsity", type=fraction, default=0.5)
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--repeats", type=positive_int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
     sparsifier = ActivationSparsifier(MaskSpec(args.sparsity, "l1", key="prune.activation"))

@@ -23,7 +23,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from adls_lightning.quant import QuantLinear, quantize_model, quantized_layers  # noqa: E402
 from adls_lightning.quant.formats.fixed_point import IntegerQuantizer  # noqa: E402
+from adls_lightning.script_args import Parser, positive_int  # noqa: E402
 
 PRESETS = (
     "int8",
@@ -138,20 +138,24 @@ def timer(clock: str, device: torch.device) -> Callable[[], float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = Parser(description=__doc__)
+    parser.add_argument("--presets", nargs="*", choices=list(PRESETS), default=list(PRESETS))
+    parser.add_argument("--batch", type=positive_int, default=8)
+    parser.add_argument("--seq", type=positive_int, default=128)
+    parser.add_argument(
+        "--rounds", type=positive_int, default=7, help="interleaved rounds; the fastest is reported"
     )
-    parser.add_argument("--presets", nargs="*", default=list(PRESETS))
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds; the fastest is reported")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per format per round")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1, see --clock)")
+    parser.add_argument("--steps", type=positive_int, default=3, help="timed steps per format per round")
+    parser.add_argument(
+        "--threads", type=positive_int, default=1, help="CPU threads (default 1, see --clock)"
+    )
     parser.add_argument(
         "--clock", choices=("cpu", "wall"), default="cpu", help="CPU: process time or wall time"
     )
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device (valid here: cpu)")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     now = timer(args.clock, device)

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from pathlib import Path
 
 from adls_lightning.data.tasks import GLUE_TASKS
 from adls_lightning.errors import ConfigError
 from adls_lightning.run_records import iter_run_records
-from adls_lightning.tool_options import check_writable
+from adls_lightning.script_args import FIGURE_SUFFIXES, check_output_file
 
 METHODS = {
     "fp": "full precision",
@@ -36,8 +35,6 @@ METHODS = {
     "mxint8": "MXINT8 packed",
 }
 MB = 1e6
-# What the figure can be saved as (matplotlib's writers for these suffixes ship with it).
-FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 MISSING = "–"
 
 
@@ -153,22 +150,6 @@ def plot(cells: dict[tuple[str, str], float], out: Path) -> None:
     fig.savefig(out, dpi=120)
 
 
-def check_output(path: Path, option: str, suffixes: tuple[str, ...] | None = None) -> None:
-    """Refuse an output file that cannot be written (before anything is read or written): a wrong suffix, a
-    folder, a read-only file, a folder nothing can be created in.
-
-    Raises:
-        ConfigError: ``OPTION=PATH: ...``.
-    """
-    if path.is_dir():
-        raise ConfigError(f"{option}={path}: is a folder; give a file path")
-    if suffixes is not None and path.suffix.lower() not in suffixes:
-        raise ConfigError(f"{option}={path}: must end in one of {', '.join(suffixes)}")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise ConfigError(f"{option}={path}: the file is not writable; give a path you can write to")
-    check_writable(path, option, file=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("roots", nargs="+", type=Path, help="folders holding the runs (searched recursively)")
@@ -187,9 +168,9 @@ def _main(args: argparse.Namespace) -> int:
     if missing_roots:
         raise ConfigError(f"roots: no such folder {missing_roots[0]}")
     # every output checked before any is written: a table written and then a failing figure left half a result
-    check_output(args.out, "--out", FIGURE_SUFFIXES)
+    check_output_file(args.out, "--out", FIGURE_SUFFIXES)
     if args.md is not None:
-        check_output(args.md, "--md")
+        check_output_file(args.md, "--md")
     cells, sizes, missing = read_cells(args.roots)
     if not cells and not missing:
         raise ConfigError(f"roots: no finished GLUE table run under {', '.join(map(str, args.roots))}")
