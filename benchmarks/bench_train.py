@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from adls_lightning.script_args import Parser, positive_int
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
@@ -128,9 +130,7 @@ class SeedResult(NamedTuple):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(description=__doc__)
     parser.add_argument(
         "--experiment",
         default="cpu",
@@ -138,11 +138,11 @@ def main() -> None:
         "`make train` preset); 'none' for the plain defaults",
     )
     parser.add_argument("--model", default="minilm")
-    parser.add_argument("--train-size", type=int, default=2000)
-    parser.add_argument("--test-size", type=int, default=2000)
-    parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--train-size", type=positive_int, default=2000)
+    parser.add_argument("--test-size", type=positive_int, default=2000)
+    parser.add_argument("--max-length", type=positive_int, default=256)
+    parser.add_argument("--batch-size", type=positive_int, default=16)
+    parser.add_argument("--epochs", type=positive_int, default=1)
     parser.add_argument("--data-dir", default="auto")
     parser.add_argument("--no-group-by-length", action="store_true")
     parser.add_argument(
@@ -188,6 +188,15 @@ def main() -> None:
     )
     args = parser.parse_args()
     presets = sorted(f.stem for f in (ROOT / "conf" / "compile").glob("*.yaml") if f.stem != "none")
+    for option, value, group, extra in (
+        ("--model", args.model, "model", ()),
+        ("--experiment", args.experiment, "experiment", ("none",)),
+    ):
+        valid = [*extra, *sorted(f.stem for f in (ROOT / "conf" / group).glob("*.yaml"))]
+        if value not in valid:
+            parser.error(f"{option} {value}: no preset {group}={value}; valid: {', '.join(valid)}")
+    if args.data_dir != "auto" and not Path(args.data_dir).is_dir():
+        parser.error(f"--data-dir {args.data_dir}: no such folder (or auto)")
     if args.compile is not None and args.compile not in presets:
         parser.error(
             f"--compile {args.compile}: no preset compile={args.compile}; valid: {', '.join(presets)}"

@@ -27,6 +27,8 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+from adls_lightning.script_args import Parser, positive_int
+
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = "bench-workers"
 TINY_NAS = [
@@ -65,15 +67,18 @@ def run_workers(sweep_dir: Path, workers: int, args: argparse.Namespace) -> tupl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=2)
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=positive_int, default=8)
+    parser.add_argument("--workers", type=positive_int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--train-size", type=int, default=512)
+    parser.add_argument("--train-size", type=positive_int, default=512)
     parser.add_argument(
         "--data-dir", default=os.environ.get("ADLS_IMDB_DIR", str(ROOT.parent / "shared" / "data" / "imdb"))
     )
     args = parser.parse_args()
+    if not Path(args.data_dir).is_dir():
+        source = "ADLS_IMDB_DIR" if os.environ.get("ADLS_IMDB_DIR") == args.data_dir else "--data-dir"
+        parser.error(f"{source}={args.data_dir}: no such folder (give the IMDb folder with --data-dir)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     print(
         f"machine: {os.cpu_count()} cores; each worker uses 1 thread; {args.trials} trials of the tiny NAS space"

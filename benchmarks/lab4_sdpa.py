@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -25,6 +24,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
+
+from adls_lightning.script_args import Parser, check_outputs, positive_int  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -100,16 +101,19 @@ def sdpa_backend(kernel_names: list[str]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--seq-lens", nargs="+", type=int, default=[64, 128, 256, 512, 1024])
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--rows", type=int, default=12, help="rows of each profiler table")
+    parser = Parser(description=__doc__)
+    parser.add_argument("--seq-lens", nargs="+", type=positive_int, default=[64, 128, 256, 512, 1024])
+    parser.add_argument("--repeats", type=positive_int, default=10)
+    parser.add_argument("--rows", type=positive_int, default=12, help="rows of each profiler table")
     parser.add_argument("--profile-out", type=Path, default=ROOT / "outputs" / "lab4_sdpa_profile.txt")
     parser.add_argument("--figure", type=Path, default=ROOT / "docs" / "figures" / "lab4_sdpa.png")
     parser.add_argument("--json", type=Path, default=ROOT / "outputs" / "lab4_sdpa.json")
     args = parser.parse_args()
+    check_outputs(
+        parser,
+        figures={"--figure": args.figure},
+        files={"--profile-out": args.profile_out, "--json": args.json},
+    )
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(machine_line())
 
