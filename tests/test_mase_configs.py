@@ -254,7 +254,6 @@ REFUSED = [
      "default.config.data_in_levles: not a parameter of format 'integer'"),
     ('name = "integer"\ndata_in_width = 8\nweight_width = 8\nbinary_trainig = true',
      "default.config.binary_trainig: unknown key for format 'integer'"),
-    ('name = "ternary"\nweight_median = -0.01', "default.config.weight_median=-0.01: must be a number >= 0"),
     ('name = "integer"\ndata_in_width = 8\nweight_width = 8\nweight_frac_width = 65', "weight_frac_width=65: must be an integer"),
     ('name = "integer"\ndata_in_width = 8\nweight_width = 8\n[passes.quantize.relu.config]\nname = "integer"',
      "passes.quantize.relu: only linear layers are quantized"),

@@ -263,11 +263,12 @@ def test_mxint8_block_error_names_the_key_and_the_layer(tiny_bert):
         quantize_model(tiny_bert(), config, key="quant.config")
     assert str(info.value) == (
         "quant.config.linear.config.data_in_block_size=64 does not divide the dimension of size 32 "
-        "(MXINT8 blocks must tile it exactly) in layer bert.encoder.layer.0.attention.self.query"
+        "(MXINT8 blocks must tile it exactly) in layer bert.encoder.layer.0.attention.self.query "
+        "(in_features=32; valid: 1, 2, 4, 8, 16, 32)"
     )
     # the default block size (no key in the config) is named where the key would go
     with pytest.raises(
-        ConfigError, match=r"^quant.config.linear.config.bias_block_size=32 .* in layer classifier$"
+        ConfigError, match=r"^quant.config.linear.config.bias_block_size=32 .* in layer classifier \(out_features=2; valid: 1, 2\)$"
     ):
         quantize_model(
             tiny_bert(), {"linear": {"config": {"name": "mxint8", "bias_name": "mxint8"}}}, key="quant.config"

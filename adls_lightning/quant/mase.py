@@ -68,8 +68,14 @@ _CHOP_OPERAND_PARAMS = (
     "skip_first_dim", "stochastic", "bipolar", "scaling_factor", "mean", "median", "max", "levels",
     "residual_sign", "parallelism", "name",
 )  # fmt: skip
-#: chop's layer keys besides the operands' (``floor`` of integer, ``binary_training`` of the binary formats).
-_CHOP_LAYER_KEYS = ("name", "bypass", "floor", "binary_training")
+#: chop's layer keys besides the operands' (``floor`` of integer, ``binary_training`` of the binary formats), and the
+#: binary keys chop reads only per operand (a layer-level ``stochastic`` is in chop's binary files; chop ignores it).
+_CHOP_LAYER_KEYS = ("name", "bypass", "floor", "binary_training", "stochastic", "bipolar")
+#: Formats whose elements are signs: chop ignores the widths its files give their operands (``data_in_width = 32``).
+_SIGN_FORMATS = ("binary", "binary_scaling")
+#: ternary's precomputed statistics: chop's profiler records the signed median (and mean) of x, which can be below
+#: zero; chop's ternary op measures its threshold from the tensor anyway.
+_TERNARY_STATS = ("mean", "median", "max")
 #: chop's layers of these formats quantize only their fixed operands (the format's ``slots``; all but data_out
 #: with ``binary_training``): other operands' keys change nothing there, and are ignored with a note.
 _FIXED_OPERAND_FORMATS = (*_BINARY_FORMATS, "ternary")
@@ -247,6 +253,8 @@ class _Entry:
             if operand is not None:
                 if key[len(operand) + 1 :] not in _IGNORED_SUFFIXES:
                     per_operand[operand][key[len(operand) + 1 :]] = value
+            elif key in ("stochastic", "bipolar") and key not in layer_params:
+                self._ignore(key, f"chop reads only the operands' {{data_in,weight,bias}}_{key}")
             elif key in _CHOP_LAYER_KEYS and key not in (*_LAYER_KEYS, *layer_params):
                 self._ignore(key, f"format {fmt!r} does not use it")
             elif key not in (*_LAYER_KEYS, *layer_params):
@@ -286,6 +294,7 @@ class _Entry:
             shared = QUANTIZERS[operand_fmt].layer_params if operand_fmt in QUANTIZERS else ()
             params.update({p: values[p] for p in shared if p in values})
             _read_bools(operand_fmt, params)
+            self._chop_ignores(operand, operand_fmt, params)
             if operand_fmt == "integer" and _frac_above_width(params):
                 params["frac_above_width"] = True  # chop computes it: its grid inside (-1, 1)
             try:
@@ -297,6 +306,24 @@ class _Entry:
             for param in quantizer_parameters(operand_fmt):
                 origins[f"{operand}_{param}"] = self.where(self._key(operand, param, shared))
         return LayerRecipe(**operands, origins=origins)
+
+    def _chop_ignores(self, operand: str, fmt: str, params: dict[str, Any]) -> None:
+        """Values chop's own files give that chop computes past: a sign format's width (a binary operand with
+        ``data_in_width = 32``: its elements are signs whatever the width) and a ternary statistic below zero (chop's
+        profiler records the signed median; as a threshold of |x| it would keep every element, and chop's ternary
+        op measures its threshold from the tensor instead, as this reader then does). Each dropped with a note."""
+        if fmt in _SIGN_FORMATS and params.get("width") not in (None, 1):
+            self._ignore(f"{operand}_width", f"{fmt} elements are signs, 1 bit; chop ignores the width")
+            del params["width"]
+        if fmt == "ternary":
+            for stat in _TERNARY_STATS:
+                value = params.get(stat)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+                    self._ignore(
+                        f"{operand}_{stat}",
+                        "below zero, no threshold of |x|: measured from the tensor, as chop's ternary op does",
+                    )
+                    params[stat] = None
 
     def _ignore(self, key: str, why: str) -> None:
         """chop ignores a key its chosen format does not use: so does this reader, with a one-line note."""
