@@ -180,3 +180,53 @@ def test_an_empty_lab_file_is_refused_in_one_line(tiny_bert, text, tmp_path):
     prune.write_text(text.replace("quantize", "prune"))
     with pytest.raises(ConfigError, match="empty"):
         PruningCallback(config=str(prune))
+
+
+# chop's own files that fit a BERT (issue 56's last three), as chop writes them: each loads and quantizes as chop
+# computes it, checked against values computed here
+FIXED_ACTIVATION_BINARY = {  # configs/tests/quantize/fixed_activation_binary.toml: widths chop ignores for binary
+    "name": "binary", "binary_training": 1,
+    "data_in_width": 32, "data_in_frac_width": 0, "data_in_stochastic": 0, "data_in_bipolar": 1,
+    "weight_width": 1, "weight_frac_width": 0, "weight_stochastic": 0, "weight_bipolar": 1,
+    "bias_width": 1, "bias_frac_width": 0, "bias_stochastic": 0, "bias_bipolar": 1,
+}  # fmt: skip
+BINARY_STOCHASTIC_KEY = {"name": "binary", "stochastic": False, "weight_width": 1, "weight_bipolar": True}
+TERNARY_NEGATIVE_MEDIAN = {
+    "name": "ternary", "weight_width": 2, "weight_scaling_factor": False,
+    "weight_mean": "NA", "weight_median": -0.009714938700199127, "weight_max": "NA",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("keys", "ignored"),
+    [(FIXED_ACTIVATION_BINARY, "data_in_width"), (BINARY_STOCHASTIC_KEY, "config.stochastic"),
+     (TERNARY_NEGATIVE_MEDIAN, "weight_median")],
+    ids=["binary-data_in_width-32", "binary-stochastic-key", "ternary-negative-median"],
+)  # fmt: skip
+def test_chops_last_three_files_load_and_quantize_as_chop_computes(
+    tiny_bert, keys, ignored, tmp_path, caplog
+):
+    model = tiny_bert(initializer_range=0.2).eval()
+    with caplog.at_level(logging.INFO, logger="adls_lightning"):
+        assert (
+            quantize_model(model, chop_file(tmp_path, "type", {"linear": keys}), key="quant.config")
+            == LAYER_NAMES
+        )
+    notes = [r.getMessage() for r in caplog.records if ": ignored (" in r.getMessage()]
+    assert any(ignored in n for n in notes), notes
+    layer = quantized_layers(model)[0]
+    x = torch.randn(3, 5, layer.in_features, generator=torch.Generator().manual_seed(0))
+    w, b = layer.weight.detach(), layer.bias.detach()
+    with torch.no_grad():
+        out = layer(x)
+    if keys is FIXED_ACTIVATION_BINARY:  # binary_training: input, weight and bias are signs
+        expected = torch.nn.functional.linear(signs(x), signs(w), signs(b))
+    elif keys is BINARY_STOCHASTIC_KEY:  # chop's LinearBinary: the weight's signs only
+        expected = torch.nn.functional.linear(x, signs(w), b)
+    else:  # the threshold measured from the tensor (TWN's 0.75 mean |w|), codes -1, 0, 1
+        kept = w.abs() > 0.75 * w.abs().mean()
+        expected = torch.nn.functional.linear(x, torch.where(kept, signs(w), torch.zeros_like(w)), b)
+        assert (
+            0 < int(kept.sum()) < w.numel()
+        )  # a real ternary, not every weight kept as a negative one would
+    assert torch.allclose(out, expected, atol=1e-5)
