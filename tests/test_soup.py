@@ -114,7 +114,7 @@ def _bad_cases(two_runs: list[Path], tmp: Path) -> dict[str, tuple[list[str], st
         "keys differ": ([f"ckpts={a},{extra}"], f"ckpts={extra}: key model.extra is in one of"),
         "folder without one": ([f"ckpts={a},{tmp}"], f"ckpts={tmp}: a folder with no checkpoints/best*.ckpt"),
         "not a checkpoint": ([f"ckpts={a},{not_ckpt}"], f"ckpts={not_ckpt}: not a checkpoint"),
-        "unknown option": ([f"ckpts={a},{b}", "decay=0.9"], "decay=0.9: unknown option (valid: ckpts, out"),
+        "unknown option": ([f"ckpts={a},{b}", "decay=0.9"], "decay: unknown option (valid: ckpts, out"),
         "bad overwrite": ([f"ckpts={a},{b}", "overwrite=maybe"], "overwrite=maybe: must be true or false"),
     }
 
