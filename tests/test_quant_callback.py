@@ -172,7 +172,7 @@ def test_every_format_has_a_preset_that_quantizes_every_linear_layer_with_it(com
     ("overrides", "message"),
     [
         (["quant=int8", "quant.config.default.weight.params.frac_width=65"],
-         "quant.config.default.weight: frac_width=65: must be an integer in [0, 64]"),
+         "quant.config.default.weight: frac_width=65: must be an integer in [0, 8]"),
         (["quant=int8", "quant.config.default.weight.format=int8"],
          "quant.config.default.weight: name='int8': unknown quantization format"),
         (["quant=int8", "quant.mode=qta"], "quant.mode='qta': must be one of qat, ptq"),
@@ -200,7 +200,9 @@ def test_command_line_error_is_one_line(tiny_imdb_dir, cache_dir, tmp_path):
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert lines == ["error: quant.config.default.data_in: frac_width=-1: must be an integer in [0, 64]"]
+    assert lines == [
+        "error: quant.config.default.data_in: frac_width=-1: must be an integer in [0, 8] (width=8; frac_above_width: true for chop's grid inside (-1, 1))"
+    ]
 
 
 def test_quantize_method_and_state_dict_round_trip():

@@ -510,7 +510,7 @@ def test_low_precision_inputs_keep_their_dtype():
     ("name", "params", "message"),
     [
         ("integer", {"width": 0}, "width=0: must be an integer in [1, 32]"),
-        ("integer", {"width": 8, "frac_width": 65}, "frac_width=65: must be an integer in [0, 64]"),
+        ("integer", {"width": 8, "frac_width": 65}, "frac_width=65: must be an integer in [0, 8]"),
         ("integer", {"width": 8.5}, "width=8.5"),
         ("integer", {"frac_width": 2}, "width: missing"),
         ("integer", {"width": 8, "widht": 8}, "widht: not a parameter of format 'integer'"),
