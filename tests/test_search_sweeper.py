@@ -92,6 +92,7 @@ hydra:
     max_failure_rate: 0.0
     heartbeat_interval: 1
     grace_period: 3
+    settings_ignore: [sleep, until, log_pid]  # the test's own knobs: a resuming worker may set them otherwise
     search_space:
       _target_: test_search_sweeper.ToySpace
 """

@@ -48,11 +48,11 @@ NOT_SETTINGS = (
 SWEEPER_SETTINGS = ("search_space", "params", "grid", "sampler", "startup_trials", "direction")
 
 
-def _excluded(key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in NOT_SETTINGS)
+def _excluded(key: str, ignore: Iterable[str]) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in (*NOT_SETTINGS, *ignore))
 
 
-def _leaves(node: Any, prefix: str) -> Iterable[tuple[str, Any]]:
+def _leaves(node: Any, prefix: str, ignore: tuple[str, ...] = ()) -> Iterable[tuple[str, Any]]:
     """``(dotted key, value)`` of each leaf; a value that cannot be resolved here (``${hydra:...}`` of a job)
     keeps its interpolation text."""
     if isinstance(node, DictConfig):
@@ -60,14 +60,14 @@ def _leaves(node: Any, prefix: str) -> Iterable[tuple[str, Any]]:
         if not items:
             yield prefix.rstrip("."), {}
         for name, key in items:
-            if _excluded(key) or key == "hydra":  # the sweeper's settings are read apart
+            if _excluded(key, ignore) or key == "hydra":  # the sweeper's settings are read apart
                 continue
             try:
                 child = node[name]
             except Exception:  # an interpolation only a running job resolves
                 yield key, node._get_node(name)._value()  # type: ignore[union-attr]
                 continue
-            yield from _leaves(child, key + ".")
+            yield from _leaves(child, key + ".", ignore)
     elif isinstance(node, ListConfig):
         try:
             yield prefix.rstrip("."), OmegaConf.to_container(node, resolve=True)
@@ -78,8 +78,8 @@ def _leaves(node: Any, prefix: str) -> Iterable[tuple[str, Any]]:
             yield prefix.rstrip("."), {}
         for name, child in node.items():
             key = prefix + str(name)
-            if not _excluded(key):
-                yield from _leaves(child, key + ".")
+            if not _excluded(key, ignore):
+                yield from _leaves(child, key + ".", ignore)
     else:
         yield prefix.rstrip("."), node
 
@@ -88,13 +88,16 @@ def _plain(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def study_settings(config: DictConfig, distributions: Mapping[str, Any]) -> dict[str, str]:
+def study_settings(
+    config: DictConfig, distributions: Mapping[str, Any], ignore: Iterable[str] = ()
+) -> dict[str, str]:
     """The settings of the search that ``config`` (composed with its ``hydra`` node) runs, flattened to
     ``{dotted key: JSON value}``; ``distributions``: the parameters of the sweep overrides and
-    ``hydra.sweeper.params`` (``key=choice(...)``: Optuna distributions), each by its ``repr``."""
+    ``hydra.sweeper.params`` (``key=choice(...)``: Optuna distributions), each by its ``repr``; ``ignore``: more
+    keys of the trial config that do not change what a trial computes (``hydra.sweeper.settings_ignore``)."""
     settings = {
         key: _plain(value)
-        for key, value in _leaves(config, "")
+        for key, value in _leaves(config, "", tuple(ignore))
         if key and key != "hydra" and not key.startswith("hydra.")
     }
     sweeper = OmegaConf.select(config, "hydra.sweeper", default=None) or {}

@@ -275,6 +275,9 @@ class StudySweeper(Sweeper):
         startup_trials: the ``n_startup_trials`` (random start) of samplers that have one (TPE, GP, CMA-ES), and
             the ``population_size`` (a random first generation) of NSGA-II/III; None keeps the sampler's own. Lab
             budgets of ~8 trials need ~3, or TPE (10) and NSGA-II (50) never leave their random start.
+        settings_ignore: keys of the trial config, besides where outputs go and how runs report, that do not change
+            what a trial computes; every other key is part of the study's recorded settings, and a command whose
+            settings differ from its study's is refused (:mod:`adls_lightning.search.identity`).
     """
 
     def __init__(
@@ -292,6 +295,7 @@ class StudySweeper(Sweeper):
         heartbeat_interval: int | None = 60,
         grace_period: int | None = 180,
         startup_trials: int | None = None,
+        settings_ignore: Sequence[str] | None = None,
     ) -> None:
         self.sampler_cfg = sampler
         self.startup_trials = startup_trials
@@ -306,6 +310,7 @@ class StudySweeper(Sweeper):
         self.grid_cfg = grid
         self.heartbeat_interval = heartbeat_interval
         self.grace_period = grace_period
+        self.settings_ignore = settings_ignore
         self._validate()
 
     def _validate(self) -> None:
@@ -329,6 +334,15 @@ class StudySweeper(Sweeper):
         ):
             raise SearchConfigError(
                 f"hydra.sweeper.startup_trials={self.startup_trials}: must be a positive integer or null"
+            )
+        if self.settings_ignore is not None and (
+            not isinstance(self.settings_ignore, Sequence)
+            or isinstance(self.settings_ignore, str)
+            or not all(isinstance(k, str) and k for k in self.settings_ignore)
+        ):
+            raise SearchConfigError(
+                f"hydra.sweeper.settings_ignore={self.settings_ignore}: must be a list of config keys "
+                "(e.g. [my_app.verbose]) or null"
             )
         if not self.study_name:
             raise SearchConfigError(
@@ -479,7 +493,7 @@ class StudySweeper(Sweeper):
         self._check_objectives()
         self._dry_run()
         # what makes this search's trials comparable: a study made by another search is refused, not joined
-        self.settings = study_settings(self.config, self.distributions)
+        self.settings = study_settings(self.config, self.distributions, self.settings_ignore or ())
 
         study = self._open_study()
         log.info(
