@@ -13,7 +13,6 @@ Prints a markdown table of the points it plotted.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from collections.abc import Iterable
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from adls_lightning import run_records
 from adls_lightning.run_records import iter_run_records
+from adls_lightning.script_args import Parser, check_outputs, existing_folder
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,10 @@ def plot(points: list[Point], out: Path, metric: str, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("roots", nargs="+", type=Path, help="multirun folder(s) to search for metrics.json")
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "roots", nargs="+", type=existing_folder, help="multirun folder(s) to search for metrics.json"
+    )
     parser.add_argument(
         "--out", type=Path, default=Path("docs/figures/lab1_sparsity.png"), help="PNG to write"
     )
@@ -94,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--title", default="Lab 1: accuracy vs sparsity (pruning + fine-tuning)")
     args = parser.parse_args(argv)
-    points = read_points(args.roots, args.metric)
+    check_outputs(parser, figures={"--out": args.out})
+    try:
+        points = read_points(args.roots, args.metric)
+    except ValueError as error:  # a damaged metrics.json or config, named
+        parser.error(str(error))
     return run_records.write_figure(
         points, any(p.method for p in points), "pruned run", args, plot, markdown_table
     )

@@ -20,7 +20,6 @@ Prints a markdown table of the plotted points.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from adls_lightning import run_records
 from adls_lightning.run_records import iter_run_records
+from adls_lightning.script_args import Parser, check_outputs
 
 MODES = ("ptq", "qat")
 
@@ -133,7 +133,7 @@ def plot(runs: list[Run], out: Path, metric: str, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "roots", nargs="+", type=Path, help="folder(s) to search for metrics.json (multirun dirs)"
     )
@@ -151,7 +151,16 @@ def main(argv: list[str] | None = None) -> int:
         help="print '<run dir> <width>' of the best QAT run (by --select) instead of plotting",
     )
     args = parser.parse_args(argv)
-    runs = read_runs(args.roots, args.metric, args.select)
+    if missing := [root for root in args.roots if not root.is_dir()]:
+        # returned, not raised: main() is also called in-process, and its status is the answer
+        print(f"error: roots: no such folder {missing[0]}", file=sys.stderr)
+        return 2
+    if not args.best_run:
+        check_outputs(parser, figures={"--out": args.out})
+    try:
+        runs = read_runs(args.roots, args.metric, args.select)
+    except ValueError as error:  # a damaged metrics.json or config, named
+        parser.error(str(error))
     if args.best_run:
         best = best_run(runs)
         if best is None:

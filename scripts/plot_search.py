@@ -25,11 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 def main(argv: list[str] | None = None) -> int:
     from adls_lightning.errors import ConfigError
+    from adls_lightning.script_args import Parser, check_outputs
     from adls_lightning.search import plots
 
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(description=__doc__)
     sub = parser.add_subparsers(dest="figure", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("storages", nargs="+", help=".db files or SQLAlchemy URLs")
@@ -49,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     pareto.add_argument("--y", default="val/acc", help="metric to maximize (default: %(default)s)")
     args = parser.parse_args(argv)
+    check_outputs(parser, figures={"--out": args.out})  # before the studies are read
 
     try:
         studies = plots.load_studies(args.storages, args.study)
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             for i in front:
                 print(f"  {points[i][0]:8.3f}  {points[i][1]:.4f}  ({labels[i]})")
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     print(f"wrote {args.out}")
     return 0
