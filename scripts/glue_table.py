@@ -26,7 +26,7 @@ from pathlib import Path
 from adls_lightning.data.tasks import GLUE_TASKS
 from adls_lightning.errors import ConfigError
 from adls_lightning.run_records import iter_run_records
-from adls_lightning.script_args import FIGURE_SUFFIXES, check_output_file
+from adls_lightning.script_args import FIGURE_SUFFIXES, Parser, check_output_file
 
 METHODS = {
     "fp": "full precision",
@@ -151,11 +151,18 @@ def plot(cells: dict[tuple[str, str], float], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("roots", nargs="+", type=Path, help="folders holding the runs (searched recursively)")
+    parser = Parser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("roots", nargs="*", type=Path, help="folders holding the runs (searched recursively)")
     parser.add_argument("--out", type=Path, required=True, help="figure file (.png, .svg, .pdf)")
     parser.add_argument("--md", type=Path, help="also write the markdown table to this file")
+    parser.add_argument(
+        "--check-outputs",
+        action="store_true",
+        help="only check that --out and --md can be written, read no run (scripts/glue_table.sh, before its runs)",
+    )
     args = parser.parse_args(argv)
+    if not args.roots and not args.check_outputs:
+        parser.error("the following arguments are required: roots")
     try:
         return _main(args)
     except (ConfigError, ValueError) as error:
@@ -171,6 +178,8 @@ def _main(args: argparse.Namespace) -> int:
     check_output_file(args.out, "--out", FIGURE_SUFFIXES)
     if args.md is not None:
         check_output_file(args.md, "--md")
+    if args.check_outputs:
+        return 0
     cells, sizes, missing = read_cells(args.roots)
     if not cells and not missing:
         raise ConfigError(f"roots: no finished GLUE table run under {', '.join(map(str, args.roots))}")

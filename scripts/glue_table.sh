@@ -20,7 +20,21 @@ PLOT_ONLY=${PLOT_ONLY:-0}
 read -r -a TASKS <<< "${TASKS:-rte mrpc stsb}"
 read -r -a EXTRA <<< "${EXTRA:-}"
 METHODS=(int8_qat l1_ft mxint8)
-[ ${#TASKS[@]} -gt 0 ] || { echo "error: TASKS must not be empty" >&2; exit 2; }
+# Every setting checked before the first fine-tune: the table's outputs were checked only after all the runs.
+source scripts/checks.sh
+need_no_arguments glue_table.sh "$@"
+need_flag PLOT_ONLY
+need_python
+[ ${#TASKS[@]} -gt 0 ] || refuse "TASKS must not be empty (e.g. TASKS=\"rte mrpc stsb\")"
+glue_tasks=$("$PY" -c 'from adls_lightning.data.tasks import GLUE_TASKS; print(*GLUE_TASKS)')
+for task in "${TASKS[@]}"; do
+  [[ " $glue_tasks " == *" $task "* ]] || refuse "TASKS: $task is not a GLUE task (valid: $glue_tasks)"
+done
+need_writable_dir OUT
+if ! why=$("$PY" scripts/glue_table.py --check-outputs --out "$FIG" --md "$MD" 2>&1 >/dev/null); then
+  why=$(tail -n 1 <<< "$why")  # glue_table.py's own line, its options renamed to this script's variables
+  refuse "$(sed 's/^error: //; s/^--out=/FIG=/; s/^--md=/MD=/; s/ (see glue_table.py --help)$//' <<< "$why")"
+fi
 tasks=$(IFS=,; echo "${TASKS[*]}")
 methods=$(IFS=,; echo "${METHODS[*]}")
 

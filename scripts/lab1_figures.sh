@@ -21,6 +21,12 @@ STREAMS=${STREAMS:-2}
 read -r -a WIDTHS <<< "${WIDTHS:-4 8 12 16 20 24 28 32}"
 read -r -a SPARSITIES <<< "${SPARSITIES:-0.1 0.2 0.3 0.4 0.5 0.6 0.7 0.8 0.9}"
 COMMON=(logger=csv)
+source scripts/checks.sh
+need_no_arguments lab1_figures.sh "$@"
+# STREAMS was read only at the sparsity sweep, an hour in, where a non-number fell silently to one stream
+need_positive_int STREAMS
+need_python
+need_writable_dir OUT
 
 # Every point must be a shipped preset (quant=int<W>, prune=l1_<S> and random_<S>): checked before anything runs,
 # so a typo does not surface after an hour of sweeps.

@@ -23,10 +23,29 @@ binary_residual ternary mxint8"           # the 12 formats of quant= (adls_light
 PLOT_ONLY=${PLOT_ONLY:-0}                 # 1: run no study, draw the figures from what is stored
 SEARCH_DIR=${SEARCH_DIR:-outputs/search}  # where the figures read the studies (search.py's default sweep dirs)
 OUT=${OUT:-docs/figures}
-for var in WORKERS SAMPLER_TRIALS LAB3_TRIALS; do  # checked before any study starts
-  [[ ${!var} =~ ^[1-9][0-9]*$ ]] || { echo "error: $var=${!var}: must be a positive integer" >&2; exit 2; }
+PARTS="lab2-samplers lab2-compression lab3 lab3-minilm pareto"
+# Everything is checked before any study starts: a part is hours of trials, and a setting read only when its part
+# comes (PLOT_ONLY, a later part's name, lab3-minilm's checkpoint) was a refusal after the earlier parts ran.
+source scripts/checks.sh
+for var in WORKERS SAMPLER_TRIALS LAB3_TRIALS; do need_positive_int "$var"; done
+need_flag PLOT_ONLY
+[ -n "${SEEDS// /}" ] || refuse "SEEDS: must name at least one seed, e.g. SEEDS=\"0 1 2\""
+for seed in $SEEDS; do [[ $seed =~ ^[0-9]+$ ]] || refuse "SEEDS: $seed is not a seed (integers >= 0, e.g. SEEDS=\"0 1 2\")"; done
+[ -f "conf/search/preset/${PRESET:-cpu}.yaml" ] ||
+  refuse "PRESET=${PRESET:-cpu}: no search/preset=${PRESET:-cpu} (valid: $(cd conf/search/preset && ls *.yaml | sed 's/\.yaml$//' | paste -sd' '))"
+[ -z "$FP_CKPT" ] || [ -f "$FP_CKPT" ] || refuse "FP_CKPT=$FP_CKPT: no such checkpoint file"
+[ -z "${OMP_NUM_THREADS:-}" ] || need_positive_int OMP_NUM_THREADS
+requested=$(echo ${@:-lab2-samplers lab2-compression lab3 pareto})
+for one in $requested; do
+  [[ " $PARTS " == *" $one "* ]] || refuse "$one: unknown part (valid: ${PARTS// /, })"
 done
-[ -z "$FP_CKPT" ] || [ -f "$FP_CKPT" ] || { echo "error: FP_CKPT=$FP_CKPT: no such checkpoint file" >&2; exit 2; }
+if [[ " $requested " == *" lab3-minilm "* ]] && [ "$PLOT_ONLY" != 1 ] && [ -z "$FP_CKPT" ] &&
+  ! ls outputs/lab1/fp/checkpoints/best-*.ckpt >/dev/null 2>&1; then
+  refuse "lab3-minilm: no fine-tuned checkpoint in outputs/lab1/fp; run scripts/lab1_figures.sh or set FP_CKPT"
+fi
+[ "$PLOT_ONLY" != 1 ] || [ -d "$SEARCH_DIR" ] || refuse "SEARCH_DIR=$SEARCH_DIR: no such folder to draw the studies from (PLOT_ONLY=1)"
+need_python
+need_writable_dir OUT
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one thread per worker: oversubscribed OpenMP threads spin
 mkdir -p "$OUT"
 
@@ -87,6 +106,4 @@ part() {
   esac
 }
 
-for p in "${@:-lab2-samplers lab2-compression lab3 pareto}"; do
-  for one in $p; do part "$one"; done
-done
+for one in $requested; do part "$one"; done
