@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +40,49 @@ def write_run_record(output_dir: str | os.PathLike, cfg: Any) -> None:
 
 
 def made_by_this_process(folder: Path) -> bool:
-    """``folder`` was created (or last changed) after this process started: Hydra made it for this run."""
+    """``folder`` was created after this process started (Hydra made it for this run), by its birth time: its
+    change time moves whenever an entry is added or removed (the pre-flight's probe folder, for one), so it tells
+    nothing. False where the file system keeps no birth time."""
     import psutil  # installed with peft; read lazily, as only a refused run asks
 
+    born = birth_time(folder)
     try:
-        return folder.stat().st_ctime >= psutil.Process().create_time()
-    except (OSError, psutil.Error):
+        return born is not None and born >= psutil.Process().create_time()
+    except psutil.Error:
         return False
+
+
+# statx(2): the mask bit of the birth time, its offset in struct statx, and the structure's size
+_STATX_BTIME, _BTIME_OFFSET, _STATX_SIZE = 0x800, 80, 256
+
+
+def birth_time(path: Path) -> float | None:
+    """When ``path`` was created (seconds since the epoch), or None where the platform or file system does not say:
+    ``st_birthtime`` (macOS, BSD), else Linux's ``statx`` through the C library."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    if hasattr(info, "st_birthtime"):
+        return info.st_birthtime
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import struct
+
+    try:
+        statx = ctypes.CDLL(None, use_errno=True).statx
+    except (OSError, AttributeError):  # a C library without statx (glibc before 2.28, musl before 1.2.5)
+        return None
+    buffer = ctypes.create_string_buffer(_STATX_SIZE)
+    at_fdcwd = -100
+    if statx(at_fdcwd, os.fsencode(path), 0, _STATX_BTIME, buffer) != 0:
+        return None
+    (mask,) = struct.unpack_from("I", buffer, 0)
+    if not mask & _STATX_BTIME:
+        return None
+    seconds, nanoseconds = struct.unpack_from("qI", buffer, _BTIME_OFFSET)
+    return seconds + nanoseconds / 1e9
 
 
 def entries(folder: Path) -> set[str] | None:
