@@ -61,15 +61,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--dry-run", action="store_true", help="check the arguments and say what would run")
     args = parser.parse_args()
-    # checked before the dry run too: a dry run says what would run, so it must refuse what would not
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch sees no CUDA device (valid here: cpu)")
     if args.dry_run:
         sparsities = ", ".join(f"{s:g}" for s in args.sparsity)
         print(
             f"dry run: would time the mask step of 37 MiniLM linears at sparsity {sparsities} on {args.device}"
         )
         return
+    # after the dry run, which checks the arguments on any machine (scripts/gpu_check.sh --dry-run without a GPU)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device (valid here: cpu)")
     device = torch.device(args.device)
     torch.set_num_threads(1)
 

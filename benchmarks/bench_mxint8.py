@@ -200,8 +200,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.cpu_only and args.gpu_only:
         parser.error("--cpu-only and --gpu-only: together they leave nothing to measure; give one")
-    if args.gpu_only and not torch.cuda.is_available():
-        parser.error("--gpu-only: torch sees no CUDA device (drop it, or give --cpu-only)")
     sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
     # every size is a (rows, min(n, ROW)) tensor quantized in groups along its rows: checked before the dry run
     # and before the first size is timed, not at the size that does not fit
@@ -221,6 +219,9 @@ def main() -> None:
             f"dry run: would measure {', '.join(size_label(n) for n in sizes)} elements on {', '.join(devices)}"
         )
         return
+    # after the dry run, which checks the arguments on any machine (scripts/gpu_check.sh --dry-run without a GPU)
+    if args.gpu_only and not torch.cuda.is_available():
+        parser.error("--gpu-only: torch sees no CUDA device (drop it, or give --cpu-only)")
     budget_s, max_rounds = (0.2, 20) if args.quick else (0.5, 100)
     torch.manual_seed(0)
     if not args.gpu_only:

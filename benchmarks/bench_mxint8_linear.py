@@ -180,12 +180,13 @@ def main() -> None:
     )
     parser.add_argument("--dry-run", action="store_true", help="check the arguments and say what would run")
     args = parser.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch sees no CUDA device (valid here: cpu)")
     device = torch.device(args.device)
     if args.dry_run:
         print(f"dry run: would time rows {args.rows} of {SHAPES} on {device}, threads {args.threads}")
         return
+    # after the dry run, which checks the arguments on any machine (scripts/gpu_check.sh --dry-run without a GPU)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device (valid here: cpu)")
     print(
         f"native fused kernel: {'yes (' + str(native_cpu_isa()) + ')' if native_linear_kernel_loaded() else 'NO'}, "
         f"group_size={GROUP_SIZE}, fp32 activations, device={device}"

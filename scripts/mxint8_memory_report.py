@@ -30,7 +30,7 @@ and LoRA adapters are merged into the base weights first, as a deployed model wo
 
 from __future__ import annotations
 
-import sys
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,8 +89,13 @@ class Loaded:
     trained_head: bool
 
 
-def load_model(model: str, checkpoint: Path | None, from_config: str | None = None) -> Loaded:
-    """The fp32 HF classifier to report on (LoRA merged when the checkpoint used it)."""
+def load_model(
+    model: str, checkpoint: Path | None, from_config: str | None = None, shapes_only: bool = False
+) -> Loaded:
+    """The fp32 HF classifier to report on (LoRA merged when the checkpoint used it). ``shapes_only``: a
+    ``from_config`` model is built on the meta device (no memory, no initialisation: DeBERTa-v2-xlarge's 3.5 GB
+    and their random init would make a dry run minutes long), enough to check the group size against its layers.
+    """
     from adls_lightning.models import load_pretrained, resolve_checkpoint
 
     if from_config is not None:
@@ -100,9 +105,9 @@ def load_model(model: str, checkpoint: Path | None, from_config: str | None = No
         torch.manual_seed(0)
         config = AutoConfig.for_model(model_type, num_labels=2, **overrides)
         # only the tokenizer is read from --model: a folder holding just its tokenizer files is enough
-        return Loaded(
-            AutoModelForSequenceClassification.from_config(config), resolve_checkpoint(model), False
-        )
+        with torch.device("meta") if shapes_only else contextlib.nullcontext():
+            built = AutoModelForSequenceClassification.from_config(config)
+        return Loaded(built, resolve_checkpoint(model), False)
     if checkpoint is None:
         torch.manual_seed(0)  # the new head is random: make it the same on every run
         # the library's loader: a folder fine-tuned on another task (another head size) loads as well
@@ -114,8 +119,8 @@ def load_model(model: str, checkpoint: Path | None, from_config: str | None = No
 
     config_file = checkpoint.resolve().parent.parent / ".hydra" / "config.yaml"
     if not config_file.is_file():
-        sys.exit(
-            f"error: --checkpoint {checkpoint}: no run config at {config_file} (expected a train.py run)"
+        raise ConfigError(
+            f"--checkpoint {checkpoint}: no run config at {config_file} (expected a train.py run)"
         )
     cfg = OmegaConf.load(config_file)
     module = instantiate(cfg.model, _convert_="partial")
@@ -255,7 +260,7 @@ def main() -> None:
     # The model is loaded in a dry run too (seconds, no data): the group size must divide every packed layer,
     # and a dry run that accepts what the real run refuses after its fp32 evaluation says nothing.
     try:
-        loaded = load_model(args.model, args.checkpoint, args.from_config)
+        loaded = load_model(args.model, args.checkpoint, args.from_config, shapes_only=args.dry_run)
         # the tokenizer of --model, or of the checkpoint's run (its model.backbone.name_or_path)
         key = "--checkpoint's model.backbone.name_or_path" if args.checkpoint else "--model"
         tokenizer = load_tokenizer(loaded.tokenizer_source, key=key)
