@@ -12,6 +12,8 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+[[ "${REQUIRE_NVCC:-0}" =~ ^[01]$ ]] || { echo "error: REQUIRE_NVCC=$REQUIRE_NVCC: must be 0 or 1" >&2; exit 2; }
+[[ -z "${NVCC:-}" ]] || command -v "$NVCC" >/dev/null || { echo "error: NVCC=$NVCC: no such compiler" >&2; exit 2; }
 NVCC="${NVCC:-$(command -v nvcc || true)}"
 if [[ -z "$NVCC" && -x /usr/local/cuda/bin/nvcc ]]; then NVCC=/usr/local/cuda/bin/nvcc; fi
 if [[ -z "$NVCC" ]]; then

@@ -21,8 +21,16 @@ cd "$(dirname "$0")/.."
 
 DRY_RUN=0
 if [[ "${1:-}" == "--dry-run" ]]; then DRY_RUN=1; shift; fi
-PY="${1:-.venv/bin/python}"
-[[ -x "$PY" ]] || PY=python3
+# a mistyped flag (--dryrun) was taken for the python and replaced by python3: the whole GPU run started
+[[ "${1:-}" != -* ]] || { echo "error: $1: unknown option (usage: scripts/gpu_check.sh [--dry-run] [python])" >&2; exit 2; }
+[[ $# -le 1 ]] || { echo "error: $2: unexpected argument (usage: scripts/gpu_check.sh [--dry-run] [python])" >&2; exit 2; }
+if [[ -n "${1:-}" ]]; then
+  PY=$1
+  command -v "$PY" >/dev/null || { echo "error: python=$PY: no such interpreter" >&2; exit 2; }
+else
+  PY=.venv/bin/python
+  [[ -x "$PY" ]] || PY=python3
+fi
 
 step() { echo; echo "== gpu_check: $*"; }
 run() {
