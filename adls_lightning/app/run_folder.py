@@ -97,7 +97,8 @@ def remove_unused_run_folder(folder: Path, at_start: set[str] | None) -> bool:
     """Remove the run folder of a refused run when it holds nothing of value: Hydra made it for this process (it
     was empty when the task started, and is no older than the process) and it holds at most the run record
     (:data:`RUN_RECORD_DIR`) and the run's log file. An earlier run's folder, or one with anything else in it
-    (checkpoints, metrics, a user's file), is left as it is. Returns whether the folder is gone.
+    (checkpoints, metrics, a user's file), is left as it is; so are the folders above it, unless Hydra made them
+    for this run too and they are empty. Returns whether the folder is gone.
     """
     if at_start != set() or not made_by_this_process(folder):
         return False
@@ -126,4 +127,13 @@ def remove_unused_run_folder(folder: Path, at_start: set[str] | None) -> bool:
         folder.rmdir()  # only ever an empty folder: a file written meanwhile keeps it
     except OSError:
         return False
+    for (
+        parent
+    ) in folder.parents:  # and the folders above it that Hydra made for it (a first run's outputs/...)
+        if not made_by_this_process(parent):
+            break
+        try:
+            parent.rmdir()
+        except OSError:  # not empty: another run's
+            break
     return True

@@ -31,6 +31,7 @@ from adls_lightning.data.folder import (
     AUTO,
     IMDB_HUB_NAME,
     IMDB_LABELS,
+    column_values,
     folder_data_dir,
     imdb_data_dir,
     load_folder,
@@ -251,7 +252,7 @@ class TextDataModule(LightningDataModule):
         raw, identity, _ = self.load()
         task = self.task  # checks data.main_metric against the task's metrics before anything is tokenized
         classes = not task.is_regression
-        train_labels = np.asarray(raw["train"]["label"])
+        train_labels = np.asarray(column_values(raw["train"], "label"))
         check_val_size(hp.val_size, len(train_labels))
         if hp.swap_pairs:
             self._check_swap_pairs(raw)
@@ -278,7 +279,7 @@ class TextDataModule(LightningDataModule):
             "val": self._tokenized(raw["train"], identity, "val", np.sort(val_idx)),
         }
         for split in task.test_splits:
-            labels = np.asarray(raw[split]["label"])
+            labels = np.asarray(column_values(raw[split], "label"))
             test_idx = stratified_subset(labels, self._capped(split, hp.test_size), hp.seed, classes)
             self.splits[split] = self._tokenized(raw[split], identity, split, np.sort(test_idx))
         for split in self.splits.values():

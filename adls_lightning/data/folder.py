@@ -14,6 +14,7 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+import pyarrow as pa
 
 from adls_lightning.data.tasks import Task, default_metrics, with_main_metric
 from adls_lightning.errors import ConfigError
@@ -188,7 +189,11 @@ def check_rows(split: datasets.Dataset, source: Path | str) -> None:
     for column in ("text", "text_pair"):
         if column not in split.column_names:
             continue
-        texts = split[column]
+        arrow = column_array(split, column)
+        strings = pa.types.is_string(arrow.type) or pa.types.is_large_string(arrow.type)
+        if strings and arrow.null_count == 0:  # strings throughout, known without a look at each row
+            continue
+        texts = arrow.to_pylist()
         bad = next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)
         if bad is not None:
             raise ConfigError(
@@ -211,6 +216,17 @@ def check_pair_columns(raw: datasets.DatasetDict, sources: dict[str, Path | str]
             f"data.data_dir: {sources[single]}: lacks column 'text_pair', which {sources[paired[0]]} has (a "
             f"{single} split of single texts for a task of pairs); give every split a text_pair column, or none"
         )
+
+
+def column_array(dataset: datasets.Dataset, column: str) -> pa.ChunkedArray:
+    """One column as Arrow holds it: checked and read whole in milliseconds, where ``dataset[column]`` formats
+    its rows one by one (about 0.2 s per 25,000)."""
+    return dataset.select_columns([column]).with_format("arrow")[:][column]
+
+
+def column_values(dataset: datasets.Dataset, column: str) -> list:
+    """One column as a list of Python values (:func:`column_array`'s speed)."""
+    return column_array(dataset, column).to_pylist()
 
 
 def _one_of(values: Sequence) -> str:
@@ -254,7 +270,7 @@ def encode_labels(
     """
     out = {}
     for split, dataset in raw.items():
-        values = dataset["label"]
+        values = column_values(dataset, "label")
         if regression:
             bad = next((i for i, v in enumerate(values) if not _is_number(v)), None)
             if bad is not None:
@@ -289,7 +305,7 @@ def folder_task(
     name: str = "folder",
 ) -> tuple[datasets.DatasetDict, Task]:
     """The splits with labels encoded, and their :class:`Task` (label set given, or inferred from train)."""
-    label_set = list(labels) if labels is not None else infer_labels(raw["train"]["label"])
+    label_set = list(labels) if labels is not None else infer_labels(column_values(raw["train"], "label"))
     regression = label_set is None
     if not regression and len(label_set) < 2:
         raise ConfigError(
