@@ -380,16 +380,17 @@ def untrustworthy(
                 f"{backend}'s {len(times)} measurements spread {max(times) / min(times):.2f}x, more than "
                 f"{MAX_SPREAD:g}x: other work took the CPU in between"
             )
-    choices = {_faster(run) for run in runs}
-    if len(choices) > 1:
-        return f"the {len(runs)} measurements disagree on the faster backend"
+    best = {backend: min(run[backend] for run in runs) for backend in runs[0]}
+    # oneDNN only when every repeat says so: on a CPU where the two are level the repeats fall on both sides of
+    # MARGIN, and aten (the default, never slower than itself) is then a safe answer to cache
+    if _faster(best) == "onednn" and any(_faster(run) == "aten" for run in runs):
+        return f"the {len(runs)} measurements disagree on whether oneDNN is faster"
     limit = _slowest_plausible(shapes, rows, max(references))
     flops = _flops(shapes, rows)
-    for backend in runs[0]:
-        best = min(run[backend] for run in runs)
-        if best > limit:
+    for backend, seconds in best.items():
+        if seconds > limit:
             return (
-                f"{backend} ran at {flops / best / 1e9:.2g} GFLOP/s, below the {flops / limit / 1e9:.2g} GFLOP/s "
+                f"{backend} ran at {flops / seconds / 1e9:.2g} GFLOP/s, below the {flops / limit / 1e9:.2g} GFLOP/s "
                 f"plausible on this model's shapes when the reference GEMM runs at {max(references):.1f} GFLOP/s"
             )
     return None

@@ -313,7 +313,7 @@ def minilm_like() -> torch.nn.Module:
             minilm_like,
             noisy_measure({"aten": 70.0, "onednn": 63.0}, {"aten": 70.0, "onednn": 68.0}),
             steady_reference,
-            "disagree on the faster backend",
+            "disagree on whether oneDNN is faster",
         ),
         # issue 56's log: "aten 0.2 vs oneDNN 0.2 GFLOP/s" (2.7 GFLOP in 13.6 s), steadily, on shapes the reference
         # makes tens of GFLOP/s
@@ -358,6 +358,16 @@ def test_a_steady_plausible_timing_is_cached(tmp_path, caplog):
     assert times == {"aten": 70e-3, "onednn": 35e-3}  # the best of the repeats
     (line,) = [r.getMessage() for r in caplog.records if r.name == "adls_lightning.gemm"]
     assert line.startswith("runtime.gemm=auto: onednn (measured 3 times")
+
+
+def test_level_backends_whose_repeats_straddle_the_margin_cache_aten(tmp_path):
+    """On a CPU where the two are level, the repeats fall on both sides of the 5 % margin: the answer is aten
+    (the default), which is safe to cache, so the run does not measure again every time."""
+    measure_fn, calls = noisy_measure({"aten": 70.0, "onednn": 66.0}, {"aten": 66.0, "onednn": 66.0})
+    assert gemm.choose("auto", minilm_like(), 512, tmp_path, measure_fn, steady_reference) == "aten"
+    assert (tmp_path / gemm.CACHE_FILE).is_file()
+    gemm.choose("auto", minilm_like(), 512, tmp_path, measure_fn, steady_reference)
+    assert len(calls) == gemm.MEASUREMENTS  # the second run read the cache
 
 
 def test_the_reference_gemm_is_quick_and_above_the_floor():
