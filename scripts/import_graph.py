@@ -120,7 +120,9 @@ def rule_breaks(graph: dict[str, set[str]]) -> list[str]:
 
 def main() -> int:
     if len(sys.argv) > 1:
-        print(f"error: {sys.argv[1]}: import_graph.py takes no arguments (it reads {PACKAGE}/)", file=sys.stderr)
+        print(
+            f"error: {sys.argv[1]}: import_graph.py takes no arguments (it reads {PACKAGE}/)", file=sys.stderr
+        )
         return 2
     graph = import_graph()
     edges = project_edges(graph)
