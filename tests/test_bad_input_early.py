@@ -218,8 +218,9 @@ def _record(folder: Path) -> None:
 
 
 def test_unused_run_folder_goes_with_its_record_and_log(tmp_path):
-    folder = tmp_path / "run"
-    folder.mkdir()
+    (tmp_path / "other-run").mkdir()  # the folder above holds another run: it stays
+    folder = tmp_path / "runs" / "run"
+    folder.mkdir(parents=True)  # as Hydra makes it, with the folder above it (made in this process, emptied)
     at_start = entries(folder)
     _record(folder)
     handler = logging.FileHandler(folder / "train.log")
@@ -230,8 +231,8 @@ def test_unused_run_folder_goes_with_its_record_and_log(tmp_path):
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
-    assert not folder.exists()
-    assert tmp_path.is_dir()  # the folder above is not touched
+    assert not folder.exists() and not folder.parent.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other-run"]
 
 
 @pytest.mark.parametrize("content", ["checkpoints", "metrics.json", "notes.txt", ".hydra/extra.txt"])

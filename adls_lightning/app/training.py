@@ -206,7 +206,7 @@ def check_monitored_metrics(cfg: DictConfig, task: Task) -> None:
     if main is not None and main not in validation:
         raise ConfigError(
             f"main_metric={main}: not a validation metric this task ({task.name}) logs; give one of "
-            f"{', '.join(validation)} (or data.main_metric={task.metrics[-1]})"
+            f"{', '.join(validation)} (or name one in data.main_metric: {', '.join(task.metrics)})"
         )
     optimized = cfg.get("optimized_metric")
     if optimized is None or optimized == main:
