@@ -9,7 +9,7 @@ TORCH_INDEX ?=
 PYTEST_ARGS ?=
 # test processes (pytest-xdist): most of the suite's time is subprocesses starting Python and importing torch, so
 # two workers on 2 cores finish sooner (full suite on the 2-core machine: 30 min 19 s with 2 workers and 1 thread
-# each, see README "Tests"); PYTEST_WORKERS=0 runs in one process
+# each, see docs/results.md "How long do the tests take?"); PYTEST_WORKERS=0 runs in one process
 PYTEST_WORKERS ?= 2
 # OpenMP threads per test process: the workers and the runs they start already fill the cores, and torch's
 # default (one thread per core) in each of them oversubscribes them (tests/test_resume.py with 2 workers on the
@@ -18,7 +18,7 @@ TEST_THREADS ?= $(or $(OMP_NUM_THREADS),1)
 CHECK_TEST_THREADS = @[[ "$(TEST_THREADS)" =~ ^[1-9][0-9]*$$ ]] || { echo "error: TEST_THREADS=$(TEST_THREADS) \
 	(or OMP_NUM_THREADS): must be a positive integer, OpenMP threads per test process" >&2; exit 2; }
 
-.PHONY: help install train test test-fast lint format cuda-check gpu-check portable-check bench lab4 clean
+.PHONY: help install train test test-fast lint format docs cuda-check gpu-check portable-check bench lab4 clean
 # Every target with a `## ` comment is listed; digits belong in the names too (lab4 was hidden by [a-zA-Z_-]).
 help: ## show this help
 	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -50,8 +50,14 @@ lint: install ## ruff lint and format check
 format: install ## ruff autofix and format
 	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
 
+# The documentation site from docs/ (mkdocs.yml): strict, so a broken link or anchor, or a page missing from the nav,
+# fails; DOCS_DIR=/tmp/x builds elsewhere (CI does). NO_MKDOCS_2_WARNING silences Material's end-of-life banner.
+DOCS_DIR ?= site
+docs: install ## build the documentation site from docs/ in strict mode (into site/, not committed)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir "$(DOCS_DIR)"
+
 # The quick benchmarks, one thread each (comparable across machines, gentle on a shared one): each prints ours
-# against the plain alternative as a ratio. About a minute on the 2-core machine; the full ones are in README.
+# against the plain alternative as a ratio. About a minute on the 2-core machine; the full ones are in docs/results.md.
 BENCH_THREADS ?= 1
 bench: install ## quick CPU benchmarks printing speed ratios (masks, activation pruning, MXINT8, dropout, GEMM; ~1 min)
 	@[[ "$(BENCH_THREADS)" =~ ^[1-9][0-9]*$$ ]] || { echo "error: BENCH_THREADS=$(BENCH_THREADS): must be a \
