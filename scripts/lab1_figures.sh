@@ -9,7 +9,7 @@
 #
 #   bash scripts/lab1_figures.sh                 # everything (about 1.5-2 hours on 2 cores)
 #   STREAMS=2 bash scripts/lab1_figures.sh       # the sparsity sweep as two one-thread processes (default)
-#   WIDTHS="4 8 12 16" SPARSITIES="0.3 0.5 0.7 0.9" bash scripts/lab1_figures.sh   # fewer points (the README's)
+#   WIDTHS="4 8 12 16" SPARSITIES="0.3 0.5 0.7 0.9" bash scripts/lab1_figures.sh   # fewer points (docs/results.md's)
 #
 # A finished step is skipped when the script is run again (its folder holds all its metrics.json files); an
 # unfinished one is moved aside to outputs/lab1-partial/ and run again.

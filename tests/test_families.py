@@ -2,7 +2,7 @@
 
 Each family's LoRA fine-tune runs once (in-process, a few steps on the synthetic reviews) and its best checkpoint
 feeds the cells that start from a trained model (merge + QAT, export). The mixed-precision searches of all six
-families run in one search.py process. What each cell showed is in README.md ("Model families").
+families run in one search.py process. What each cell showed is in docs/results.md ("Model families").
 """
 
 from __future__ import annotations
