@@ -31,13 +31,24 @@ def iter_run_records(
     for root in roots:
         for metrics_file in sorted(Path(root).rglob("metrics.json")):
             run_dir = metrics_file.parent
-            metrics = _read_mapping(metrics_file, json.loads, "JSON")
+            metrics, config = read_run_record(run_dir)
             if metric not in metrics:
                 print(f"skipping {run_dir}: no {metric} in metrics.json", file=sys.stderr)
                 continue
-            config_file = run_dir / ".hydra" / "config.yaml"
-            config = _read_mapping(config_file, yaml.safe_load, "YAML") if config_file.is_file() else {}
             yield run_dir, metrics, config
+
+
+def read_run_record(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(metrics, config)`` of one run folder: its ``metrics.json`` and saved ``.hydra/config.yaml`` (``{}`` when
+    it saved none).
+
+    Raises:
+        ValueError: as :func:`iter_run_records`, naming the file.
+    """
+    metrics = _read_mapping(run_dir / "metrics.json", json.loads, "JSON")
+    config_file = run_dir / ".hydra" / "config.yaml"
+    config = _read_mapping(config_file, yaml.safe_load, "YAML") if config_file.is_file() else {}
+    return metrics, config
 
 
 def _read_mapping(path: Path, parse: Callable[[str], Any], kind: str) -> dict[str, Any]:

@@ -1,0 +1,393 @@
+"""One results table for any runs: ``adls-table RUN_OR_GLOB... [out=DIR]`` (or
+``python -m adls_lightning.results_table``) prints a markdown table of the runs; ``out=DIR`` also writes
+``DIR/table.md``, ``DIR/table.csv`` and ``DIR/table.png``.
+
+Each argument is a run folder, a folder holding runs (a multirun's numbered job folders, a search's trials: every
+``metrics.json`` below it), a glob of either (quoted: ``'outputs/train/multiruns/*'``), or an Optuna study (its
+``.db`` or ``.journal`` file, URL or name under ``outputs/search``: the folders its trials recorded).
+
+One row per configuration: the overrides (``.hydra/overrides.yaml``) that differ between the runs, with the
+per-seed keys (``seed``, ``data.seed``, any ``*.seed``) and a search trial's identity left out, so the seeds of a
+configuration share its row. Columns: the task's metrics (``test/*`` then ``val/*`` in ``metrics.json``, the main
+metric first; losses left out) as mean ± std over the runs of the row (sample std), the number of runs ``n``, and,
+where ``metrics.json`` has them, trainable and total parameters, bits per weight, weight sparsity and stored size.
+The figure shows the main metric's mean ± std per configuration.
+
+A value that is not a number (``nan``: a diverged run) or missing from some runs of a row is never averaged
+silently: the mean is over the numbers, says over how many (``0.8123 ± 0.0100 (2/3)``), and a footnote names each
+run left out (as ``scripts/glue_table.py`` does for its averages).
+
+Bad input (no run matched, a damaged ``metrics.json`` or run record, runs of different tasks, an ``out`` that
+cannot be written): one ``error:`` line naming it, exit code 2, nothing written. ``--help``: this text.
+
+Example::
+
+    python train.py -m prune=l1_0.5,wanda_0.5,none seed=1,2,3 hydra.sweep.dir=outputs/prune_seeds
+    adls-table outputs/prune_seeds out=outputs/prune_seeds/table
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import math
+import re
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from adls_lightning.errors import ConfigError
+from adls_lightning.run_dir import METRICS_FILE
+from adls_lightning.run_records import read_run_record
+from adls_lightning.tool_options import check_writable, run_tool, split_options
+
+USAGE = "adls-table RUN_OR_GLOB... [out=DIR]  (or python -m adls_lightning.results_table RUN_OR_GLOB... [out=DIR])"
+OPTIONS = {"out": None}
+OUTPUTS = ("table.md", "table.csv", "table.png")
+OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
+# The sweeper's way to find a trial again (adls_lightning.search.report.TRIAL_IDENTITY): not what the trial trained.
+TRIAL_IDENTITY = "search.trial."
+MISSING = "–"
+# What a run reports besides its task's metrics, shown where some run has it: key -> (heading, format).
+EXTRAS = {
+    "params/trainable": ("trainable params", "params"),
+    "params/total": ("total params", "params"),
+    "quant/avg_weight_bits": ("bits/weight", ".2f"),
+    "prune/weight_sparsity": ("weight sparsity", ".3f"),
+    "quant/weight_bytes": ("size (MB)", "mb"),
+    "mxint8/model_bytes_packed": ("packed size (MB)", "mb"),
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One finished run: its folder, its overrides (``key -> value``, per-seed keys left out) and its metrics."""
+
+    path: Path
+    overrides: dict[str, str]
+    metrics: dict[str, Any]
+    task: str
+    main_metric: str
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One column of one row: the numbers averaged, the runs left out (``(run, why)``), the row's run count."""
+
+    numbers: tuple[float, ...]
+    left_out: tuple[tuple[Path, str], ...]
+    runs: int
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.fmean(self.numbers) if self.numbers else None
+
+    @property
+    def std(self) -> float | None:
+        return statistics.stdev(self.numbers) if len(self.numbers) > 1 else None
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows (configurations, in the order their first run was found) by columns (metric keys)."""
+
+    keys: list[str]  # the overrides that differ between the runs: one heading each
+    shared: list[str]  # the overrides every run has alike
+    rows: list[tuple[dict[str, str], list[Run]]]
+    columns: list[str]
+    main: str  # the main metric's column
+    task: str
+
+    def cell(self, runs: Sequence[Run], column: str) -> Cell:
+        numbers, left_out = [], []
+        for run in runs:
+            value = run.metrics.get(column)
+            if _number(value) is not None:
+                numbers.append(float(value))
+            elif column in run.metrics:
+                left_out.append((run.path, f"has {column} = {value}"))
+            elif any(
+                column in r.metrics for r in runs
+            ):  # absent from every run of a row: not this row's metric
+                left_out.append((run.path, f"has no {column}"))
+        return Cell(tuple(numbers), tuple(left_out), len(runs))
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _natural(path: Path) -> list[Any]:
+    """Sort key that puts job 10 after job 9."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
+
+
+def find_runs(sources: Sequence[str], search_dir: Path | None = None) -> list[Path]:
+    """The run folders (holding ``metrics.json``) of each source, in order, each once; see the module docstring.
+
+    Raises:
+        ConfigError: naming the source that matches no run folder (or the study that cannot be read).
+    """
+    folders: list[Path] = []
+    for source in sources:
+        path = Path(source).expanduser()
+        if glob.has_magic(source):
+            matches = sorted(map(Path, glob.glob(str(path), recursive=True)), key=_natural)
+            found = [run for match in matches if match.is_dir() for run in _runs_under(match)]
+            found += [match.parent for match in matches if match.name == METRICS_FILE]
+        elif path.is_dir():
+            found = _runs_under(path)
+        elif path.name == METRICS_FILE and path.is_file():
+            found = [path.parent]
+        elif path.is_file() or "://" in source or "/" not in source:
+            found = _study_runs(source, search_dir)
+        else:
+            raise ConfigError(f"{source}: no such run folder, glob or study")
+        if not found:
+            raise ConfigError(f"{source}: no run found (no {METRICS_FILE} in or below it)")
+        folders += found
+    return list(dict.fromkeys(folders))
+
+
+def _runs_under(folder: Path) -> list[Path]:
+    return sorted((p.parent for p in folder.rglob(METRICS_FILE)), key=_natural)
+
+
+def _study_runs(source: str, search_dir: Path | None) -> list[Path]:
+    """The folders the study's trials recorded (``output_dir``) that still hold a run; a trial whose folder is
+    gone is named on stderr."""
+    from adls_lightning.search.report import load_study  # optuna: only for a study
+
+    study, _ = load_study(source, search_dir=search_dir)
+    folders = []
+    for trial in study.get_trials(deepcopy=False):
+        recorded = trial.user_attrs.get("output_dir")
+        if recorded and (Path(recorded) / METRICS_FILE).is_file():
+            folders.append(Path(recorded))
+        else:
+            print(f"skipping trial {trial.number} of {source}: no run in {recorded}", file=sys.stderr)
+    return folders
+
+
+def read_run(folder: Path) -> Run:
+    """The run of ``folder``: metrics, overrides (per-seed keys left out), task and main metric.
+
+    Raises:
+        ConfigError: a damaged ``metrics.json``, config or overrides record, or no overrides record (the run's
+            configuration is then unknown), naming the file.
+    """
+    try:
+        metrics, config = read_run_record(folder)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    record = folder / OVERRIDES_FILE
+    if not record.is_file():
+        raise ConfigError(
+            f"{record}: missing (the run's overrides; without them its configuration is unknown)"
+        )
+    try:
+        overrides = yaml.safe_load(record.read_text()) or []
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise ConfigError(f"{record}: not readable YAML ({' '.join(str(error).split())})") from None
+    if not isinstance(overrides, list):
+        raise ConfigError(f"{record}: not a list of overrides (holds {type(overrides).__name__})")
+    data = config.get("data") or {}
+    task = str(data.get("task") or data.get("hub_name") or data.get("_target_") or "unknown")
+    main = data.get("main_metric")
+    if not isinstance(main, str) or main.startswith(
+        "${"
+    ):  # GLUE's comes from its task, unresolved in the record
+        from adls_lightning.data.tasks import task_main_metric
+
+        main = task_main_metric(task) if data.get("task") else "acc"
+    return Run(folder, _configuration(overrides), metrics, task, main)
+
+
+def _configuration(overrides: list[Any]) -> dict[str, str]:
+    """``key -> value`` of the overrides, without the per-seed keys and a search trial's identity."""
+    kept = {}
+    for override in map(str, overrides):
+        key, _, value = override.partition("=")
+        name = key.lstrip("+~")
+        if name == "seed" or name.endswith(".seed") or name.startswith(TRIAL_IDENTITY):
+            continue
+        kept[key] = value
+    return kept
+
+
+def build_table(runs: Sequence[Run]) -> Table:
+    """Group ``runs`` by configuration and choose the columns.
+
+    Raises:
+        ConfigError: runs of different tasks, naming one run of each.
+    """
+    first = runs[0]
+    for run in runs:
+        if run.task != first.task:
+            raise ConfigError(
+                f"runs of different tasks: {first.path} is {first.task}, {run.path} is {run.task}; "
+                "give the runs of one task"
+            )
+    all_keys = list(dict.fromkeys(k for run in runs for k in run.overrides))
+    shared = [k for k in all_keys if len({run.overrides.get(k) for run in runs}) == 1]
+    keys = [k for k in all_keys if k not in shared]
+    rows: dict[tuple, tuple[dict[str, str], list[Run]]] = {}
+    for run in runs:
+        label = {k: run.overrides.get(k, "default") for k in keys}
+        rows.setdefault(tuple(label.values()), (label, []))[1].append(run)
+    found = {k for run in runs for k in run.metrics}
+    columns = []
+    for split in ("test", "val"):
+        names = sorted(k for k in found if k.startswith(f"{split}/") and k != f"{split}/loss")
+        main = f"{split}/{first.main_metric}"
+        columns += ([main] if main in names else []) + [k for k in names if k != main]
+    columns += [k for k in EXTRAS if k in found]
+    main = next((c for c in columns if c.endswith(f"/{first.main_metric}")), columns[0] if columns else "")
+    return Table(
+        keys, [f"{k}={first.overrides[k]}" for k in shared], list(rows.values()), columns, main, first.task
+    )
+
+
+def _show(column: str, value: float) -> str:
+    kind = EXTRAS.get(column, ("", ".4f"))[1]
+    if kind == "params":
+        return f"{value / 1e6:.3g}M"
+    if kind == "mb":
+        return f"{value / 1e6:.2f}"
+    return f"{value:{kind}}"
+
+
+def markdown(table: Table) -> str:
+    """The table, its footnotes (every run left out of a mean), and the overrides every run shares."""
+    heads = [*(table.keys or ["configuration"]), "n", *(EXTRAS.get(c, (c,))[0] for c in table.columns)]
+    lines = [f"| {' | '.join(heads)} |", "|---" * len(heads) + "|"]
+    notes: list[str] = []
+    partial = False
+    for label, runs in table.rows:
+        cells = list(label.values()) or ["all runs"]
+        cells.append(str(len(runs)))
+        for column in table.columns:
+            cell = table.cell(runs, column)
+            refs = ""
+            for path, why in cell.left_out:
+                notes.append(f"{path} {why}")
+                refs += f" [{len(notes)}]"
+            if cell.mean is None:
+                cells.append(f"{MISSING}{refs}" if refs else "")
+                continue
+            text = _show(column, cell.mean)
+            constant = column in EXTRAS and len(set(cell.numbers)) == 1
+            if cell.std is not None and not constant:
+                text += f" ± {_show(column, cell.std)}"
+            if cell.left_out:
+                text += f" ({len(cell.numbers)}/{cell.runs})"
+                partial = True
+            cells.append(text + refs)
+        lines.append(f"| {' | '.join(cells)} |")
+    lines += ["", f"{table.task}: mean ± std (sample) over the n runs (seeds) of each configuration."]
+    for number, note in enumerate(notes, 1):
+        lines.append(f"[{number}] not a number: {note}; left out of the mean.")
+    if partial:
+        lines.append("(n/N): the mean over the n of the row's N runs with a number.")
+    if table.shared:
+        lines.append(f"Shared by every run: {' '.join(table.shared)}")
+    return "\n".join(lines)
+
+
+def csv_text(table: Table) -> str:
+    """One row per configuration: its override values, n, ``<metric> mean``/``std``/``n`` per column, its runs."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    stats = [f"{c} {s}" for c in table.columns for s in ("mean", "std", "n")]
+    writer.writerow([*(table.keys or ["configuration"]), "n", *stats, "runs"])
+    for label, runs in table.rows:
+        values: list[Any] = [*(label.values() or ["all runs"]), len(runs)]
+        for column in table.columns:
+            cell = table.cell(runs, column)
+            values += [_blank(cell.mean), _blank(cell.std), len(cell.numbers)]
+        writer.writerow([*values, " ".join(str(run.path) for run in runs)])
+    return out.getvalue()
+
+
+def _blank(value: float | None) -> Any:
+    return "" if value is None else value
+
+
+def figure_png(table: Table) -> bytes:
+    """The main metric's mean ± std per configuration, as PNG bytes (drawn before any file is written)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, means, stds = [], [], []
+    for label, runs in table.rows:
+        cell = table.cell(runs, table.main)
+        labels.append(" ".join(f"{k}={v}" for k, v in label.items()) or "all runs")
+        means.append(math.nan if cell.mean is None else cell.mean)
+        stds.append(cell.std or 0.0)
+    fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(labels), 3.8))
+    ax.bar(range(len(labels)), means, yerr=stds, capsize=4, color="tab:blue", alpha=0.8)
+    ax.set_xticks(range(len(labels)), labels, rotation=20 if len(labels) > 3 else 0, ha="right")
+    ax.set_ylabel(f"{table.main} (mean ± std over seeds)")
+    ax.set_title(table.task)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def results_table(sources: Sequence[str], out: Path | None = None, search_dir: Path | None = None) -> str:
+    """The markdown table of the runs of ``sources``; with ``out``, also ``table.md``, ``table.csv`` and
+    ``table.png`` there, written only once all three are ready.
+
+    Raises:
+        ConfigError: see the module docstring.
+    """
+    from adls_lightning.atomic_files import atomic_write_bytes
+
+    if not sources:
+        raise ConfigError(f"no runs given (usage: {USAGE})")
+    if out is not None:
+        check_writable(out, "out")
+    table = build_table([read_run(folder) for folder in find_runs(sources, search_dir)])
+    if not table.columns:
+        raise ConfigError(f"{table.rows[0][1][0].path / METRICS_FILE}: no test/ or val/ metric in the runs")
+    text = markdown(table)
+    if out is not None:
+        outputs = dict(zip(OUTPUTS, ((text + "\n").encode(), csv_text(table).encode(), figure_png(table))))
+        out.mkdir(parents=True, exist_ok=True)
+        for name, data in outputs.items():
+            atomic_write_bytes(out / name, data)
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # a run folder's own name may hold "=" (a sweep's subdir=${hydra.job.override_dirname}): what exists is a run
+    paths = [token for token in argv if "=" in token and Path(token).expanduser().exists()]
+
+    def body() -> None:
+        options, _ = split_options(
+            [t for t in argv if t not in paths], OPTIONS, USAGE, overrides=False, positional="runs"
+        )
+        out = Path(options["out"]).expanduser() if options["out"] else None
+        print(results_table([t for t in argv if t in paths or t in options["runs"]], out))
+        if out is not None:
+            print(f"\nwrote {', '.join(str(out / name) for name in OUTPUTS)}")
+
+    return run_tool(body, __doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
