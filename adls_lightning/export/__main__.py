@@ -43,6 +43,7 @@ from adls_lightning.export.compressed import (
     run_overrides,
     split_options,
 )
+from adls_lightning.export.folder import task_inputs, write_config
 from adls_lightning.logs import configure_tool
 from adls_lightning.tool_options import HelpRequested, check_writable
 
@@ -154,6 +155,8 @@ class LoadedRun:
     note: str | None = None
     #: the run's composed config (what the int8 export calibrates from)
     config: Any = None
+    #: how the run fed texts to the model (:func:`adls_lightning.export.folder.task_inputs`), for config.json
+    inputs: dict[str, Any] | None = None
 
     def activation_compression(self) -> str | None:
         """The first thing that acts on activations (a layer and its format, or the pruning), or None."""
@@ -217,7 +220,8 @@ def load_checkpoint_model(
     cfg = compose_train_config(overrides, options=options)
     tokenizer = cfg.data.get("tokenizer")
     # the data's task shapes the head (labels, regression) as in the run that wrote the checkpoint
-    task = build(cfg.data, "data").task
+    data = build(cfg.data, "data")
+    task = data.task
     module = build(cfg.model, "model", _convert_="partial", **task.model_overrides())
     compression = run_compression(cfg)
     state = dict(read_checkpoint(ckpt, "ckpt")["state_dict"])  # a damaged or foreign file: one line naming it
@@ -269,7 +273,9 @@ def load_checkpoint_model(
         activation_prune=ExportRecipe.prune_spec(compression.pruner),
         baked={"quantized_layers": len(baked.layers) if baked else 0, "pruned_layers": pruned},
     )
-    return LoadedRun(model, tokenizer, recipe, baked.state if baked else {}, compression.note, cfg)
+    return LoadedRun(
+        model, tokenizer, recipe, baked.state if baked else {}, compression.note, cfg, task_inputs(data)
+    )
 
 
 def save_tokenizer(name: str | None, out: Path) -> bool:
@@ -320,6 +326,9 @@ def export(options: dict, overrides: Sequence[str]) -> None:
             f"{', word embeddings packed' if packed.embeddings else ''}; {WEIGHTS_FILE} {weights / 1e6:.1f} MB "
             f"vs fp32 save_pretrained {fp32_bytes / 1e6:.1f} MB ({1 - weights / fp32_bytes:.1%} smaller)"
         )
+    # every format: config.json with the label names (format=hf: written by save_pretrained) and the tokenizer,
+    # so the folder predicts alone (python -m adls_lightning.export.predict)
+    write_config(model.config, out, loaded.inputs)
     recipe.write(out, loaded.activation_state)
     tokenizer_saved = save_tokenizer(loaded.tokenizer, out)
     print(
@@ -384,6 +393,7 @@ def export_scaled_int8(options: dict, overrides: Sequence[str]) -> None:
     layers = int8_export.export_int8_graph(model, path)
     check = int8_export.check_int8(path, model)
     loaded.recipe.baked["quantized_layers"] = len(layers)
+    write_config(model.config, out, loaded.inputs)
     loaded.recipe.write(out, {})
     tokenizer_saved = save_tokenizer(loaded.tokenizer, out)
     from adls_lightning.export import onnx as onnx_export

@@ -2,24 +2,28 @@
 [data overrides]``.
 
 Each ``DIR`` is a folder written by ``python -m adls_lightning.export`` (``format=mxint8``, loaded with
-:func:`~adls_lightning.export.load_packed`, or ``format=hf``, loaded with ``from_pretrained``); the test split
+:func:`~adls_lightning.export.load_packed`; ``format=hf``, loaded with ``from_pretrained``; ``format=onnx``, run
+in ONNX Runtime on the CPU: the folder's ``model.onnx``, or the ``.onnx`` file named, e.g.
+``DIR/model_int8.onnx``; :mod:`adls_lightning.export.folder`); the test split
 is the one the exporting run used (its overrides are kept in the folder's ``compression.json``; data overrides
 given here replace them, e.g. ``experiment=cpu`` for its 2,000 reviews at 256 tokens), so the numbers compare
 with the run's ``test/acc``. A compressed run's folder computes what the run evaluated: its quantized and pruned
 weights are in the file, and the recipe puts back what acted on activations
 (:mod:`adls_lightning.export.compressed`). Prints one accuracy per folder and how often each folder predicts the
 same label as the first. The linear layers run on the GEMM backend ``runtime.gemm`` picks, as in the run's own
-evaluation (``auto`` by default: timed on each folder's linear shapes, docs/gemm.md).
+evaluation (``auto`` by default: timed on each folder's linear shapes, docs/gemm.md); an ONNX graph runs on
+ONNX Runtime's.
 
-Every folder is read and loaded before the test split is built: a folder that is not such an export (an ONNX
-export, weights as a pickle such as ``pytorch_model.bin``, which is never unpickled) or a damaged one (a cut
-``model.safetensors``, a config that is not JSON) is refused in one line naming the file, exit code 2.
+Every folder is read and loaded before the test split is built: a folder that is not such an export (weights
+as a pickle such as ``pytorch_model.bin``, which is never unpickled; an ONNX export without ``config.json``) or a
+damaged one (a cut ``model.safetensors`` or graph, a config that is not JSON) is refused in one line naming the
+file, exit code 2.
 ``--help``: this text.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,14 +31,10 @@ from pathlib import Path
 import torch
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.export import CONFIG_FILE, WEIGHTS_FILE, load_packed
+from adls_lightning.export import folder as export_folder
 from adls_lightning.export.__main__ import compose_train_config
-from adls_lightning.export.compressed import (
-    ACTIVATION_STATE_FILE,
-    ExportRecipe,
-    apply_recipe,
-    merge_overrides,
-)
+from adls_lightning.export.compressed import ExportRecipe, merge_overrides
+from adls_lightning.export.folder import ExportFolder, OnnxClassifier, load_folder
 from adls_lightning.gemm import batch_rows, gemm_for
 from adls_lightning.gemm import validate as validate_gemm
 from adls_lightning.logs import configure_tool
@@ -43,94 +43,11 @@ from adls_lightning.tool_options import run_tool, split_options
 #: the batch keys a sequence classifier takes (token types: sentence pairs of the families that use them)
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 USAGE = "python -m adls_lightning.export.evaluate DIR [DIR ...] [data overrides]"
-#: a ``format=hf`` folder's Hugging Face config
-HF_CONFIG_FILE = "config.json"
-#: weights files a folder may hold that are pickles: never read here (a pickle can run code when loaded)
-PICKLED_WEIGHTS = ("pytorch_model.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise ConfigError(f"{path}: not a JSON file ({str(error).splitlines()[0][:200]})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a JSON {type(data).__name__}, expected an object (a damaged export)")
-    return data
-
-
-def _check_safetensors(path: Path) -> None:
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), "pt") as handle:
-            handle.keys()
-    except Exception as error:  # noqa: BLE001 - safetensors' own error type: a damaged or cut file, named
-        raise ConfigError(
-            f"{path}: not a readable safetensors file ({str(error).splitlines()[0][:200]}); export the "
-            "checkpoint again"
-        ) from None
-
-
-def check_folder(folder: Path) -> None:
-    """What :func:`load_folder` reads, checked without building a model: ``format=mxint8`` (its config and
-    weights) or ``format=hf`` (``config.json`` and ``model.safetensors``), nothing pickled, nothing damaged.
-
-    Raises:
-        ConfigError: naming the folder or the file, and what would be valid.
-    """
-    if not folder.is_dir():
-        raise ConfigError(f"{folder}: expected an exported folder ({USAGE})")
-    if (folder / CONFIG_FILE).is_file():
-        config = _read_json(folder / CONFIG_FILE)
-        missing = [
-            k for k in ("hf_config", "group_size", "packed_linear", "packed_embeddings") if k not in config
-        ]
-        if missing:
-            raise ConfigError(f"{folder / CONFIG_FILE}: no {missing[0]!r} (not written by format=mxint8)")
-    elif (folder / HF_CONFIG_FILE).is_file():
-        _read_json(folder / HF_CONFIG_FILE)
-    else:
-        onnx = sorted(p.name for p in folder.glob("*.onnx"))
-        what = (
-            f"an ONNX export ({onnx[0]}): run it with ONNX Runtime (docs/inference.md)"
-            if onnx
-            else f"no {CONFIG_FILE} or {HF_CONFIG_FILE}"
-        )
-        raise ConfigError(f"{folder}: {what}; valid: folders of format=mxint8 or format=hf")
-    weights = folder / WEIGHTS_FILE
-    if not weights.is_file():
-        pickled = sorted(p.name for pattern in PICKLED_WEIGHTS for p in folder.glob(pattern))
-        found = f"its weights are a pickle ({pickled[0]}), which is not loaded" if pickled else "no weights"
-        raise ConfigError(f"{folder}: {found}; valid: {WEIGHTS_FILE}, as the export writes it")
-    _check_safetensors(weights)
-    if (folder / ACTIVATION_STATE_FILE).is_file():
-        _check_safetensors(folder / ACTIVATION_STATE_FILE)
-
-
-def load_folder(folder: Path, recipe: ExportRecipe | None = None):
-    """The folder's model, with its compression recipe applied (activation quantizers and pruning).
-
-    Raises:
-        ConfigError: the folder is not an export or is damaged (:func:`check_folder`), or its files do not
-            build a model.
-    """
-    check_folder(folder)
-    try:
-        if (folder / CONFIG_FILE).is_file():
-            model = load_packed(folder)
-        else:
-            from adls_lightning.prune.structured import load_pretrained_structured
-
-            # from_pretrained, or the sizes a structurally pruned export records in its config rebuilt first
-            model = load_pretrained_structured(folder).eval()
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError) as error:
-        # a config or weights that do not build the model it describes (edited, mixed from two exports)
-        raise ConfigError(
-            f"{folder}: its files do not load as a model ({type(error).__name__}: "
-            f"{str(error).splitlines()[0][:200] if str(error) else ''}); export the checkpoint again"
-        ) from None
-    return apply_recipe(model, folder, recipe) if recipe is not None else model
+def check_folder(folder: Path) -> ExportFolder:
+    """:func:`adls_lightning.export.folder.check_folder`, naming this command's usage in its refusals."""
+    return export_folder.check_folder(folder, USAGE)
 
 
 @torch.inference_mode()
@@ -159,8 +76,10 @@ def evaluation_setup(overrides: Sequence[str], options: Sequence[str] | None = N
     return data.test_dataloader(), cfg
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m adls_lightning.export.evaluate`` and the console command ``adls-evaluate``."""
     configure_tool()
+    argv = sys.argv[1:] if argv is None else argv
     return run_tool(lambda: evaluate_folders(argv), __doc__)
 
 
@@ -170,9 +89,10 @@ def evaluate_folders(argv: Sequence[str]) -> None:
     folders = [Path(a) for a in options["folders"]]
     if not folders:
         raise ConfigError(f"DIR: expected an exported folder ({USAGE})")
-    recipes = [ExportRecipe.read(folder) if folder.is_dir() else None for folder in folders]
+    exports = [check_folder(folder) for folder in folders]
+    recipes = [ExportRecipe.read(export.folder) for export in exports]
     # every folder before the data: a damaged one is refused before the test split is tokenized
-    models = [load_folder(folder, recipe) for folder, recipe in zip(folders, recipes, strict=True)]
+    models = [load_folder(folder, recipe, USAGE) for folder, recipe in zip(folders, recipes, strict=True)]
     # the first folder's run gives the test split (its data, batch size and length), the command line on top
     run = next((recipe.run_overrides for recipe in recipes if recipe is not None), [])
     loader, cfg = evaluation_setup(merge_overrides(run, overrides), options=[])
@@ -180,7 +100,13 @@ def evaluate_folders(argv: Sequence[str]) -> None:
     first = None
     rows, cache_dir = batch_rows(cfg.data), cfg.paths.get("cache_dir")
     for folder, model in zip(folders, models, strict=True):
-        with gemm_for(cfg.runtime.gemm, model, rows, cache_dir):
+        # ONNX Runtime runs its own kernels: runtime.gemm picks PyTorch's
+        gemm = (
+            contextlib.nullcontext()
+            if isinstance(model, OnnxClassifier)
+            else gemm_for(cfg.runtime.gemm, model, rows, cache_dir)
+        )
+        with gemm:
             predicted, labels = predictions(model, loader)
         agree = (
             ""
@@ -194,4 +120,4 @@ def evaluate_folders(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""An exported folder as something to run: which format it is, checked without building a model, and loaded.
+
+Every format the export writes (``hf``, ``onnx`` with its int8 files, ``mxint8``) holds a Hugging Face
+``config.json`` with the task's label names (``id2label`` / ``label2id``, from the run's data, as the model was
+trained) and how the run fed it texts (:data:`INPUTS_KEY`: the task, whether it takes pairs, the truncation
+length and side), and the tokenizer's files: the folder alone turns texts into labels
+(:mod:`adls_lightning.export.predict`) and scores on the test split (:mod:`adls_lightning.export.evaluate`).
+
+A path is an export when it is one of: a ``format=mxint8`` folder (``mxint8_config.json`` and
+``model.safetensors``), a ``format=hf`` folder (``config.json`` and ``model.safetensors``), or an ONNX export
+(``config.json`` beside ``*.onnx``: the folder runs ``model.onnx``, or its only graph; a path to one of its
+``.onnx`` files runs that one, e.g. ``model_int8.onnx``). Weights as a pickle are never read (a pickle can run
+code when loaded).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from adls_lightning.errors import ConfigError
+from adls_lightning.export import CONFIG_FILE, WEIGHTS_FILE, load_packed
+from adls_lightning.export.compressed import ACTIVATION_STATE_FILE, ExportRecipe, apply_recipe
+
+#: the Hugging Face config every export folder holds (``format=hf``: the one ``from_pretrained`` reads)
+HF_CONFIG_FILE = "config.json"
+#: weights files a folder may hold that are pickles: never read here (a pickle can run code when loaded)
+PICKLED_WEIGHTS = ("pytorch_model.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+#: the key of ``config.json`` that says how the run fed texts to the model (see :func:`task_inputs`)
+INPUTS_KEY = "adls_inputs"
+ONNX_DEFAULT = "model.onnx"
+EXPORT_KINDS = ("mxint8", "hf", "onnx")
+
+
+@dataclass(frozen=True)
+class ExportFolder:
+    """A checked export: its folder, its format, and for ``onnx`` the graph that runs."""
+
+    folder: Path
+    kind: str
+    onnx_file: Path | None = None
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The folder's Hugging Face config (``config.json``; a packed folder without one: the packed config's)."""
+        if (self.folder / HF_CONFIG_FILE).is_file():
+            return read_json(self.folder / HF_CONFIG_FILE)
+        return read_json(self.folder / CONFIG_FILE)["hf_config"]
+
+
+def task_inputs(data: Any) -> dict[str, Any]:
+    """How a run's data module feeds the model: ``task`` (its name), ``text_pair`` (True: pairs of texts,
+    False: single texts, None: not known without reading the data), ``max_length`` and ``truncation_side``."""
+    spec = getattr(data, "spec", None)  # a GLUE task knows its columns without its files
+    if spec is not None:
+        pairs = spec.text_pair is not None
+    else:
+        # a folder task knows once it has read its files (it does to infer labels); reading them only for this
+        # would make the export depend on the data being at hand
+        loaded = getattr(data, "_encoded", None)
+        pairs = None if loaded is None else "text_pair" in loaded[0]["train"].column_names
+    return {
+        "task": data.task.name,
+        "text_pair": pairs,
+        "max_length": int(data.hparams.max_length),
+        "truncation_side": str(data.hparams.truncation_side),
+    }
+
+
+def write_config(model_config: Any, out: Path, inputs: dict[str, Any] | None) -> None:
+    """``out/config.json``: the model's Hugging Face config (its ``id2label`` the task's label names) with
+    :data:`INPUTS_KEY`; formats whose weights are not a ``save_pretrained`` folder write it beside their files."""
+    if inputs is not None:
+        setattr(model_config, INPUTS_KEY, dict(inputs))
+    model_config.save_pretrained(out)
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ConfigError(f"{path}: not a JSON file ({str(error).splitlines()[0][:200]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a JSON {type(data).__name__}, expected an object (a damaged export)")
+    return data
+
+
+def check_safetensors(path: Path) -> None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as handle:
+            handle.keys()
+    except Exception as error:  # noqa: BLE001 - safetensors' own error type: a damaged or cut file, named
+        raise ConfigError(
+            f"{path}: not a readable safetensors file ({str(error).splitlines()[0][:200]}); export the "
+            "checkpoint again"
+        ) from None
+
+
+def _onnx_export(path: Path, usage: str) -> ExportFolder | None:
+    """The ONNX export ``path`` names (its folder, or one of its ``.onnx`` files), or None when it is none."""
+    if path.is_file():
+        if path.suffix != ".onnx":
+            raise ConfigError(f"{path}: a file, expected an exported folder or its .onnx file ({usage})")
+        folder, graph = path.parent, path
+    else:
+        graphs = sorted(path.glob("*.onnx"))
+        if not graphs:
+            return None
+        folder = path
+        default = [g for g in graphs if g.name == ONNX_DEFAULT]
+        graph = (default or graphs)[0] if len(graphs) == 1 or default else None
+        if graph is None:
+            names = ", ".join(g.name for g in graphs)
+            raise ConfigError(f"{path}: several ONNX graphs ({names}); valid: the path of the one to run")
+    if not (folder / HF_CONFIG_FILE).is_file():
+        raise ConfigError(
+            f"{folder}: an ONNX export ({graph.name}) without {HF_CONFIG_FILE} (written before exports held "
+            "their labels); export the checkpoint again"
+        )
+    read_json(folder / HF_CONFIG_FILE)
+    if graph.stat().st_size == 0:
+        raise ConfigError(f"{graph}: an empty file; export the checkpoint again")
+    return ExportFolder(folder, "onnx", graph)
+
+
+def check_folder(path: Path, usage: str = "an exported folder") -> ExportFolder:
+    """What :func:`load_folder` reads, checked without building a model: ``format=mxint8`` (its config and
+    weights), ``format=hf`` (``config.json`` and ``model.safetensors``) or an ONNX export (``config.json`` and
+    the graph), nothing pickled, nothing damaged that can be seen without loading it.
+
+    Raises:
+        ConfigError: naming the folder or the file, and what would be valid.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such folder; expected an exported folder ({usage})")
+    onnx = _onnx_export(path, usage)
+    if onnx is not None:
+        return onnx
+    if (path / CONFIG_FILE).is_file():
+        config = read_json(path / CONFIG_FILE)
+        missing = [
+            k for k in ("hf_config", "group_size", "packed_linear", "packed_embeddings") if k not in config
+        ]
+        if missing:
+            raise ConfigError(f"{path / CONFIG_FILE}: no {missing[0]!r} (not written by format=mxint8)")
+        kind = "mxint8"
+        if (path / HF_CONFIG_FILE).is_file():
+            read_json(path / HF_CONFIG_FILE)
+    elif (path / HF_CONFIG_FILE).is_file():
+        read_json(path / HF_CONFIG_FILE)
+        kind = "hf"
+    else:
+        raise ConfigError(
+            f"{path}: no {CONFIG_FILE}, {HF_CONFIG_FILE} or *.onnx; valid: folders written by "
+            f"python -m adls_lightning.export (format={', '.join(EXPORT_KINDS)}) ({usage})"
+        )
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        pickled = sorted(p.name for pattern in PICKLED_WEIGHTS for p in path.glob(pattern))
+        found = f"its weights are a pickle ({pickled[0]}), which is not loaded" if pickled else "no weights"
+        raise ConfigError(f"{path}: {found}; valid: {WEIGHTS_FILE}, as the export writes it")
+    check_safetensors(weights)
+    if (path / ACTIVATION_STATE_FILE).is_file():
+        check_safetensors(path / ACTIVATION_STATE_FILE)
+    return ExportFolder(path, kind)
+
+
+class OnnxClassifier(nn.Module):
+    """An ONNX export's graph in ONNX Runtime (CPU), called as a Hugging Face classifier is:
+    ``model(input_ids=..., attention_mask=...).logits``; inputs the graph does not take (``token_type_ids``:
+    the export leaves them out, docs/inference.md) are not passed."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        from adls_lightning.export.onnx import onnx_session
+
+        self.path = path
+        self.session = onnx_session(path)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+
+    def forward(self, **inputs: torch.Tensor) -> Any:
+        from transformers.modeling_outputs import SequenceClassifierOutput
+
+        feed = {name: inputs[name].detach().cpu().numpy() for name in self.input_names if name in inputs}
+        missing = [name for name in self.input_names if name not in feed]
+        if missing:
+            raise ConfigError(f"{self.path}: the graph takes {missing[0]}, which the inputs lack")
+        logits = self.session.run(None, feed)[0]
+        return SequenceClassifierOutput(logits=torch.from_numpy(logits))
+
+
+def load_folder(path: Path, recipe: ExportRecipe | None = None, usage: str = "an exported folder"):
+    """The export's model (a PyTorch classifier, or :class:`OnnxClassifier` for an ONNX export), with its
+    compression recipe applied (activation quantizers and pruning).
+
+    Raises:
+        ConfigError: the path is not an export or is damaged (:func:`check_folder`), or its files do not
+            build a model.
+    """
+    export = check_folder(Path(path), usage)
+    folder = export.folder
+    try:
+        if export.kind == "onnx":
+            model = OnnxClassifier(export.onnx_file)
+        elif export.kind == "mxint8":
+            model = load_packed(folder)
+        else:
+            from adls_lightning.prune.structured import load_pretrained_structured
+
+            # from_pretrained, or the sizes a structurally pruned export records in its config rebuilt first
+            model = load_pretrained_structured(folder).eval()
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - torch, transformers and ONNX Runtime each raise their own types
+        # a config, weights or graph that do not build the model they describe (edited, cut, mixed from two exports)
+        raise ConfigError(
+            f"{export.onnx_file or folder}: its files do not load as a model ({type(error).__name__}: "
+            f"{str(error).splitlines()[0][:200] if str(error) else ''}); export the checkpoint again"
+        ) from None
+    if export.kind == "onnx":
+        # the export refuses activation compression for ONNX: a recipe asking for it is not from the export
+        if recipe is not None and (recipe.activation_quant or recipe.activation_prune):
+            raise ConfigError(f"{folder}: its recipe acts on activations, which an ONNX graph does not carry")
+        return model
+    return apply_recipe(model, folder, recipe) if recipe is not None else model
+
+
+__all__ = [
+    "EXPORT_KINDS",
+    "HF_CONFIG_FILE",
+    "INPUTS_KEY",
+    "PICKLED_WEIGHTS",
+    "ExportFolder",
+    "OnnxClassifier",
+    "check_folder",
+    "check_safetensors",
+    "load_folder",
+    "read_json",
+    "task_inputs",
+    "write_config",
+]

@@ -1,0 +1,240 @@
+"""Labels of texts from an exported folder: ``adls-predict DIR [TEXT ...] [file=PATH] [batch_size=32]`` (also
+``python -m adls_lightning.export.predict``).
+
+``DIR`` is a folder written by ``python -m adls_lightning.export`` in any format (``hf``, ``mxint8``, ``onnx``;
+an ONNX folder runs ``model.onnx``, or give the path of its other graph, e.g. ``DIR/model_int8.onnx``). The
+folder alone is read: its ``config.json`` (label names, how the run truncated its texts), its tokenizer and its
+weights; no run, data or network. Texts come from the arguments, else from ``file=PATH``, else from stdin, one per
+line; for a task of pairs (MRPC, MNLI, ...) a TAB separates the two texts of a pair. Prints one JSON line per
+text, in order: ``{"label": NAME, "scores": {NAME: probability, ...}}`` (a regression:
+``{"label": value, "scores": value}``). ``batch_size``: texts per forward pass.
+
+Bad input (a path that is not an export, a damaged config or weights, no tokenizer in the folder, single texts for
+a task of pairs or pairs for one of single texts, an empty line): one ``error:`` line on stderr naming it, exit
+code 2, nothing printed on stdout. ``--help``: this text.
+
+The library verb is :func:`predict` (``predict(folder, texts, batch_size=32)``; a text of a pair task is a
+``(first, second)`` tuple); :class:`Predictor` keeps the model loaded between calls.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from adls_lightning.errors import ConfigError
+from adls_lightning.export.compressed import ExportRecipe
+from adls_lightning.export.folder import INPUTS_KEY, check_folder, load_folder
+from adls_lightning.logs import configure_tool
+from adls_lightning.tool_options import HELP_FLAGS, run_tool, split_options
+
+USAGE = "adls-predict DIR [TEXT ...] [file=PATH] [batch_size=32]"
+OPTIONS = {"file": None, "batch_size": "32"}
+#: what a folder holds when the export saved its tokenizer (one of them is enough for ``AutoTokenizer``)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
+#: the inputs a sequence classifier takes (token types only for pairs, as the run's data module gives them)
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+PAIR_SEPARATOR = "\t"
+
+Text = str | tuple[str, str]
+
+
+class Predictor:
+    """An exported folder loaded once, turning texts into labels and scores (:meth:`__call__`).
+
+    Raises:
+        ConfigError: ``path`` is not an export, is damaged, or holds no tokenizer.
+    """
+
+    def __init__(self, path: str | Path, usage: str = USAGE) -> None:
+        export = check_folder(Path(path), usage)
+        self.path = Path(path)
+        self.config = export.config
+        self.inputs: dict[str, Any] = self.config.get(INPUTS_KEY) or {}
+        labels = self.config.get("id2label") or {}
+        self.regression = (
+            self.config.get("problem_type") == "regression" or self.config.get("num_labels") == 1
+        )
+        self.labels = [labels.get(str(i), labels.get(i, str(i))) for i in range(len(labels))]
+        self.tokenizer = _tokenizer(export.folder)
+        self.tokenizer.truncation_side = self.inputs.get("truncation_side", self.tokenizer.truncation_side)
+        positions = self.config.get("max_position_embeddings") or self.tokenizer.model_max_length
+        self.max_length = int(
+            self.inputs.get("max_length") or min(positions, self.tokenizer.model_max_length)
+        )
+        self.model = load_folder(self.path, ExportRecipe.read(export.folder), usage)
+        if isinstance(self.model, torch.nn.Module):
+            self.model.eval()
+
+    @property
+    def takes_pairs(self) -> bool | None:
+        """True: the run's task gives pairs of texts; False: single texts; None: the export does not say."""
+        return self.inputs.get("text_pair")
+
+    def check_texts(self, texts: Sequence[Text]) -> bool:
+        """Whether ``texts`` are pairs; ConfigError naming the first text that does not fit the task."""
+        if not texts:
+            raise ConfigError(f"no texts to predict ({USAGE}; or one text per line on stdin)")
+        pairs = [isinstance(text, tuple | list) for text in texts]
+        for row, (text, is_pair) in enumerate(zip(texts, pairs, strict=True), start=1):
+            if is_pair and (len(text) != 2 or not all(isinstance(part, str) for part in text)):
+                raise ConfigError(f"text {row}: a pair is two strings, got {len(text)} items")
+            if not is_pair and not isinstance(text, str):
+                raise ConfigError(
+                    f"text {row}: a {type(text).__name__}, expected a string or a pair of strings"
+                )
+        task = self.inputs.get("task", "the run's task")
+        expected = self.takes_pairs if self.takes_pairs is not None else pairs[0]
+        for row, is_pair in enumerate(pairs, start=1):
+            if is_pair != expected:
+                what = (
+                    f"{task} takes pairs of texts, text {row} is a single text; give each pair as two texts "
+                    "separated by a TAB"
+                    if expected
+                    else f"{task} takes single texts, text {row} is a pair"
+                )
+                raise ConfigError(f"{self.path}: {what}")
+        return expected
+
+    def batches(self, texts: Sequence[Text], batch_size: int = 32) -> Iterator[list[dict[str, Any]]]:
+        """The rows of :meth:`__call__`, a batch at a time (every text checked before the first is run)."""
+        if batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size}: must be a positive integer, e.g. 32")
+        pairs = self.check_texts(texts)
+        for start in range(0, len(texts), batch_size):
+            chunk = texts[start : start + batch_size]
+            encoded = self.tokenizer(
+                [text[0] for text in chunk] if pairs else list(chunk),
+                [text[1] for text in chunk] if pairs else None,
+                truncation=True,
+                max_length=self.max_length,
+                padding=True,
+                return_tensors="pt",
+            )
+            # single texts take token type 0 everywhere, what the model substitutes (and the run's data omits)
+            names = MODEL_INPUTS if pairs else MODEL_INPUTS[:2]
+            with torch.inference_mode():
+                logits = self.model(**{k: encoded[k] for k in names if k in encoded}).logits.float()
+            yield [self.row(scores) for scores in logits]
+
+    def row(self, logits: torch.Tensor) -> dict[str, Any]:
+        if self.regression:
+            value = float(logits[0])
+            return {"label": value, "scores": value}
+        probabilities = torch.softmax(logits, -1).tolist()
+        names = (
+            self.labels
+            if len(self.labels) == len(probabilities)
+            else [str(i) for i in range(len(probabilities))]
+        )
+        return {
+            "label": names[int(logits.argmax())],
+            "scores": dict(zip(names, probabilities, strict=True)),
+        }
+
+    def __call__(self, texts: Sequence[Text], batch_size: int = 32) -> list[dict[str, Any]]:
+        return [row for batch in self.batches(texts, batch_size) for row in batch]
+
+
+def predict(folder: str | Path, texts: Sequence[Text], batch_size: int = 32) -> list[dict[str, Any]]:
+    """``{"label": name, "scores": {name: probability}}`` per text (a regression: the value for both), in order,
+    from the exported ``folder`` alone; a text of a pair task is a ``(first, second)`` tuple.
+
+    Raises:
+        ConfigError: the folder is not an export or is damaged, or the texts do not fit its task.
+    """
+    return Predictor(folder)(list(texts), batch_size)
+
+
+def _tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(
+            f"{folder}: no tokenizer ({', '.join(TOKENIZER_FILES)}); export the checkpoint again where its "
+            "tokenizer loads (the export saves it beside the model)"
+        )
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as error:  # noqa: BLE001 - transformers raises OSError, ValueError or its tokenizers' own
+        raise ConfigError(
+            f"{folder}: its tokenizer does not load ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+        ) from None
+
+
+def parse_text(line: str) -> Text:
+    """One text of the command line or of a line of input: a TAB makes it a pair."""
+    first, tab, second = line.partition(PAIR_SEPARATOR)
+    return (first, second) if tab else line
+
+
+def read_texts(lines: Sequence[str], source: str) -> list[Text]:
+    """Lines as texts (the line end dropped); ConfigError naming an empty line, which is no text."""
+    texts = []
+    for number, line in enumerate(lines, start=1):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            raise ConfigError(
+                f"{source} line {number}: empty; one text per line (a pair: two texts and a TAB)"
+            )
+        texts.append(parse_text(line))
+    return texts
+
+
+def split_command_line(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """This command's options (``file=``, ``batch_size=``, ``--help``) and its bare arguments, ``DIR`` then the
+    texts; a text may hold ``=`` (only this command's own keys are options)."""
+    option_tokens, bare = [], []
+    for token in argv:
+        key = token.partition("=")[0]
+        is_option = key in OPTIONS and "=" in token
+        (option_tokens if is_option or token in HELP_FLAGS or token.startswith("--") else bare).append(token)
+    options, _ = split_options(option_tokens, OPTIONS, USAGE, overrides=False)
+    return options, bare
+
+
+def predict_command(argv: Sequence[str]) -> None:
+    """The command (for :func:`main`): every text read and checked, then printed a batch at a time."""
+    options, bare = split_command_line(argv)
+    if not bare:
+        raise ConfigError(f"DIR: expected an exported folder ({USAGE})")
+    try:
+        batch_size = int(options["batch_size"])
+    except ValueError:
+        batch_size = 0
+    if batch_size < 1:
+        raise ConfigError(f"batch_size={options['batch_size']}: must be a positive integer, e.g. 32")
+    folder, arguments = bare[0], bare[1:]
+    if arguments and options["file"]:
+        raise ConfigError(f"file={options['file']}: texts come from the arguments or a file, not both")
+    predictor = Predictor(folder)  # the folder before any input is read: a wrong one is refused at once
+    if arguments:
+        texts = [parse_text(text) for text in arguments]
+    elif options["file"]:
+        path = Path(options["file"])
+        try:
+            lines = path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"file={path}: cannot be read ({str(error).splitlines()[0][:200]})") from None
+        texts = read_texts(lines, f"file={path}")
+    else:
+        texts = read_texts(sys.stdin.read().splitlines(), "stdin")
+    for batch in predictor.batches(texts, batch_size):
+        sys.stdout.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in batch))
+    sys.stdout.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``adls-predict`` and ``python -m adls_lightning.export.predict``."""
+    configure_tool()
+    argv = sys.argv[1:] if argv is None else argv
+    return run_tool(lambda: predict_command(argv), __doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
