@@ -239,11 +239,14 @@ def check_run_inputs(job: Mapping) -> None:
     problems.raise_all()
 
 
-def check_composed_config(cfg: Any, multirun: bool, sweep_overrides: bool = False) -> dict:
+def check_composed_config(
+    cfg: Any, multirun: bool, sweep_overrides: bool = False, *, callback_settings: bool = True
+) -> dict:
     """Every check that needs no object built: targets of the whole config (``hydra`` included), values, run dir.
 
     ``cfg`` is composed with ``return_hydra_config=True`` (as Hydra will run it); ``sweep_overrides``: the command
-    line holds sweep overrides (``key=interval(...)``), a search's parameters.
+    line holds sweep overrides (``key=interval(...)``), a search's parameters; ``callback_settings``: also check
+    the types of the project's callbacks' settings (:func:`check_callback_settings`, which imports Lightning).
 
     Returns:
         The job's config, resolved, without ``hydra`` (what :func:`check_run_inputs` reads).
@@ -300,8 +303,9 @@ def check_composed_config(cfg: Any, multirun: bool, sweep_overrides: bool = Fals
     job.pop("hydra", None)
     with problems.check():
         validate_run_config(job)
-    with problems.check():
-        check_callback_settings(job)
+    if callback_settings:
+        with problems.check():
+            check_callback_settings(job)
     with problems.check():
         check_output_dir(
             run_dir, job, "hydra.sweep.dir" if multirun else "hydra.run.dir", earlier_run=not multirun
@@ -340,9 +344,12 @@ def preflight(hydra_main: Callable[[], Any], config_dir: Path, config_name: str)
                     "MULTIRUN",
                     "RunMode.MULTIRUN",
                 )
-                job = check_composed_config(cfg, multirun, sweeps)
+                # the callbacks' settings last: their types come from the callbacks' modules, which import
+                # Lightning, and bad files are refused sooner without it
+                job = check_composed_config(cfg, multirun, sweeps, callback_settings=False)
                 if not multirun:
                     check_run_inputs(job)
+                check_callback_settings(job)
             except ConfigError as err:
                 exit_with(str(err))
             except (HydraException, OmegaConfBaseException) as err:

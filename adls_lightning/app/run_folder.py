@@ -43,7 +43,7 @@ def made_by_this_process(folder: Path) -> bool:
     """``folder`` was created after this process started (Hydra made it for this run), by its birth time: its
     change time moves whenever an entry is added or removed (the pre-flight's probe folder, for one), so it tells
     nothing. False where the file system keeps no birth time."""
-    import psutil  # installed with peft; read lazily, as only a refused run asks
+    import psutil  # read lazily: only a refused run asks
 
     born = birth_time(folder)
     try:
