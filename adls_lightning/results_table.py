@@ -336,7 +336,8 @@ def figure_png(table: Table) -> bytes:
         stds.append(cell.std or 0.0)
     fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(labels), 3.8))
     ax.bar(range(len(labels)), means, yerr=stds, capsize=4, color="tab:blue", alpha=0.8)
-    ax.set_xticks(range(len(labels)), labels, rotation=20 if len(labels) > 3 else 0, ha="right")
+    rotation = 20 if len(labels) > 3 else 0
+    ax.set_xticks(range(len(labels)), labels, rotation=rotation, ha="right" if rotation else "center")
     ax.set_ylabel(f"{table.main} (mean ± std over seeds)")
     ax.set_title(table.task)
     ax.grid(axis="y", alpha=0.3)
@@ -372,17 +373,28 @@ def results_table(sources: Sequence[str], out: Path | None = None, search_dir: P
     return text
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parse_command(argv: Sequence[str]) -> tuple[list[str], Path | None]:
+    """The runs (in the order given) and ``out`` (None: print only) of a command line.
+
+    Raises:
+        HelpRequested: ``--help`` / ``-h``.
+        ConfigError: an unknown ``key=value``, naming the valid keys.
+    """
     # a run folder's own name may hold "=" (a sweep's subdir=${hydra.job.override_dirname}): what exists is a run
     paths = [token for token in argv if "=" in token and Path(token).expanduser().exists()]
+    options, _ = split_options(
+        [t for t in argv if t not in paths], OPTIONS, USAGE, overrides=False, positional="runs"
+    )
+    out = Path(options["out"]).expanduser() if options["out"] else None
+    return [t for t in argv if t in paths or t in options["runs"]], out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
 
     def body() -> None:
-        options, _ = split_options(
-            [t for t in argv if t not in paths], OPTIONS, USAGE, overrides=False, positional="runs"
-        )
-        out = Path(options["out"]).expanduser() if options["out"] else None
-        print(results_table([t for t in argv if t in paths or t in options["runs"]], out))
+        sources, out = parse_command(argv)
+        print(results_table(sources, out))
         if out is not None:
             print(f"\nwrote {', '.join(str(out / name) for name in OUTPUTS)}")
 

@@ -30,7 +30,13 @@ from adls_lightning.errors import ConfigError
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCK = re.compile(r"^```(?:bash|sh|shell|console)[^\n]*\n(.*?)^```", re.S | re.M)
-ENTRIES = {"train.py": "train", "search.py": "search", "adls-train": "train", "adls-search": "search"}
+ENTRIES = {
+    "train.py": "train",
+    "search.py": "search",
+    "adls-train": "train",
+    "adls-search": "search",
+    "adls-table": "results_table",
+}
 MODULE = re.compile(r"^adls_lightning(\.[\w.]+)?$")
 # what a shell line may hold after the command's own arguments
 SHELL_END = {"&", "&&", ";", "|", "||", ">", ">>", "2>&1", "done", "wait"}
@@ -213,6 +219,17 @@ def _check_soup(command: DocCommand, values: dict, out: Path) -> str:
     return "arguments checked (needs the runs' checkpoints)"
 
 
+def _check_table(command: DocCommand, values: dict, out: Path) -> str:
+    from adls_lightning.results_table import parse_command
+    from adls_lightning.tool_options import check_writable
+
+    sources, table_out = parse_command([_fill(a, values, out) for a in command.args])
+    assert sources, command
+    if table_out is not None:
+        check_writable(table_out, "out")
+    return "arguments checked (needs finished runs)"
+
+
 def _check_evaluate(command: DocCommand, values: dict, out: Path) -> str:
     folders = [a for a in command.args if "=" not in a]
     assert folders and all(f.strip("[]") in ("DIR", "...") for f in folders), folders
@@ -239,6 +256,8 @@ def test_documented_command_composes_and_validates(command, placeholders, tmp_pa
         _check_sensitivity(command, placeholders, out)
     elif command.entry == "soup":
         _check_soup(command, placeholders, out)
+    elif command.entry == "results_table":
+        _check_table(command, placeholders, out)
     else:
         pytest.fail(f"{command}: python -m adls_lightning.{command.entry} is not known to this test")
     assert not out.exists() or not any(out.iterdir()), "validation writes nothing"
