@@ -297,3 +297,21 @@ def test_command_refuses_an_empty_line_before_printing(exports):
     assert (
         result.stderr.strip() == "error: stdin line 2: empty; one text per line (a pair: two texts and a TAB)"
     )
+
+
+@pytest.mark.parametrize(("task", "pairs"), [("mrpc", True), ("sst2", False)])
+def test_a_glue_task_is_recorded_as_pairs_or_single_texts(task, pairs):
+    from adls_lightning.export.folder import task_inputs
+
+    GlobalHydra.instance().clear()
+    try:
+        cfg = compose_config("train", [*TINY, "data=glue", f"data.task={task}"])
+    finally:
+        GlobalHydra.instance().clear()
+    # GLUE's columns are known without its files: the data module is built, nothing is read
+    assert task_inputs(build(cfg.data, "data")) == {
+        "task": f"glue/{task}",
+        "text_pair": pairs,
+        "max_length": cfg.data.max_length,
+        "truncation_side": "right",
+    }
