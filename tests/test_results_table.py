@@ -235,3 +235,15 @@ def test_a_real_multirun_makes_one_row_per_method(real_sweep, tmp_path):
         assert all(math.isfinite(a) for a in accs)
     assert "weight sparsity" in header[-1] and rows["l1_0.5"][-1] == "0.500" and rows["none"][-1] == ""
     assert (out / "table.png").stat().st_size > 0 and (out / "table.csv").is_file()
+
+
+def test_a_run_folder_named_with_equals_signs_is_a_run(tmp_path, capsys):
+    # a sweep with hydra.sweep.subdir=${hydra.job.override_dirname} names its job folders key=value,...
+    for seed in (1, 2):
+        write_run(
+            tmp_path / f"prune=none,seed={seed}",
+            ["prune=none", f"seed={seed}"],
+            {"test/acc": 0.5 + seed / 10},
+        )
+    assert main([str(tmp_path / "prune=none,seed=1"), str(tmp_path / "prune=none,seed=2")]) == 0
+    assert table_rows(capsys.readouterr().out) == {"all runs": ["2", "0.6500 ± 0.0707"]}
