@@ -36,6 +36,9 @@ ENTRIES = {
     "adls-train": "train",
     "adls-search": "search",
     "adls-table": "results_table",
+    "adls-export": "export",
+    "adls-evaluate": "export.evaluate",
+    "adls-predict": "export.predict",
 }
 MODULE = re.compile(r"^adls_lightning(\.[\w.]+)?$")
 # what a shell line may hold after the command's own arguments
@@ -232,12 +235,25 @@ def _check_table(command: DocCommand, values: dict, out: Path) -> str:
 
 def _check_evaluate(command: DocCommand, values: dict, out: Path) -> str:
     folders = [a for a in command.args if "=" not in a]
-    assert folders and all(f.strip("[]") in ("DIR", "...") for f in folders), folders
+    # an export folder, or one of an ONNX export's graphs (DIR/model_int8.onnx)
+    exported = ("DIR", "...")
+    assert folders and all(f.strip("[]") in exported or re.fullmatch(r"DIR/\w+\.onnx", f) for f in folders), (
+        folders
+    )
     overrides = [a for a in command.args if "=" in a]
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR)):
         check_config_targets(compose("train", overrides, return_hydra_config=True))
     return "composed (needs an export folder)"
+
+
+def _check_predict(command: DocCommand) -> str:
+    from adls_lightning.export.predict import split_command_line
+
+    options, bare = split_command_line(list(command.args))
+    assert bare and (bare[0] == "DIR" or bare[0].startswith("DIR/")), bare
+    assert int(options["batch_size"]) > 0, command
+    return "arguments checked (needs an export folder)"
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[f"{c.file}:{i}" for i, c in enumerate(COMMANDS)])
@@ -258,6 +274,8 @@ def test_documented_command_composes_and_validates(command, placeholders, tmp_pa
         _check_soup(command, placeholders, out)
     elif command.entry == "results_table":
         _check_table(command, placeholders, out)
+    elif command.entry == "export.predict":
+        _check_predict(command)
     else:
         pytest.fail(f"{command}: python -m adls_lightning.{command.entry} is not known to this test")
     assert not out.exists() or not any(out.iterdir()), "validation writes nothing"
@@ -271,6 +289,7 @@ def test_the_docs_hold_the_commands_this_test_covers():
         "graph",
         "export",
         "export.evaluate",
+        "export.predict",
         "report",
         "search.report",
         "soup",
