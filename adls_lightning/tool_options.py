@@ -9,6 +9,7 @@ Imports only the ground floor (no torch), so ``--help`` and a refusal answer at 
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -107,4 +108,9 @@ def run_tool(body: Callable[[], Any], usage: str | None) -> int:
     except ConfigError as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader stopped early (`adls-table ... | head`): what it read is all it wanted. Python's own advice:
+        # point stdout at devnull so the interpreter's final flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return 0 if code is None else int(code)
