@@ -38,6 +38,7 @@ TOOLS = (
     "graph",
     "export",
     "export.evaluate",
+    "export.predict",
     "soup",
     "quant.sensitivity",
     "search.report",
@@ -95,7 +96,7 @@ def _inputs(base: Path) -> None:
     weights = base / "packed_cut" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     (base / "packed_config" / "mxint8_config.json").write_text("not json at all\n")
-    # what format=onnx writes: the graph, no Hugging Face config
+    # what format=onnx wrote before exports held config.json: the graph alone (here not even a graph)
     (base / "onnx").mkdir()
     (base / "onnx" / "model.onnx").write_bytes(b"\x08\x07" + os.urandom(64))
     (base / "random.journal").write_bytes(os.urandom(4096))
@@ -161,10 +162,39 @@ def _cases(base: Path) -> list[Case]:
             f"{base / 'hf_config' / 'config.json'}: not a JSON file",
         ),
         Case(
-            "evaluate onnx folder",
+            "evaluate onnx folder without config",
             "export.evaluate",
             (str(base / "onnx"),),
-            f"{base / 'onnx'}: an ONNX export (model.onnx)",
+            f"{base / 'onnx'}: an ONNX export (model.onnx) without config.json",
+        ),
+        # predict: the folder checks of export.evaluate, before any text is read
+        Case(
+            "predict onnx folder without config",
+            "export.predict",
+            (str(base / "onnx"), "a great film"),
+            f"{base / 'onnx'}: an ONNX export (model.onnx) without config.json",
+        ),
+        Case(
+            "predict cut safetensors",
+            "export.predict",
+            (str(base / "packed_cut"), "a great film"),
+            f"{base / 'packed_cut' / 'model.safetensors'}: not a readable safetensors file",
+        ),
+        Case(
+            "predict pickled weights",
+            "export.predict",
+            (str(base / "hf_pickle"), "a great film"),
+            f"{base / 'hf_pickle'}: its weights are a pickle (pytorch_model.bin)",
+            ("PWNED_BY_PICKLE",),
+        ),
+        Case(
+            "predict not an export",
+            "export.predict",
+            (str(base / "earlier"), "a great film"),
+            f"{base / 'earlier'}: no mxint8_config.json, config.json or *.onnx",
+        ),
+        Case(
+            "predict unknown option", "export.predict", (str(base / "hf"), "--batch"), "'--batch': expected"
         ),
         Case(
             "evaluate pickled weights",
