@@ -11,7 +11,9 @@ Three formats (``python -m adls_lightning.export ckpt=PATH out=DIR [format=mxint
 * ``hf``: the merged model's ``save_pretrained`` (safetensors), loadable by ``transformers`` anywhere.
 * ``onnx``: the merged model as ``model.onnx``, checked in ONNX Runtime (:mod:`adls_lightning.export.onnx`).
 
-All also write the tokenizer when it can be loaded offline.
+All also write ``config.json`` with the task's label names and how the run fed it texts, and the tokenizer when it
+can be loaded offline: the folder predicts alone (:mod:`adls_lightning.export.folder`,
+:mod:`adls_lightning.export.predict`).
 """
 
 from __future__ import annotations

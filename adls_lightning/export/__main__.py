@@ -1,4 +1,5 @@
-"""``python -m adls_lightning.export ckpt=PATH out=DIR [format=mxint8|hf|onnx] [options] [model overrides]``.
+"""``python -m adls_lightning.export ckpt=PATH out=DIR [format=mxint8|hf|onnx] [options] [model overrides]``
+(installed as ``adls-export``).
 
 Options: ``group_size=32``, ``exclude=classifier`` (comma-separated module names left float),
 ``pack_embeddings=false`` (also pack the word embeddings), ``int8=false`` (``format=onnx`` only: ``true`` also
