@@ -89,8 +89,11 @@ def evaluate_folders(argv: Sequence[str]) -> None:
     folders = [Path(a) for a in options["folders"]]
     if not folders:
         raise ConfigError(f"DIR: expected an exported folder ({USAGE})")
-    exports = [check_folder(folder) for folder in folders]
-    recipes = [ExportRecipe.read(export.folder) for export in exports]
+    # each recipe first (a damaged one is named before the files it describes); an ONNX graph's is its folder's
+    recipes = [
+        ExportRecipe.read(folder if folder.is_dir() else folder.parent) if folder.exists() else None
+        for folder in folders
+    ]
     # every folder before the data: a damaged one is refused before the test split is tokenized
     models = [load_folder(folder, recipe, USAGE) for folder, recipe in zip(folders, recipes, strict=True)]
     # the first folder's run gives the test split (its data, batch size and length), the command line on top
