@@ -167,3 +167,23 @@ def test_a_search_space_is_checked_without_the_model_libraries():
         "hydra.sweeper.search_space.hidden_size: must be a non-empty list of choices",
         "[]",
     ], proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["model=tiny_random", "-m", "seed=1,2", "x=1"], ["-m", "model=tiny_random", "seed=1,2", "x=1"]),
+        (["a=1", "--cfg", "job", "b=2"], ["--cfg", "job", "a=1", "b=2"]),
+        (["-m", "seed=1,2", "x=1"], ["-m", "seed=1,2", "x=1"]),  # one run of overrides: as it was
+        (["a=1", "--info"], ["a=1", "--info"]),
+    ],
+)
+def test_overrides_on_both_sides_of_a_flag_all_reach_hydra(argv, expected):
+    from hydra._internal.utils import get_args_parser
+
+    from adls_lightning.app.cli import overrides_last
+
+    reordered = overrides_last(argv)
+    assert reordered == expected
+    # Hydra's own parser (parse_args, as @hydra.main calls it) now takes every override
+    assert sorted(get_args_parser().parse_args(reordered).overrides) == sorted(a for a in argv if "=" in a)

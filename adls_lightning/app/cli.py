@@ -87,6 +87,8 @@ def entry_point(task: Callable[[DictConfig], Any], config_dir: Path, config_name
     def main() -> Any:
         from adls_lightning.search.storage import mask_command_line
 
+        sys.argv[1:] = overrides_last(sys.argv[1:])
+
         # a URL's password never enters the config Hydra saves and logs: masked here, the job reads the environment
         try:
             sys.argv[1:] = mask_command_line(sys.argv[1:])
@@ -103,6 +105,26 @@ def entry_point(task: Callable[[DictConfig], Any], config_dir: Path, config_name
         return checked_main()
 
     return main
+
+
+def overrides_last(argv: list[str]) -> list[str]:
+    """``argv`` with every override after the flags: ``train.py a=1 -m b=1,2`` as ``train.py -m a=1 b=1,2``.
+
+    Hydra's parser reads the overrides as one run of positional arguments, so overrides on both sides of a flag
+    leave the second run unrecognised (and the pre-flight would check the config without them); a user means them
+    all. A command line whose overrides already form one run is returned as it is.
+    """
+    from hydra._internal.utils import get_args_parser  # the parser @hydra.main itself uses
+
+    parser = get_args_parser()
+    _, unknown = parser.parse_known_args(argv)
+    if not unknown:
+        return list(argv)
+    overrides = parser.parse_known_intermixed_args(argv)[0].overrides
+    flags = list(argv)
+    for override in overrides:
+        flags.remove(override)
+    return flags + list(overrides)
 
 
 def train(config_dir: Path = CONFIG_DIR) -> Any:
