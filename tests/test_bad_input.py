@@ -479,7 +479,8 @@ def test_figure_scripts_refuse_bad_settings_before_running_anything(tmp_path, sc
     """The figure scripts' environment settings are checked before the first run: nothing is run or written."""
     ran = tmp_path / "ran"
     fake_python = tmp_path / "python"
-    fake_python.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    # answers the scripts' interpreter probe (`$PY -c ""`, scripts/checks.sh); anything else is a run
+    fake_python.write_text(f'#!/bin/sh\n[ "$1" = "-c" ] && exit 0\ntouch {ran}\n')
     fake_python.chmod(0o755)
     out = tmp_path / "out"
     proc = subprocess.run(
