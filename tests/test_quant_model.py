@@ -268,7 +268,8 @@ def test_mxint8_block_error_names_the_key_and_the_layer(tiny_bert):
     )
     # the default block size (no key in the config) is named where the key would go
     with pytest.raises(
-        ConfigError, match=r"^quant.config.linear.config.bias_block_size=32 .* in layer classifier \(out_features=2; valid: 1, 2\)$"
+        ConfigError,
+        match=r"^quant.config.linear.config.bias_block_size=32 .* in layer classifier \(out_features=2; valid: 1, 2\)$",
     ):
         quantize_model(
             tiny_bert(), {"linear": {"config": {"name": "mxint8", "bias_name": "mxint8"}}}, key="quant.config"
