@@ -5,6 +5,7 @@ Imports nothing of the project, so any module may use it (library, callbacks, ap
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import typing
@@ -54,3 +55,24 @@ def exit_with(message: str) -> typing.NoReturn:
     """The one-line refusal: ``error: <message>`` on stderr, exit code 2."""
     print(f"error: {' '.join(message.split())}", file=sys.stderr)
     sys.exit(2)
+
+
+@contextlib.contextmanager
+def refusing_in_one_line() -> typing.Iterator[None]:
+    """A command line's checks before Hydra runs: a ConfigError, or Hydra's or OmegaConf's own error while
+    composing, becomes :func:`exit_with`'s one line (its newlines joined), exit code 2."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        yield
+    except ConfigError as err:
+        exit_with(str(err))
+    except (HydraException, OmegaConfBaseException) as err:
+        exit_with(str(err).replace("\n", "; "))
+
+
+def informational_flags(args: Any) -> bool:
+    """Whether Hydra's parsed command line asks only for information (``--help``, ``--cfg``, ``--info``...):
+    those go straight to Hydra, unchecked."""
+    return any((args.help, args.hydra_help, args.cfg, args.info, args.shell_completion))

@@ -28,7 +28,6 @@ from adls_lightning.export.folder import INPUTS_KEY, load_folder
 from adls_lightning.export.predict import main as predict_main
 from adls_lightning.export.predict import predict
 from adls_lightning.models import load_tokenizer
-from tests.conftest import make_reviews
 from tests.helpers import compose_config
 from tests.test_export import ENV, TINY, merged_model
 
@@ -36,12 +35,9 @@ MAX_LENGTH = 64
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    """train (400 rows) and the 200 test rows the comparisons run on."""
-    folder = tmp_path_factory.mktemp("predict_data")
-    make_reviews(400, seed=0).to_parquet(folder / "train.parquet")
-    make_reviews(200, seed=1).to_parquet(folder / "test.parquet")
-    return folder
+def data_dir(tiny_imdb_dir) -> Path:
+    """conftest's tiny IMDb: 400 training rows and the 200 test rows the comparisons run on."""
+    return tiny_imdb_dir
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,8 @@ from adls_lightning.data.settings import check_loader_settings
 from adls_lightning.data.tasks import check_swappable
 from adls_lightning.errors import (
     ConfigError,
+    informational_flags,
+    refusing_in_one_line,
     require_choice,
     require_fraction,
     require_positive_int,
@@ -327,13 +329,10 @@ def preflight(hydra_main: Callable[[], Any], config_dir: Path, config_name: str)
         from hydra import compose, initialize_config_dir
         from hydra._internal.utils import get_args_parser  # the parser @hydra.main itself uses
         from hydra.core.override_parser.overrides_parser import OverridesParser
-        from hydra.errors import HydraException
-        from omegaconf.errors import OmegaConfBaseException
 
         args, _ = get_args_parser().parse_known_args()
-        informational = (args.help, args.hydra_help, args.cfg, args.info, args.shell_completion)
-        if not any(informational) and args.config_dir is None and args.experimental_rerun is None:
-            try:
+        if not informational_flags(args) and args.config_dir is None and args.experimental_rerun is None:
+            with refusing_in_one_line():
                 parsed = OverridesParser.create().parse_overrides(args.overrides)
                 # A multirun's sweep overrides (a=1,2) are expanded by the sweeper; its base config is checked.
                 overrides = [o.input_line for o in parsed if not o.is_sweep_override()]
@@ -350,10 +349,6 @@ def preflight(hydra_main: Callable[[], Any], config_dir: Path, config_name: str)
                 if not multirun:
                     check_run_inputs(job)
                 check_callback_settings(job)
-            except ConfigError as err:
-                exit_with(str(err))
-            except (HydraException, OmegaConfBaseException) as err:
-                exit_with(str(err).replace("\n", "; "))
         return hydra_main()
 
     return checked_main

@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from adls_lightning.build import hydra_execution_whitelist
-from adls_lightning.errors import ConfigError, exit_with
+from adls_lightning.errors import ConfigError, exit_with, informational_flags, refusing_in_one_line
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 os.environ.setdefault("PROJECT_ROOT", str(Path(CONF_DIR).parent))
@@ -211,14 +211,12 @@ def guarded_main(
         from hydra import compose, initialize_config_dir
         from hydra._internal.utils import get_args_parser  # the parser @hydra.main itself uses
         from hydra.errors import HydraException
-        from omegaconf.errors import OmegaConfBaseException
 
         from adls_lightning.build import check_config_targets
 
         args, _ = get_args_parser().parse_known_args()
-        informational = (args.help, args.hydra_help, args.cfg, args.info, args.shell_completion)
-        if not any(informational):
-            try:
+        if not informational_flags(args):
+            with refusing_in_one_line():
                 if args.multirun:
                     raise ConfigError("--multirun: this command runs once; give one value per key")
                 if args.config_dir is not None or args.config_path is not None:
@@ -243,10 +241,6 @@ def guarded_main(
                     check(cfg)
                 finally:
                     HydraConfig.instance().cfg = None
-            except ConfigError as err:
-                exit_with(str(err))
-            except (HydraException, OmegaConfBaseException) as err:
-                exit_with(str(err).replace("\n", "; "))
         return hydra_main()
 
     return checked_main
