@@ -10,15 +10,20 @@ are evaluated on the same test subset. Prints samples/s of each, their ratio, an
     python benchmarks/bench_train.py --dropout torch fast             # ours with torch's dropout, then Philox's
     python benchmarks/bench_train.py --gemm aten auto                 # ours on aten's GEMMs, then runtime.gemm=auto
     python benchmarks/bench_train.py --precision 32-true bf16-mixed   # ours in fp32, then under bf16 autocast
+    python benchmarks/bench_train.py --precision 32-true auto --seeds 1 2 3 --baseline none   # issue 59's A/B
 
 ``--dropout`` picks ``model.fast_dropout`` for our runs (default ``fast``: the C++ Philox dropout, as ``train.py``
 runs on CPU); with both, each seed runs the baseline once and ours once per choice, so the table shows the A/B
 against the same baseline. The plain script always uses torch's dropout. ``--gemm`` likewise picks
 ``runtime.gemm`` for our runs (default ``auto``, as ``train.py``); several dropout and GEMM choices give one run of
 ours per combination, each against the same baseline (issue 36's A/B: ``--gemm aten auto``). ``--precision``
-picks ``trainer.precision`` for our runs (default ``32-true``, as ``train.py``); ``bf16-mixed`` runs the linear
-layers' GEMMs in bfloat16 under autocast, which CPUs with AMX or AVX-512 BF16 execute at a multiple of their fp32
-rate (the plain script stays in fp32; compare the two rows of ours for the A/B).
+picks ``trainer.precision`` for our runs (default ``auto``, as ``train.py``: bf16 autocast where the CPU measures it
+faster, docs/precision.md); ``bf16-mixed`` runs the linear layers' GEMMs in bfloat16 under autocast, which CPUs with
+AMX or AVX-512 BF16 execute at a multiple of their fp32 rate (the plain script stays in fp32). With several
+precisions each seed runs them one after the other (interleaved: load falls on all alike), and a last table
+compares each with the first: samples/s, test/acc, their ratio and difference per seed, and the mean over seeds.
+``--baseline none`` skips the plain script (only our runs: the precision A/B without the HF run's time).
+The CPU's model name and flags are printed first.
 
 With ``--compile PRESET`` the baseline is this project's own eager run instead of the plain script, and the
 measured run adds ``compile=PRESET``: the ratio of compiled to eager training throughput (``train/samples_per_sec``
@@ -34,6 +39,7 @@ does (``--no-keep-freed-memory`` turns that off to show its share).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -182,9 +188,16 @@ def main() -> None:
     parser.add_argument(
         "--precision",
         nargs="+",
-        choices=("32-true", "bf16-mixed"),
-        default=["32-true"],
-        help="trainer.precision of our runs; several: one run of ours per choice against the same baseline",
+        choices=("32-true", "bf16-mixed", "auto"),
+        default=["auto"],
+        help="trainer.precision of our runs (auto: as train.py); several: one run of ours per choice, each seed "
+        "running them in turn, and a table comparing each with the first",
+    )
+    parser.add_argument(
+        "--baseline",
+        choices=("hf", "none"),
+        default="hf",
+        help="hf: the plain HF Trainer + PEFT script first on each seed (the default); none: our runs only",
     )
     args = parser.parse_args()
     presets = sorted(f.stem for f in (ROOT / "conf" / "compile").glob("*.yaml") if f.stem != "none")
@@ -203,10 +216,12 @@ def main() -> None:
         )
     base_name = "eager" if args.compile else "HF"
     our_name = f"compile={args.compile}" if args.compile else "ours"
+    print_cpu()
 
     rows: dict[Variant, list[SeedResult]] = {variant: [] for variant in variants(args)}
     for seed in args.seeds:
         plain, ours_by_variant, lr = bench_one(args, seed)
+        plain = plain or {"samples_per_sec": float("nan"), "test_acc": float("nan")}
         for variant, ours in ours_by_variant.items():
             rows[variant].append(
                 SeedResult(
@@ -218,9 +233,66 @@ def main() -> None:
                     float(ours.get("compile/seconds", 0.0)),
                 )
             )
+    if args.baseline != "none" or args.compile:
+        for variant, variant_rows in rows.items():
+            name = our_name if len(rows) == 1 else f"{our_name} ({variant.label(args)})"
+            print_table(args, variant_rows, base_name, name, lr, variant)
+    if len(args.precision) > 1:
+        print_precision_tables(args, rows)
+
+
+def print_cpu() -> None:
+    """The CPU this bench runs on: model name, threads, and the flags that decide its matrix units' rates."""
+    import torch
+
+    from adls_lightning.gemm import cpu_name
+    from adls_lightning.precision import cpu_flags
+
+    flags = cpu_flags().split()
+    shown = [f for f in flags if f.startswith(("avx", "amx", "fma")) or f in ("bf16", "i8mm")]
+    print(
+        f"CPU: {cpu_name()}; {torch.get_num_threads()} thread(s), {os.cpu_count()} logical CPU(s); "
+        f"torch {torch.__version__}; flags: {' '.join(shown) or '(none of avx*/amx*/fma)'}",
+        flush=True,
+    )
+
+
+def print_precision_tables(args: argparse.Namespace, rows: dict[Variant, list[SeedResult]]) -> None:
+    """Each precision after the first against the first (same dropout and GEMM choice), seed by seed: samples/s,
+    test/acc, the speed ratio and the accuracy difference, then the ratio of mean speeds and the mean difference
+    with its standard error."""
+    first = args.precision[0]
     for variant, variant_rows in rows.items():
-        name = our_name if len(rows) == 1 else f"{our_name} ({variant.label(args)})"
-        print_table(args, variant_rows, base_name, name, lr, variant)
+        if variant.precision == first:
+            continue
+        base_rows = rows[variant._replace(precision=first)]
+        a, b = first, variant.precision
+        print()
+        print(
+            f"{'seed':>6}{a + ' samples/s':>20}{a + ' acc':>14}{b + ' samples/s':>20}{b + ' acc':>14}"
+            f"{'speed':>8}{'acc diff':>10}"
+        )
+        for base, ours in zip(base_rows, variant_rows):
+            print(
+                f"{ours.seed:>6}{base.our_speed:>20.2f}{base.our_acc:>14.4f}{ours.our_speed:>20.2f}"
+                f"{ours.our_acc:>14.4f}{ours.our_speed / base.our_speed:>7.2f}x"
+                f"{100 * (ours.our_acc - base.our_acc):>+9.2f}pt"
+            )
+        speed = statistics.mean(r.our_speed for r in variant_rows) / statistics.mean(
+            r.our_speed for r in base_rows
+        )
+        diffs = [100 * (o.our_acc - f.our_acc) for f, o in zip(base_rows, variant_rows)]
+        spread = (
+            f" +- {statistics.stdev(diffs) / len(diffs) ** 0.5:.2f} (standard error)"
+            if len(diffs) > 1
+            else ""
+        )
+        print(
+            f"precision {b} / {a}: speed ratio {speed:.2f}x; test/acc difference {statistics.mean(diffs):+.2f} pt"
+            f"{spread} over {len(diffs)} seed(s) (model={args.model}, max_length={args.max_length}, "
+            f"batch={args.batch_size}, train={args.train_size}, test={args.test_size}, dropout={variant.dropout}, "
+            f"gemm={variant.gemm})"
+        )
 
 
 class Variant(NamedTuple):
@@ -296,10 +368,36 @@ def print_table(
     )
 
 
+@contextlib.contextmanager
+def precision_lines():
+    """The ``trainer.precision=auto:`` lines a run logs, collected into the yielded list."""
+    import logging
+
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if message.startswith("trainer.precision=auto:"):
+                lines.append(message)
+
+    logger = logging.getLogger("adls_lightning.precision")
+    handler = Collect(logging.INFO)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def bench_one(
     args: argparse.Namespace, seed: int
-) -> tuple[dict[str, float], dict[Variant, dict[str, float]], float]:
-    """Both paths with one seed: (baseline metrics, our metrics per variant, learning rate used)."""
+) -> tuple[dict[str, float] | None, dict[Variant, dict[str, float]], float]:
+    """Both paths with one seed: (baseline metrics, or None with ``--baseline none``; our metrics per variant,
+    learning rate used)."""
     from adls_lightning.app.training import run
     from adls_lightning.build import build
 
@@ -336,6 +434,9 @@ def bench_one(
             baseline = {"samples_per_sec": eager["train/samples_per_sec"], "test_acc": eager["test/acc"]}
             cfg_overrides = [*overrides, f"compile={args.compile}"]
             cfg = compose([*cfg_overrides, f"hydra.run.dir={out}/compiled"])
+        elif args.baseline == "none":
+            cfg_overrides = overrides
+            baseline = None
         else:
             cfg_overrides = overrides
             datamodule = build(cfg.data, "data")
@@ -345,11 +446,12 @@ def bench_one(
                 flush=True,
             )
             baseline = run_plain_hf(cfg, datamodule)
-        print(
-            f"[bench] seed {seed}, {'eager' if args.compile else 'plain HF'}: "
-            f"{baseline['samples_per_sec']:.2f} samples/s, test acc {baseline['test_acc']:.4f}",
-            flush=True,
-        )
+        if baseline is not None:
+            print(
+                f"[bench] seed {seed}, {'eager' if args.compile else 'plain HF'}: "
+                f"{baseline['samples_per_sec']:.2f} samples/s, test acc {baseline['test_acc']:.4f}",
+                flush=True,
+            )
         ours_by_variant = {}
         for variant in variants(args):
             what = f"{variant.dropout} dropout, gemm={variant.gemm}, {variant.precision}"
@@ -359,8 +461,11 @@ def bench_one(
                 flush=True,
             )
             run_dir = f"{cfg.hydra.run.dir}/{variant.dropout}-{variant.gemm}-{variant.precision}"
-            ours = run(compose([*cfg_overrides, *variant.overrides(), f"hydra.run.dir={run_dir}"]))
+            with precision_lines() as resolved:
+                ours = run(compose([*cfg_overrides, *variant.overrides(), f"hydra.run.dir={run_dir}"]))
             ours_by_variant[variant] = ours
+            for line in resolved:  # what `auto` took, with its measured rates
+                print(f"[bench] seed {seed}, {line}", flush=True)
             print(
                 f"[bench] seed {seed}, {what}: {ours['train/samples_per_sec']:.2f} samples/s"
                 f", test acc {ours['test/acc']:.4f}",

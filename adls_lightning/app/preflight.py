@@ -46,7 +46,8 @@ def _get(cfg: Mapping, dotted: str, default: Any = None) -> Any:
 
 # Precisions every Lightning 2.x accepts: checked without importing Lightning, which takes seconds and the
 # pre-flight check otherwise does without; any other value is looked up in Lightning's own type.
-COMMON_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
+# `auto` is this project's own (adls_lightning.precision): resolved per run before the trainer is built.
+COMMON_PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
 
 
 def _precision_values() -> tuple:
@@ -61,7 +62,7 @@ def validate_trainer(trainer: Mapping) -> None:
     precision = trainer.get("precision")
     if precision is not None and precision not in COMMON_PRECISIONS and precision not in _precision_values():
         raise ConfigError(
-            f"trainer.precision={precision!r}: must be one of "
+            f"trainer.precision={precision!r}: must be one of auto, "
             + ", ".join(dict.fromkeys(str(v) for v in _precision_values()))
         )
     accelerator = trainer.get("accelerator")

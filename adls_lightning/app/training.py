@@ -35,6 +35,7 @@ from adls_lightning.gemm import choose as choose_gemm
 from adls_lightning.io_utils import AtomicCheckpointIO, atomic_write_json
 from adls_lightning.logs import drop_unset_wandb_settings, wandb_location
 from adls_lightning.module import parameter_metrics
+from adls_lightning.precision import choose as choose_precision
 from adls_lightning.runtime import keep_freed_memory
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,12 @@ def _checked_objects(cfg: DictConfig) -> tuple:
     loggers = instantiate_loggers(cfg)
     # Checkpoints are written beside their target and renamed (never moved in from $TMPDIR).
     trainer: L.Trainer = build(
-        cfg.trainer, "trainer", callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
+        cfg.trainer,
+        "trainer",
+        callbacks=callbacks,
+        logger=loggers or False,
+        plugins=[AtomicCheckpointIO()],
+        precision=_precision_choice(cfg, model),
     )
     if (
         str(trainer.precision).startswith("bf16")
@@ -372,6 +378,29 @@ def _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_pa
     if trainer.is_global_zero:
         print_summary(metrics, output_dir, datamodule.task, places)
     return metrics
+
+
+def _precision_choice(cfg: DictConfig, model: torch.nn.Module) -> str | int:
+    """``trainer.precision`` resolved for this run, once, before the trainer is built: ``auto`` measures on a CPU
+    run only (docs/precision.md) and means ``32-true`` on a GPU or other accelerator; any other value unchanged."""
+    precision = cfg.trainer.get("precision", "32-true")
+    if precision != "auto":
+        return precision
+    if not _runs_on_cpu(cfg.trainer.get("accelerator", "auto")):
+        log.info(
+            "trainer.precision=auto: 32-true (not a CPU run: give a GPU preset, e.g. trainer=gpu, for bf16)"
+        )
+        return "32-true"
+    return choose_precision(precision, model, batch_rows(cfg.data), cfg.paths.get("cache_dir"))
+
+
+def _runs_on_cpu(accelerator: object) -> bool:
+    """Whether Lightning's ``accelerator`` setting puts the run on the CPU (``auto``: when no GPU is present)."""
+    if accelerator == "cpu" or isinstance(accelerator, CPUAccelerator):
+        return True
+    if accelerator != "auto":
+        return False
+    return not torch.cuda.is_available() and not torch.backends.mps.is_available()
 
 
 def _gemm_choice(cfg: DictConfig, model: torch.nn.Module, trainer: L.Trainer) -> str:

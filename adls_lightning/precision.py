@@ -1,0 +1,250 @@
+"""``trainer.precision=auto``, the CPU default: bfloat16 autocast (``bf16-mixed``) where the CPU executes bfloat16
+natively and measurably faster than fp32 on the model's own linear shapes, fp32 (``32-true``) elsewhere.
+
+CPUs with Intel AMX-BF16 or AVX-512 BF16 (``amx_bf16`` / ``avx512_bf16`` in ``/proc/cpuinfo``; Arm's ``bf16``)
+compute bfloat16 matrix products at a multiple of their fp32 rate (issue 59: 2x on an AVX-512 BF16 AMD EPYC, 4-8x
+on an AMX Xeon); without such flags autocast emulates bfloat16 and is slower, so ``auto`` keeps fp32 there without
+measuring anything. Where the flags are present, :func:`choose` decides the way ``runtime.gemm=auto`` does
+(:mod:`adls_lightning.gemm`, whose shapes, reference GEMM and cache it shares): it times one training step's GEMMs of
+every linear layer of the model at the run's batch rows, in fp32 (the faster of aten and oneDNN, the backend
+``runtime.gemm=auto`` would take) and under bfloat16 autocast (weight and input casts included), takes bf16 only when
+it is faster by more than :data:`MARGIN`, caches the answer per CPU model, thread count, torch version and shapes
+in ``paths.cache_dir/precision_choice.json`` and logs one line starting ``trainer.precision=auto:`` with the choice,
+both rates and the CPU model. A measurement taken under load (repeats that disagree, a reference GEMM below any
+CPU's rate) is used for nothing: the run keeps fp32, says why, and caches nothing.
+
+Any other value (``32-true``, ``bf16-mixed``, ...) is Lightning's and is returned unchanged.
+
+Library code: no Lightning imports.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from adls_lightning.errors import ConfigError
+from adls_lightning.gemm import (
+    BFLOAT16_FLAGS,
+    MAX_SPREAD,
+    MEASUREMENTS,
+    REFERENCE_FLOOR_GFLOPS,
+    TIMING_ROWS,
+    LinearShape,
+    _cpuinfo_field,
+    _flops,
+    _gemm_calls,
+    _read_cache,
+    _write_cache,
+    cpu_name,
+    model_linear_shapes,
+    native_bfloat16,
+    onednn_available,
+    reference_gflops,
+)
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+FP32 = "32-true"
+BF16 = "bf16-mixed"
+# bf16's GEMMs must beat fp32's by more than this for `auto` to take it: the GEMMs are about two thirds of a
+# training step, the rest (softmax, layer norm, the optimizer, autocast's casts outside the GEMMs) gains nothing,
+# so a smaller GEMM gain would leave the step within its noise while paying bf16's rounding in the activations.
+MARGIN = 1.3
+CACHE_FILE = "precision_choice.json"
+
+
+def valid_precisions() -> tuple[str, ...]:
+    """``auto`` and Lightning's own precision values (all its ``_PRECISION_INPUT`` groups)."""
+    import typing
+
+    from lightning.fabric.connector import _PRECISION_INPUT
+
+    values = (str(v) for group in typing.get_args(_PRECISION_INPUT) for v in typing.get_args(group))
+    return (AUTO, *dict.fromkeys(values))
+
+
+def validate(value: object) -> None:
+    """Raise ConfigError (one line, listing the valid values) unless ``value`` is ``auto`` or Lightning's."""
+    valid = valid_precisions()
+    if str(value) not in valid or isinstance(value, bool):
+        raise ConfigError(f"trainer.precision={value!r}: must be one of {', '.join(valid)}")
+
+
+def cpu_flags() -> str:
+    """The CPU's feature flags (``/proc/cpuinfo`` ``flags``, Arm ``Features``); empty where unreadable."""
+    return _cpuinfo_field(("flags", "Features")) or ""
+
+
+def bfloat16_flags(flags: str) -> list[str]:
+    """The flags among ``flags`` that mean native bfloat16 arithmetic (amx_bf16, avx512_bf16, bf16)."""
+    return sorted(BFLOAT16_FLAGS.intersection(flags.split()))
+
+
+def _bf16_calls(shape: LinearShape, rows: int) -> list[Callable[[], object]]:
+    """One training step's GEMMs of this layer under bfloat16 autocast, as the run computes them: the forward casts
+    the fp32 input and weight (autocast re-casts a frozen weight on every call), the backward multiplies bfloat16
+    gradients by the saved bfloat16 operands, and the weight's gradient is cast back to the fp32 parameter."""
+    gen = torch.Generator().manual_seed(0)  # not the global stream: see gemm._gemm_calls
+    x = torch.randn(rows, shape.in_features, generator=gen)
+    w = torch.randn(shape.out_features, shape.in_features, generator=gen)
+    g = torch.randn(rows, shape.out_features, generator=gen).bfloat16()
+    xb, wb = x.bfloat16(), w.bfloat16()
+
+    def forward():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.linear(x, w)
+
+    calls = [forward, lambda: torch.mm(g, wb)]
+    if shape.train_weight:
+        calls.append(lambda: torch.mm(g.t(), xb).float())
+    return calls
+
+
+def measure(shapes: Counter[LinearShape], rows: int, repeats: int = 5) -> dict[str, float]:
+    """Seconds per step of all the model's linear GEMMs in fp32 and under bf16 autocast: the best of ``repeats``
+    rounds per GEMM, alternating within each round so load from other processes falls on all alike. fp32 is
+    the faster of aten and oneDNN per GEMM (what ``runtime.gemm=auto`` can give the fp32 run)."""
+    fp32_backends = ("aten", "onednn") if onednn_available() else ("aten",)
+    total = {"fp32": 0.0, "bf16": 0.0}
+    for shape, count in shapes.items():
+        calls = {backend: _gemm_calls(shape, rows, backend) for backend in fp32_backends}
+        calls["bf16"] = _bf16_calls(shape, rows)
+        best = {name: [float("inf")] * len(c) for name, c in calls.items()}
+        for name_calls in calls.values():  # warm-up: first-touch pages, oneDNN's primitive cache
+            for call in name_calls:
+                call()
+        for _ in range(repeats):
+            for name, name_calls in calls.items():
+                for i, call in enumerate(name_calls):
+                    start = time.perf_counter()
+                    call()
+                    best[name][i] = min(best[name][i], time.perf_counter() - start)
+        total["fp32"] += count * min(sum(best[b]) for b in fp32_backends)
+        total["bf16"] += count * sum(best["bf16"])
+    return total
+
+
+def _faster(times: dict[str, float]) -> str:
+    return BF16 if times["fp32"] > MARGIN * times["bf16"] else FP32
+
+
+def untrustworthy(runs: list[dict[str, float]], references: list[float]) -> str | None:
+    """Why repeated measurements (``runs``, each a :func:`measure`) with the reference GEMM's rates around them
+    cannot be trusted (the checks of :func:`adls_lightning.gemm.untrustworthy`); None when they can."""
+    slowest_reference = min(references)
+    if not slowest_reference >= REFERENCE_FLOOR_GFLOPS:
+        return (
+            f"the reference GEMM ran at {slowest_reference:.1f} GFLOP/s, below the {REFERENCE_FLOOR_GFLOPS:g} "
+            "GFLOP/s any CPU core computes it at: the CPU is busy with other work"
+        )
+    for name in runs[0]:
+        times = [run[name] for run in runs]
+        if not all(t > 0 for t in times):
+            return f"{name} measured {min(times):g} s, not a time"
+        if max(times) > MAX_SPREAD * min(times):
+            return (
+                f"{name}'s {len(times)} measurements spread {max(times) / min(times):.2f}x, more than "
+                f"{MAX_SPREAD:g}x: other work took the CPU in between"
+            )
+    best = {name: min(run[name] for run in runs) for name in runs[0]}
+    # bf16 only when every repeat says so; fp32 (the default) is the safe answer to cache when they disagree
+    if _faster(best) == BF16 and any(_faster(run) == FP32 for run in runs):
+        return f"the {len(runs)} measurements disagree on whether bf16 is faster"
+    return None
+
+
+def choose(
+    precision: str,
+    model: torch.nn.Module,
+    rows: int,
+    cache_dir: str | os.PathLike | None = None,
+    flags: str | None = None,
+    measure_fn: Callable[[Counter[LinearShape], int], dict[str, float]] | None = None,
+    reference_fn: Callable[[], float] | None = None,
+) -> str:
+    """Resolve ``trainer.precision`` for a CPU run: anything but ``auto`` unchanged (after :func:`validate`);
+    ``auto`` -> ``bf16-mixed`` where the CPU has bfloat16 arithmetic (``flags``, default ``/proc/cpuinfo``'s)
+    and bf16 autocast's GEMMs on the model's linear shapes at ``rows`` tokens (capped at
+    :data:`~adls_lightning.gemm.TIMING_ROWS`) are more than :data:`MARGIN` faster than fp32's, else ``32-true``.
+    Logs one line starting ``trainer.precision=auto:``; caches a trusted measurement in
+    ``cache_dir/precision_choice.json``. ``measure_fn`` (default :func:`measure`) and ``reference_fn`` (default
+    :func:`~adls_lightning.gemm.reference_gflops`) are the timings."""
+    validate(precision)
+    if precision != AUTO:
+        return precision
+    flags = cpu_flags() if flags is None else flags
+    cpu = cpu_name()
+    native = native_bfloat16(flags)
+    if not native:
+        why = "flags unreadable" if native is None else "no amx_bf16, avx512_bf16 or bf16 in its flags"
+        log.info(
+            "trainer.precision=auto: 32-true (this CPU computes no bfloat16 natively: %s; CPU %s)", why, cpu
+        )
+        return FP32
+    shapes = model_linear_shapes(model)
+    if not shapes:
+        log.info("trainer.precision=auto: 32-true (the model has no linear layer to measure; CPU %s)", cpu)
+        return FP32
+    rows = max(1, min(rows, TIMING_ROWS))
+    key = "|".join(
+        [
+            cpu,
+            f"threads={torch.get_num_threads()}",
+            f"torch={torch.__version__}",
+            f"rows={rows}",
+            *sorted(f"{s.key}:{n}" for s, n in shapes.items()),
+        ]
+    )
+    cache = Path(cache_dir) / CACHE_FILE if cache_dir is not None else None
+    entries = _read_cache(cache)
+    times = entries.get(key)
+    flops = _flops(shapes, rows)
+    source = "cached"
+    if not (isinstance(times, dict) and {"fp32", "bf16"} <= times.keys()):
+        measure_fn = measure_fn or measure
+        reference_fn = reference_fn or reference_gflops
+        references = [reference_fn()]
+        runs = [measure_fn(shapes, rows) for _ in range(MEASUREMENTS)]
+        references.append(reference_fn())
+        times = {name: min(run[name] for run in runs) for name in runs[0]}
+        why = untrustworthy(runs, references)
+        if why is not None:
+            log.warning(
+                "trainer.precision=auto: 32-true, the default, for this run, and nothing cached: the timing cannot "
+                "be trusted (%s; fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s, the reference GEMM %s GFLOP/s; CPU %s)",
+                why,
+                flops / times["fp32"] / 1e9,
+                flops / times["bf16"] / 1e9,
+                " and ".join(f"{r:.1f}" for r in references),
+                cpu,
+            )
+            return FP32
+        source = f"measured {MEASUREMENTS} times"
+        if cache is not None:
+            entries[key] = times
+            _write_cache(cache, entries)
+    choice = _faster(times)
+    log.info(
+        "trainer.precision=auto: %s (%s on this model's %d linear shapes at %d rows: fp32 %.1f GFLOP/s, "
+        "bf16 %.1f GFLOP/s, %.2fx; bf16 is taken when > %d%% faster; CPU %s, %s)",
+        choice,
+        source,
+        len(shapes),
+        rows,
+        flops / times["fp32"] / 1e9,
+        flops / times["bf16"] / 1e9,
+        times["fp32"] / times["bf16"],
+        round((MARGIN - 1) * 100),
+        cpu,
+        " ".join(bfloat16_flags(flags)),
+    )
+    return choice
