@@ -5,10 +5,13 @@ helper for what a machine may lack are ``helpers.compose_config`` and ``helpers.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 import torch
 from hydra.core.global_hydra import GlobalHydra
@@ -17,29 +20,13 @@ from omegaconf import DictConfig, open_dict
 from transformers import BertForSequenceClassification
 
 from adls_lightning.models import build_from_config
-from tests.helpers import compose_config
+from tests.helpers import PG_PASSWORD, TINY_OVERRIDES, compose_config, free_port, make_reviews, pg_bin
+from tests.toy_sweeper import APP, CONFIG
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 os.environ.setdefault("WANDB_MODE", "offline")
-
-POSITIVE = ["great", "wonderful", "loved", "excellent", "superb", "brilliant"]
-NEGATIVE = ["awful", "terrible", "hated", "boring", "worst", "dreadful"]
-FILLER = ["the", "movie", "film", "plot", "actors", "scene", "story", "was", "and", "it", "a", "of"]
-
-
-def make_reviews(n: int, seed: int) -> pd.DataFrame:
-    """Synthetic reviews whose label is given by sentiment keywords in filler text (learnable by a tiny BERT)."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for i in range(n):
-        label = i % 2
-        words = list(rng.choice(FILLER, rng.integers(5, 40)))
-        for _ in range(rng.integers(1, 4)):
-            words.insert(int(rng.integers(0, len(words))), str(rng.choice(POSITIVE if label else NEGATIVE)))
-        rows.append((" ".join(words), label))
-    return pd.DataFrame(rows, columns=["text", "label"])
 
 
 @pytest.fixture(scope="session")
@@ -55,17 +42,6 @@ def tiny_imdb_dir(tmp_path_factory) -> Path:
 def cache_dir(tmp_path_factory) -> Path:
     """One tokenized-data cache for the whole test session."""
     return tmp_path_factory.mktemp("token_cache")
-
-
-TINY_OVERRIDES = [
-    "model=tiny_random",
-    "logger=none",
-    "trainer=cpu",
-    "data.max_length=64",
-    "data.batch_size=8",
-    "data.val_size=100",
-    "callbacks.rich_progress_bar=null",
-]
 
 
 @pytest.fixture
@@ -108,3 +84,76 @@ def tiny_bert():
         return build_from_config(**{"vocab_size": 100, **config}).eval()
 
     return build
+
+
+@pytest.fixture
+def search(tmp_path, tiny_imdb_dir, cache_dir):
+    """``search(*overrides)`` runs search.py on the tiny data, sweep dir ``tmp_path/sweep``."""
+
+    def run(*overrides: str) -> subprocess.CompletedProcess:
+        cmd = [
+            sys.executable, str(ROOT / "search.py"),
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}",
+            "trainer=cpu", "trainer.max_epochs=1", "callbacks.rich_progress_bar=null",
+            "data.max_length=32", "data.batch_size=16", "data.val_size=64", "data.train_size=128",
+            "data.test_size=64",
+            *overrides,
+        ]  # fmt: skip
+        env = {**os.environ, "PROJECT_ROOT": str(ROOT)}
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+    return run
+
+
+@pytest.fixture
+def toy(tmp_path):
+    """Run the toy app: ``toy(*overrides, wait=True)`` -> CompletedProcess (or Popen when wait=False)."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "toy.py").write_text(APP)
+    (tmp_path / "app" / "toy.yaml").write_text(textwrap.dedent(CONFIG).replace("ROOT", str(ROOT)))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)]),
+        "ADLS_EXTRA_TARGETS": "toy_sweeper.*",  # the toy space lives in tests/toy_sweeper.py
+    }
+
+    def run(*overrides, sweep_dir=tmp_path / "sweep", wait=True):
+        cmd = [sys.executable, str(tmp_path / "app" / "toy.py"), f"hydra.sweep.dir={sweep_dir}", *overrides]
+        if not wait:
+            return subprocess.Popen(
+                cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+        return subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server on 127.0.0.1 for the session: yields its URL (user ``adls``, password auth)."""
+    bindir = pg_bin()
+    if bindir is None:
+        pytest.skip("no PostgreSQL server binary (initdb) on this machine: apt-get install postgresql")
+    folder = Path(tempfile.mkdtemp(prefix="adls-pg-"))
+    # initdb refuses to run as root: the server runs as the `postgres` user, in a folder it owns
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if as_user:
+        shutil.chown(folder, "postgres")
+    (folder / "pw").write_text(PG_PASSWORD)
+    if as_user:
+        shutil.chown(folder / "pw", "postgres")
+    data, port = folder / "data", free_port()
+    subprocess.run(
+        [*as_user, str(bindir / "initdb"), "-D", str(data), "-U", "adls", f"--pwfile={folder / 'pw'}",
+         "--auth=scram-sha-256", "-E", "UTF8"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    opts = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c max_connections=50 -c fsync=off"
+    pg_ctl = [*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-l", str(folder / "log")]
+    subprocess.run([*pg_ctl, "-o", opts, "-w", "start"], check=True, capture_output=True)
+    try:
+        yield f"postgresql+psycopg://adls:{PG_PASSWORD}@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*pg_ctl, "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -115,3 +115,15 @@ def write_glue_task(root: Path, task: str, n_train: int = 120, n_dev: int = 40) 
     else:
         write_tsv(folder / "dev.tsv", header, _rows(task, n_dev, 1, dev=True))
     return root
+
+
+ONE_STEP = [
+    "data.val_size=20",
+    "trainer.max_epochs=1",
+    "+trainer.limit_train_batches=1",
+    "data.batch_size=16",
+]
+
+
+def glue_overrides(root: Path, task: str) -> list[str]:
+    return ["data=glue", f"data.task={task}", f"data.data_dir={root}", *ONE_STEP]

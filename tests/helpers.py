@@ -10,9 +10,13 @@ same step on every machine.
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import io
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import zlib
@@ -21,11 +25,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import lightning as L
+import numpy as np
+import optuna
+import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from adls_lightning.build import build
+from adls_lightning.lora import merge_lora
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
@@ -88,8 +101,6 @@ class KillAtStep(L.Callback):
 
 def train_cmd(data_dir: Path, cache_dir: Path, out: Path, *extra: str) -> list[str]:
     """``train.py`` on the tiny random BERT and ``data_dir``, writing into ``out``; ``extra`` overrides last."""
-    from tests.conftest import TINY_OVERRIDES
-
     paths = [f"data.data_dir={data_dir}", f"paths.cache_dir={cache_dir}", f"hydra.run.dir={out}"]
     return [sys.executable, str(ROOT / "train.py"), *TINY_OVERRIDES, *paths, *extra]
 
@@ -197,3 +208,292 @@ def assert_one_line_error(
     assert contains in lines[-1], lines[-1]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     return lines[-1]
+
+
+# -- the tiny synthetic IMDb and the tiny run's overrides (conftest.py's fixtures use them) ---------------------------
+
+
+POSITIVE = ["great", "wonderful", "loved", "excellent", "superb", "brilliant"]
+
+
+NEGATIVE = ["awful", "terrible", "hated", "boring", "worst", "dreadful"]
+
+
+FILLER = ["the", "movie", "film", "plot", "actors", "scene", "story", "was", "and", "it", "a", "of"]
+
+
+def make_reviews(n: int, seed: int) -> pd.DataFrame:
+    """Synthetic reviews whose label is given by sentiment keywords in filler text (learnable by a tiny BERT)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        label = i % 2
+        words = list(rng.choice(FILLER, rng.integers(5, 40)))
+        for _ in range(rng.integers(1, 4)):
+            words.insert(int(rng.integers(0, len(words))), str(rng.choice(POSITIVE if label else NEGATIVE)))
+        rows.append((" ".join(words), label))
+    return pd.DataFrame(rows, columns=["text", "label"])
+
+
+TINY_OVERRIDES = [
+    "model=tiny_random",
+    "logger=none",
+    "trainer=cpu",
+    "data.max_length=64",
+    "data.batch_size=8",
+    "data.val_size=100",
+    "callbacks.rich_progress_bar=null",
+]
+
+
+# -- exports of a tiny model (tests/test_export*.py, test_predict.py, test_families.py) -------------------------------
+
+
+TINY = ["model=tiny_random"]
+
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def build_module(overrides: list[str]):
+    GlobalHydra.instance().clear()
+    try:
+        return build(compose_config("train", overrides).model, "model", _convert_="partial")
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def trained_checkpoint(path: Path, overrides: list[str]) -> nn.Module:
+    """A checkpoint of ``overrides``' model whose LoRA B matrices are non-zero (so the merge matters)."""
+    torch.manual_seed(0)
+    module = build_module(overrides)
+    with torch.no_grad():
+        for name, parameter in module.named_parameters():
+            if ".lora_B." in name:
+                parameter.normal_(0, 0.05)
+    # the keys of a Lightning checkpoint that the export reads through the guarded reader (weights only)
+    torch.save({"state_dict": module.state_dict(), "pytorch-lightning_version": L.__version__}, path)
+    return module
+
+
+def merged_model(ckpt: Path, overrides: list[str]) -> nn.Module:
+    """The checkpoint's model rebuilt here, independently of the export command: load, merge LoRA."""
+    module = build_module(overrides)
+    module.load_state_dict(torch.load(ckpt, weights_only=False)["state_dict"])
+    merge_lora(module)
+    return module.model.eval()
+
+
+def run_export(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "adls_lightning.export", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
+
+
+# -- in-process training runs and tool calls --------------------------------------------------------------------------
+
+
+# a short run of the tiny model (as tests/test_export_onnx.py); each case adds its compression
+SHORT_RUN = [
+    "data.train_size=48",
+    "data.val_size=16",
+    "data.test_size=40",
+    "data.max_length=24",
+    "trainer.max_epochs=1",
+]
+
+
+def call(entry, *args: str) -> tuple[int, str, str]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = entry(list(args))
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def train_run(out: Path, overrides: list[str], tiny_imdb_dir: Path, cache_dir: Path) -> dict[str, float]:
+    """``train.py`` with ``overrides`` on the tiny data, in this process, writing its run folder ``out``."""
+    from adls_lightning.app.training import run
+
+    base = [*TINY_OVERRIDES, f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}"]
+    cfg = compose_config("train", [*base, f"hydra.run.dir={out}", *overrides], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(out)
+        cfg.hydra.job.num = 0
+    HydraConfig.instance().set_config(cfg)
+    try:
+        return run(cfg)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+# -- search.py studies on the tiny data (the `search` fixture is in conftest.py) --------------------------------------
+
+
+TINY_NAS = [
+    "hydra.sweeper.search_space.num_hidden_layers=[1,2]",
+    "hydra.sweeper.search_space.num_attention_heads=[2,4]",
+    "hydra.sweeper.search_space.hidden_size=[16,32]",
+    "hydra.sweeper.search_space.intermediate_size=[32,64]",
+]
+
+
+def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def load_study(tmp_path: Path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'sweep' / name}.db")
+
+
+def linear_layers(hidden: int, intermediate: int, layers: int) -> dict[str, int]:
+    """Weight element counts of every linear layer of a BERT classifier, by name (hand-written)."""
+    sizes = {}
+    for i in range(layers):
+        prefix = f"bert.encoder.layer.{i}."
+        for name in (
+            "attention.self.query",
+            "attention.self.key",
+            "attention.self.value",
+            "attention.output.dense",
+        ):
+            sizes[prefix + name] = hidden * hidden
+        sizes[prefix + "intermediate.dense"] = hidden * intermediate
+        sizes[prefix + "output.dense"] = intermediate * hidden
+    sizes["bert.pooler.dense"] = hidden * hidden
+    sizes["classifier"] = hidden * 2
+    return sizes
+
+
+# The 12 formats of `quant=` (the issue's list, written out by hand: the registry must hold exactly these).
+FORMATS = (
+    "integer", "log", "block_fp", "block_log", "block_minifloat", "minifloat_ieee", "minifloat_denorm",
+    "binary", "binary_scaling", "binary_residual", "ternary", "mxint8",
+)  # fmt: skip
+
+
+# Runs search.py's entry point once per argv in one process: 13 studies in one Python start-up.
+STUDIES_APP = """
+import json, sys
+from pathlib import Path
+from hydra.core.global_hydra import GlobalHydra
+from adls_lightning.app.cli import search
+conf, runs = Path(sys.argv[1]), json.loads(sys.argv[2])
+for argv in runs:
+    sys.argv = ["search.py", *argv]
+    GlobalHydra.instance().clear()
+    try:
+        search(conf)
+    except SystemExit as err:
+        print("EXIT", argv[-1], err.code, flush=True)
+"""
+
+
+def run_studies(folder: Path, runs: list[list[str]]) -> None:
+    """Run search.py once per override list, all in one Python process (start-up dominates tiny studies)."""
+    app = folder / "studies.py"
+    app.write_text(STUDIES_APP)
+    # one thread: the studies are tiny, and OpenMP threads spin on a shared CPU
+    env = {**os.environ, "PROJECT_ROOT": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(app), str(ROOT / "conf"), json.dumps(runs)], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "EXIT" not in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def tiny_run(data_dir: Path, cache_dir: Path) -> list[str]:
+    """Overrides of a seconds-long trial: tiny data, one epoch."""
+    return [
+        f"data.data_dir={data_dir}", f"paths.cache_dir={cache_dir}", "trainer=cpu", "trainer.max_epochs=1",
+        "callbacks.rich_progress_bar=null", "data.max_length=16", "data.batch_size=16", "data.train_size=32",
+        "data.val_size=32", "data.test_size=32",
+    ]  # fmt: skip
+
+
+# -- the toy sweeper app (the `toy` and `postgres` fixtures are in conftest.py) ---------------------------------------
+
+
+def job_started(pids: Path) -> bool:
+    """Whether a toy job run with ``log_pid=<pids>`` has started (its trial's parameters are then all sampled)."""
+    return pids.is_dir() and any(pids.iterdir())
+
+
+PG_PASSWORD = "s3cret-pw"
+
+
+def pg_bin() -> Path | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if found:
+        return Path(found[-1]).parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- shapes of the tiny model, written out by hand --------------------------------------------------------------------
+
+
+def expected_param_count(
+    layers: int,
+    hidden: int,
+    intermediate: int,
+    identities: int = 0,
+    vocab: int = 100,
+    positions: int = 64,
+    labels: int = 2,
+) -> int:
+    """BERT classifier parameter count derived by hand from the architecture (independent of transformers)."""
+    embeddings = (
+        vocab + positions + 2
+    ) * hidden + 2 * hidden  # word, position, token-type tables + LayerNorm
+    attention = 4 * (hidden * hidden + hidden) + 2 * hidden  # q, k, v, output dense + LayerNorm
+    feed_forward = (hidden * intermediate + intermediate) + (intermediate * hidden + hidden) + 2 * hidden
+    pooler = hidden * hidden + hidden
+    classifier = hidden * labels + labels
+    removed = identities * (hidden * hidden + hidden)  # each identity drops one square weight + bias
+    return embeddings + layers * (attention + feed_forward) + pooler + classifier - removed
+
+
+# hidden 32, 2 layers: per layer q, k, v, attention.output (32x32), intermediate (64x32), output (32x64)
+LAYER_NAMES = [
+    f"bert.encoder.layer.{i}.{part}"
+    for i in range(2)
+    for part in (
+        "attention.self.query",
+        "attention.self.key",
+        "attention.self.value",
+        "attention.output.dense",
+        "intermediate.dense",
+        "output.dense",
+    )
+] + ["bert.pooler.dense", "classifier"]
+
+
+# tiny_random: 2 layers x 6 linears + pooler + classifier
+TINY_LINEARS = 14
+
+
+class CountDropoutCalls(TorchFunctionMode):
+    """Counts ``F.dropout`` calls while a model runs eagerly: an independent count of dropout sites."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.nn.functional.dropout
+        return func(*args, **(kwargs or {}))
+
+
+def layer_problem(out: int, features: int, tokens: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight and correlated inputs (a few strong directions, as real activations have)."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out, features, generator=generator)
+    mixing = torch.randn(features, features, generator=generator) * torch.linspace(2, 0.05, features)
+    x = torch.randn(tokens, features, generator=generator) @ mixing
+    return weight, x

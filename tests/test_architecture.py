@@ -7,7 +7,7 @@ import importlib.util
 import subprocess
 import sys
 
-from conftest import ROOT
+from tests.helpers import ROOT
 
 spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
 import_graph = importlib.util.module_from_spec(spec)

@@ -21,10 +21,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_reviews
 
 from adls_lightning.build import iter_targets
-from tests.helpers import assert_one_line_error, compose_config
+from tests.helpers import assert_one_line_error, compose_config, make_reviews
 
 # every test here starts training runs or processes (minutes in all): `make test-fast` skips them
 pytestmark = pytest.mark.slow

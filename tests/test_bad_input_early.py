@@ -19,13 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY_OVERRIDES, make_reviews
 
 from adls_lightning.app.run_folder import RUN_RECORD_DIR, entries, remove_unused_run_folder
 from adls_lightning.app.training import _checked_objects
 from adls_lightning.data.datamodule import TextDataModule, stratified_subset
 from adls_lightning.errors import ConfigError
-from tests.helpers import assert_one_line_error
+from tests.helpers import TINY_OVERRIDES, assert_one_line_error, make_reviews
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = 3

@@ -9,13 +9,13 @@ import logging
 
 import pytest
 import torch
-from test_mase_configs import CHECKS, EXAMPLES, fixed_point, signs, toml_value
-from test_quant_model import LAYER_NAMES
 
 from adls_lightning.app.training import run
 from adls_lightning.errors import ConfigError
 from adls_lightning.quant import quantize_model, quantized_layers
 from callbacks.pruning import PruningCallback
+from tests.helpers import LAYER_NAMES
+from tests.mase_examples import CHECKS, EXAMPLES, fixed_point, signs, toml_value
 
 HEAD = 'model = "bert"\ndataset = "imdb"\n\n[passes.quantize]\nby = "{by}"\nreport = true\n\n'
 NA_DEFAULT = '[passes.quantize.default.config]\nname = "NA"\n\n'

@@ -8,12 +8,12 @@ without touching this test.
 from __future__ import annotations
 
 import pytest
-from conftest import CONF_DIR
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from adls_lightning.build import EXTRA_TARGETS_ENV, check_config_targets, iter_targets
 from adls_lightning.errors import ConfigError
+from tests.helpers import CONF_DIR
 
 # Groups whose options are not configs of their own: quant/config holds the labs' TOML-recipe presets that a
 # quant=... config composes into itself (composed with quant=int8 below).
@@ -139,8 +139,9 @@ def test_documented_launcher_search_runs_with_no_extra_environment(
     import sys
 
     import optuna
-    from conftest import ROOT
     from optuna.trial import TrialState
+
+    from tests.helpers import ROOT
 
     env = {k: v for k, v in os.environ.items() if k != EXTRA_TARGETS_ENV}
     cmd = [sys.executable, str(ROOT / "search.py"), "search=nas", f"hydra/launcher={launcher}",

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONF_DIR, ROOT
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -27,6 +26,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from adls_lightning.app.preflight import check_composed_config
 from adls_lightning.build import build, check_config_targets
 from adls_lightning.errors import ConfigError
+from tests.helpers import CONF_DIR, ROOT
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCK = re.compile(r"^```(?:bash|sh|shell|console)[^\n]*\n(.*?)^```", re.S | re.M)

@@ -8,21 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lightning
 import pytest
 import torch
-from hydra.core.global_hydra import GlobalHydra
 from safetensors.torch import load_file
 from torch import nn
 
-from adls_lightning.build import build
 from adls_lightning.export import CONFIG_FILE, WEIGHTS_FILE, load_packed, pack_for_export
-from adls_lightning.export.__main__ import PROJECT_ROOT, main
-from adls_lightning.lora import merge_lora
-from tests.helpers import compose_config
+from adls_lightning.export.__main__ import main
+from tests.helpers import ENV, TINY, merged_model, run_export, trained_checkpoint
 
-TINY = ["model=tiny_random"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 LOGITS_SCRIPT = """
 import sys, torch
 from adls_lightning.export import load_packed
@@ -33,40 +27,6 @@ ids = torch.load(out + ".ids")
 with torch.inference_mode():
     torch.save(model(input_ids=ids).logits, out)
 """
-
-
-def build_module(overrides: list[str]):
-    GlobalHydra.instance().clear()
-    try:
-        return build(compose_config("train", overrides).model, "model", _convert_="partial")
-    finally:
-        GlobalHydra.instance().clear()
-
-
-def trained_checkpoint(path: Path, overrides: list[str]) -> nn.Module:
-    """A checkpoint of ``overrides``' model whose LoRA B matrices are non-zero (so the merge matters)."""
-    torch.manual_seed(0)
-    module = build_module(overrides)
-    with torch.no_grad():
-        for name, parameter in module.named_parameters():
-            if ".lora_B." in name:
-                parameter.normal_(0, 0.05)
-    # the keys of a Lightning checkpoint that the export reads through the guarded reader (weights only)
-    torch.save({"state_dict": module.state_dict(), "pytorch-lightning_version": lightning.__version__}, path)
-    return module
-
-
-def merged_model(ckpt: Path, overrides: list[str]) -> nn.Module:
-    """The checkpoint's model rebuilt here, independently of the export command: load, merge LoRA."""
-    module = build_module(overrides)
-    module.load_state_dict(torch.load(ckpt, weights_only=False)["state_dict"])
-    merge_lora(module)
-    return module.model.eval()
-
-
-def run_export(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "adls_lightning.export", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=ENV, cwd=PROJECT_ROOT, timeout=600)
 
 
 def logits_in_fresh_process(folder: Path, kind: str, ids: torch.Tensor, tmp_path: Path) -> torch.Tensor:

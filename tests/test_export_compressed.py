@@ -4,8 +4,6 @@ of the run's model rebuilt here (not by the export), and ``export.evaluate`` pri
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
 import re
@@ -15,7 +13,6 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from adls_lightning.app.training import run
 from adls_lightning.export import WEIGHTS_FILE
 from adls_lightning.export import evaluate as export_evaluate
 from adls_lightning.export.__main__ import main
@@ -23,16 +20,8 @@ from adls_lightning.export.compressed import RECIPE_FILE, ExportRecipe, merge_ov
 from adls_lightning.lora import merge_lora
 from adls_lightning.prune import Pruner
 from adls_lightning.quant import quantize_model
-from tests.test_export import build_module
+from tests.helpers import SHORT_RUN, build_module, call, train_run
 
-# a short run of the tiny model (as tests/test_export_onnx.py); each case adds its compression
-SHORT_RUN = [
-    "data.train_size=48",
-    "data.val_size=16",
-    "data.test_size=40",
-    "data.max_length=24",
-    "trainer.max_epochs=1",
-]
 TINY = ["model=tiny_random"]
 # Tutorial 3's fixed point, as conf/quant/config/int8.yaml gives it to every linear layer
 INT8 = {
@@ -55,13 +44,6 @@ CASES = {
 FROM_FINE_TUNED = ["model.optimizer.lr=1e-4"]
 
 
-def call(entry, *args: str) -> tuple[int, str, str]:
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = entry(list(args))
-    return code, stdout.getvalue(), stderr.getvalue()
-
-
 def rebuilt_run_model(case: str, ckpt: Path) -> torch.nn.Module:
     """The model the run evaluated, rebuilt from the library's parts as the callbacks shape it: LoRA merged
     (merge_lora_before_compress), layers quantized, masks as live parametrizations, activation pruning hooks."""
@@ -82,27 +64,6 @@ def rebuilt_run_model(case: str, ckpt: Path) -> torch.nn.Module:
     if pruner is not None:
         pruner.attach_activation(module)
     return module.model.eval()
-
-
-def train_run(out: Path, overrides: list[str], tiny_imdb_dir: Path, cache_dir: Path) -> dict[str, float]:
-    """``train.py`` with ``overrides`` on the tiny data, in this process, writing its run folder ``out``."""
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
-
-    from tests.conftest import TINY_OVERRIDES
-    from tests.helpers import compose_config
-
-    base = [*TINY_OVERRIDES, f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}"]
-    cfg = compose_config("train", [*base, f"hydra.run.dir={out}", *overrides], return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.hydra.runtime.output_dir = str(out)
-        cfg.hydra.job.num = 0
-    HydraConfig.instance().set_config(cfg)
-    try:
-        return run(cfg)
-    finally:
-        GlobalHydra.instance().clear()
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,7 @@ from adls_lightning.export.compressed import _quant_recipe
 from adls_lightning.quant import quantize_model
 from adls_lightning.quant.linear import QuantLinear
 from adls_lightning.quant.scaled import calibrate
-from tests.helpers import compose_config
-from tests.test_export import TINY, trained_checkpoint
+from tests.helpers import TINY, compose_config, trained_checkpoint
 
 # the tiny data set (tests/conftest.py: 400 training reviews) with a run's sizes that fit it
 SMALL_DATA = ["data.train_size=64", "data.val_size=16", "data.test_size=40", "data.max_length=32"]
@@ -265,7 +264,7 @@ def test_cli_uses_the_ranges_a_qat_checkpoint_saved(tmp_path):
     import yaml
 
     from adls_lightning.lora import merge_lora
-    from tests.test_export import build_module
+    from tests.helpers import build_module
 
     torch.manual_seed(1)
     module = build_module(TINY)

@@ -23,7 +23,7 @@ from adls_lightning.export.__main__ import main
 from adls_lightning.lora import merge_lora
 from adls_lightning.prune import Pruner
 from adls_lightning.quant.transform import quantize_model
-from tests.test_export import TINY, build_module, merged_model, run_export, trained_checkpoint
+from tests.helpers import TINY, build_module, merged_model, run_export, trained_checkpoint
 
 # |ort - torch| <= ATOL + RTOL * |torch|: the tolerance the export itself checks with
 ATOL, RTOL = onnx_export.FP32_ATOL, onnx_export.FP32_RTOL

@@ -13,11 +13,11 @@ import textwrap
 import pytest
 import torch
 from optuna.trial import TrialState
-from test_search import linear_layers, load, ok, search  # noqa: F401  (search is a fixture)
 
 from adls_lightning.app.training import run
 from adls_lightning.prune import PRUNE_METHODS, Pruner
 from adls_lightning.quant import QUANTIZERS, make_quantizer
+from tests.helpers import linear_layers, load_study, ok
 
 TOY_MODULE = "adls_toy_format"
 TOY_SOURCE = '''
@@ -101,7 +101,7 @@ def test_toy_pruning_method_is_usable_by_name(toy_plugin):
     ]
 
 
-def test_toy_format_is_searched_by_mixed_precision(toy_plugin, search, tmp_path):  # noqa: F811
+def test_toy_format_is_searched_by_mixed_precision(toy_plugin, search, tmp_path):
     ok(
         search(
             "search=mixed_precision",
@@ -112,7 +112,7 @@ def test_toy_format_is_searched_by_mixed_precision(toy_plugin, search, tmp_path)
             f"quant.plugins=[{TOY_MODULE}]",
         )
     )
-    study = load(tmp_path, "mixed_precision-toy_step-acc_bits-tpe")
+    study = load_study(tmp_path, "mixed_precision-toy_step-acc_bits-tpe")
     sizes = linear_layers(hidden=32, intermediate=64, layers=2)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
     for t in study.trials:

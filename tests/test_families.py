@@ -21,10 +21,15 @@ from adls_lightning.export import load_packed, pack_for_export
 from adls_lightning.export.__main__ import main as export_main
 from adls_lightning.graph import capture, dropout_nodes, example_inputs, remove_dropout
 from adls_lightning.lora import merge_lora
-from tests.helpers import assert_one_line_error, run_train
-from tests.test_export import build_module
-from tests.test_graph import CountDropoutCalls
-from tests.test_search import load, run_studies, tiny_run
+from tests.helpers import (
+    CountDropoutCalls,
+    assert_one_line_error,
+    build_module,
+    load_study,
+    run_studies,
+    run_train,
+    tiny_run,
+)
 
 # preset -> (model_type, LoRA-adapted linears per layer, layers holding their own weights, head modules trained
 # in full), written from each family's architecture; the tests compare the built models against it.
@@ -208,7 +213,7 @@ def test_family_mixed_precision_search_of_two_trials(tmp_path, tiny_imdb_dir, ca
         tmp_path, [[*base, f"model={p}", f"hydra.sweep.dir={tmp_path / p / 'sweep'}"] for p in FAMILIES]
     )
     for preset in FAMILIES:
-        study = load(tmp_path / preset, "mixed_precision-integer-acc-tpe")
+        study = load_study(tmp_path / preset, "mixed_precision-integer-acc-tpe")
         plain = build_module([f"model={preset}", "model/lora=none"]).model
         layers = set(linear_names(plain))
         assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]

@@ -22,7 +22,7 @@ from adls_lightning.app.training import run
 from adls_lightning.build import build
 from adls_lightning.errors import ConfigError
 from adls_lightning.models import load_pretrained, packaged_model_dir
-from tests.glue_layouts import FOLDERS, LABELS, write_glue_task, write_tsv
+from tests.glue_layouts import FOLDERS, LABELS, glue_overrides, write_glue_task, write_tsv
 from tests.helpers import assert_one_line_error, run_train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,16 +38,6 @@ REFERENCE = {
     "pearson": lambda y, p: pearsonr(y, p)[0],
     "spearman": lambda y, p: spearmanr(y, p)[0],
 }
-ONE_STEP = [
-    "data.val_size=20",
-    "trainer.max_epochs=1",
-    "+trainer.limit_train_batches=1",
-    "data.batch_size=16",
-]
-
-
-def glue_overrides(root: Path, task: str) -> list[str]:
-    return ["data=glue", f"data.task={task}", f"data.data_dir={root}", *ONE_STEP]
 
 
 def predictions(cfg, ckpt: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -21,9 +21,8 @@ from transformers import AutoModelForSequenceClassification
 from adls_lightning.app.training import run
 from adls_lightning.build import build
 from adls_lightning.lora import merge_lora
-from tests.glue_layouts import write_glue_task
-from tests.test_glue import glue_overrides
-from tests.test_search import TINY_NAS
+from tests.glue_layouts import glue_overrides, write_glue_task
+from tests.helpers import TINY_NAS
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = {"stsb": "pearson", "mnli": "acc"}

@@ -12,7 +12,6 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.graph import (
@@ -27,7 +26,7 @@ from adls_lightning.graph import (
     run_passes,
 )
 from adls_lightning.models import build_from_config, load_pretrained
-from tests.helpers import assert_one_line_error, compose_config
+from tests.helpers import CountDropoutCalls, assert_one_line_error, compose_config
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 120
@@ -50,18 +49,6 @@ def graphs(model) -> dict[tuple[str, ...], torch.fx.GraphModule]:
 
 def inputs(names, seed: int) -> dict[str, torch.Tensor]:
     return example_inputs(names, vocab_size=VOCAB, seed=seed)
-
-
-class CountDropoutCalls(TorchFunctionMode):
-    """Counts ``F.dropout`` calls while a model runs eagerly: an independent count of dropout sites."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += func is torch.nn.functional.dropout
-        return func(*args, **(kwargs or {}))
 
 
 def test_capture_takes_the_models_keyword_inputs(model, graphs):

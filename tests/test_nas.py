@@ -6,28 +6,9 @@ from torch import nn
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.nas import build_nas_bert, square_linear_names, square_linears
+from tests.helpers import expected_param_count
 
 VOCAB, POSITIONS, LABELS = 100, 64, 2
-
-
-def expected_param_count(
-    layers: int,
-    hidden: int,
-    intermediate: int,
-    identities: int = 0,
-    vocab: int = VOCAB,
-    positions: int = POSITIONS,
-) -> int:
-    """BERT classifier parameter count derived by hand from the architecture (independent of transformers)."""
-    embeddings = (
-        vocab + positions + 2
-    ) * hidden + 2 * hidden  # word, position, token-type tables + LayerNorm
-    attention = 4 * (hidden * hidden + hidden) + 2 * hidden  # q, k, v, output dense + LayerNorm
-    feed_forward = (hidden * intermediate + intermediate) + (intermediate * hidden + hidden) + 2 * hidden
-    pooler = hidden * hidden + hidden
-    classifier = hidden * LABELS + LABELS
-    removed = identities * (hidden * hidden + hidden)  # each identity drops one square weight + bias
-    return embeddings + layers * (attention + feed_forward) + pooler + classifier - removed
 
 
 def build(**arch) -> nn.Module:

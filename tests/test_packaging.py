@@ -21,7 +21,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import TINY_OVERRIDES
+from tests.helpers import TINY_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[1]
 

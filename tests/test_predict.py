@@ -28,8 +28,7 @@ from adls_lightning.export.folder import INPUTS_KEY, load_folder
 from adls_lightning.export.predict import main as predict_main
 from adls_lightning.export.predict import predict
 from adls_lightning.models import load_tokenizer
-from tests.helpers import compose_config
-from tests.test_export import ENV, TINY, merged_model
+from tests.helpers import ENV, TINY, compose_config, merged_model
 
 MAX_LENGTH = 64
 

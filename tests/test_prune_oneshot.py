@@ -22,8 +22,7 @@ from adls_lightning.prune import (
     num_to_prune,
     sparsegpt,
 )
-from tests.helpers import assert_one_line_error, run_train
-from tests.test_quant_gptq import layer_problem  # a weight and correlated inputs
+from tests.helpers import assert_one_line_error, layer_problem, run_train
 
 SMALL = ["data.train_size=64", "data.val_size=32", "data.test_size=32", "data.max_length=32"]
 

@@ -16,11 +16,10 @@ from adls_lightning.app.training import run
 from adls_lightning.errors import ConfigError
 from adls_lightning.quant import QUANTIZERS, QuantLinear, quantize_model, quantized_layers
 from callbacks.quantization import QuantizationCallback
+from tests.helpers import TINY_LINEARS
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESET_DIR = ROOT / "conf" / "quant"
-# tiny_random: 2 layers x 6 linears + pooler + classifier
-TINY_LINEARS = 14
 
 
 def build(compose_cfg, overrides, **trainer_kwargs):

@@ -13,15 +13,7 @@ from adls_lightning.app.training import run
 from adls_lightning.errors import ConfigError
 from adls_lightning.quant import make_quantizer
 from adls_lightning.quant.gptq import GPTQConfig, column_rounding, gptq_weight
-
-
-def layer_problem(out: int, features: int, tokens: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A weight and correlated inputs (a few strong directions, as real activations have)."""
-    generator = torch.Generator().manual_seed(seed)
-    weight = torch.randn(out, features, generator=generator)
-    mixing = torch.randn(features, features, generator=generator) * torch.linspace(2, 0.05, features)
-    x = torch.randn(tokens, features, generator=generator) @ mixing
-    return weight, x
+from tests.helpers import layer_problem
 
 
 def hessian(x: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from adls_lightning.quant import (
     quantize_model,
     quantized_layers,
 )
+from tests.helpers import LAYER_NAMES
 
 INT8 = {
     "name": "integer",
@@ -31,19 +32,6 @@ INT8 = {
     "bias_frac_width": 4,
 }
 TUTORIAL_3 = {"by": "type", "default": {"config": {"name": None}}, "linear": {"config": INT8}}
-# hidden 32, 2 layers: per layer q, k, v, attention.output (32x32), intermediate (64x32), output (32x64)
-LAYER_NAMES = [
-    f"bert.encoder.layer.{i}.{part}"
-    for i in range(2)
-    for part in (
-        "attention.self.query",
-        "attention.self.key",
-        "attention.self.value",
-        "attention.output.dense",
-        "intermediate.dense",
-        "output.dense",
-    )
-] + ["bert.pooler.dense", "classifier"]
 
 
 def lora(model: nn.Module) -> nn.Module:

@@ -23,8 +23,7 @@ from adls_lightning.quant.sensitivity import (
     search_command,
 )
 from adls_lightning.quant.transform import find_linear_layers, quantized_layers
-from tests.test_export_compressed import SHORT_RUN, call, train_run
-from tests.test_quant_callback import TINY_LINEARS
+from tests.helpers import SHORT_RUN, TINY_LINEARS, call, train_run
 
 NAMES = [
     "bert.encoder.layer.0.attention.self.query",
@@ -155,7 +154,7 @@ def test_the_written_search_runs_over_the_sensitive_layers_with_the_rest_fixed(
 
     import optuna
 
-    from tests.test_search import run_studies, tiny_run
+    from tests.helpers import run_studies, tiny_run
 
     ckpt, _, _ = float_ckpt
     code, _, stderr = call(main, f"ckpt={ckpt}", "by=kind", "search_top=1", f"out={tmp_path / 's'}")

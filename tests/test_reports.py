@@ -24,8 +24,7 @@ from omegaconf import OmegaConf
 from plotly.offline import get_plotlyjs
 
 from adls_lightning.search.storage import open_storage
-from tests.helpers import assert_one_line_error
-from tests.test_search import tiny_run
+from tests.helpers import assert_one_line_error, tiny_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIALS = 3

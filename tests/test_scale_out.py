@@ -1,21 +1,17 @@
 """Scale-out on real engines: Optuna's journal and PostgreSQL storages shared by several worker processes, a
 killed worker's trial retried, Hydra's submitit launcher, bad storage input, and Lightning DDP on 2 CPU processes.
 
-Searches use the toy Hydra app of ``test_search_sweeper`` (trials take milliseconds); PostgreSQL is a throwaway
+Searches use the toy Hydra app of ``tests/toy_sweeper.py`` (trials take milliseconds); PostgreSQL is a throwaway
 server of the machine's binaries on 127.0.0.1 (``postgres`` fixture), removed after the session.
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,65 +20,17 @@ import pytest
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
-from test_search_sweeper import job_started, ok, toy  # noqa: F401  (toy is a fixture)
 
 from adls_lightning import gemm
 from adls_lightning.errors import ConfigError
 from adls_lightning.search.storage import mask_password, storage_spec, unmask_for_job
+from tests.helpers import PG_PASSWORD, free_port, job_started, ok
 
 # every test here starts training runs or processes (minutes in all): `make test-fast` skips them
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-PG_PASSWORD = "s3cret-pw"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
-
-
-# -- a throwaway PostgreSQL ----------------------------------------------------------------------------------------
-
-
-def _pg_bin() -> Path | None:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if found:
-        return Path(found[-1]).parent
-    initdb = shutil.which("initdb")
-    return Path(initdb).parent if initdb else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def postgres():
-    """A PostgreSQL server on 127.0.0.1 for the session: yields its URL (user ``adls``, password auth)."""
-    bindir = _pg_bin()
-    if bindir is None:
-        pytest.skip("no PostgreSQL server binary (initdb) on this machine: apt-get install postgresql")
-    folder = Path(tempfile.mkdtemp(prefix="adls-pg-"))
-    # initdb refuses to run as root: the server runs as the `postgres` user, in a folder it owns
-    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    if as_user:
-        shutil.chown(folder, "postgres")
-    (folder / "pw").write_text(PG_PASSWORD)
-    if as_user:
-        shutil.chown(folder / "pw", "postgres")
-    data, port = folder / "data", _free_port()
-    subprocess.run(
-        [*as_user, str(bindir / "initdb"), "-D", str(data), "-U", "adls", f"--pwfile={folder / 'pw'}",
-         "--auth=scram-sha-256", "-E", "UTF8"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    opts = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c max_connections=50 -c fsync=off"
-    pg_ctl = [*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-l", str(folder / "log")]
-    subprocess.run([*pg_ctl, "-o", opts, "-w", "start"], check=True, capture_output=True)
-    try:
-        yield f"postgresql+psycopg://adls:{PG_PASSWORD}@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run([*pg_ctl, "-m", "immediate", "stop"], capture_output=True)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _study(storage, name: str) -> optuna.Study:
@@ -146,7 +94,7 @@ def test_storage_specs_of_each_kind(tmp_path, monkeypatch):
 # -- many workers, one study ---------------------------------------------------------------------------------------
 
 
-def test_two_workers_run_exactly_n_trials(shared, toy, tmp_path):  # noqa: F811
+def test_two_workers_run_exactly_n_trials(shared, toy, tmp_path):
     kind, url = shared
     name = f"toy-{kind}"
     args = [*_storage_args(kind, tmp_path, url), f"hydra.sweeper.study_name={name}", "hydra.sweeper.n_trials=8",
@@ -183,7 +131,7 @@ def _wait_running(
     raise AssertionError("the worker never started a trial")
 
 
-def test_killed_worker_rerun_at_once_completes_exactly_n_trials(shared, toy, tmp_path):  # noqa: F811
+def test_killed_worker_rerun_at_once_completes_exactly_n_trials(shared, toy, tmp_path):
     """SIGKILL mid-trial, re-run at once (no grace period waited): the dead trial is retried once with its
     parameters and the study ends with exactly n_trials finished trials."""
     kind, url = shared
@@ -206,7 +154,7 @@ def test_killed_worker_rerun_at_once_completes_exactly_n_trials(shared, toy, tmp
     assert len(trials) == 4  # 3 + the killed one: nothing lost, nothing run twice
 
 
-def test_rerun_waits_for_a_live_workers_trial_and_says_so(toy, tmp_path):  # noqa: F811
+def test_rerun_waits_for_a_live_workers_trial_and_says_so(toy, tmp_path):
     """The budget is used up by another (live) worker's running trial: the re-run waits for it, saying what it
     waits for, then exits with the study complete."""
     args = ["hydra.sweeper.n_trials=1", "hydra/sweeper/sampler=random", "hydra.sweeper.study_name=toy-wait"]
@@ -231,7 +179,7 @@ def test_rerun_waits_for_a_live_workers_trial_and_says_so(toy, tmp_path):  # noq
 # -- launchers -----------------------------------------------------------------------------------------------------
 
 
-def test_submitit_local_runs_each_trial_as_its_own_process(toy, tmp_path):  # noqa: F811
+def test_submitit_local_runs_each_trial_as_its_own_process(toy, tmp_path):
     proc = ok(
         toy(
             "hydra/launcher=submitit_local",
@@ -251,7 +199,7 @@ def test_submitit_local_runs_each_trial_as_its_own_process(toy, tmp_path):  # no
     assert (tmp_path / "sweep" / ".submitit").is_dir()
 
 
-def test_parallel_preset_runs_trials_in_joblib_processes(toy, tmp_path):  # noqa: F811
+def test_parallel_preset_runs_trials_in_joblib_processes(toy, tmp_path):
     sweeper = toy("hydra/launcher=parallel", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2",
                   "hydra/sweeper/sampler=random", "hydra.sweeper.study_name=toy-joblib", f"log_pid={tmp_path / 'pids'}",
                   wait=False)  # fmt: skip
@@ -274,12 +222,12 @@ def _one_line_failure(proc, message: str) -> str:
     return lines[0]
 
 
-def test_unknown_storage_kind(toy, tmp_path):  # noqa: F811
+def test_unknown_storage_kind(toy, tmp_path):
     _one_line_failure(toy("hydra.sweeper.storage={kind:mongo}"), "search.storage.kind=mongo: unknown storage")
     assert not (tmp_path / "sweep").exists() or not list((tmp_path / "sweep").glob("*.db"))
 
 
-def test_journal_path_in_a_missing_folder(toy, tmp_path):  # noqa: F811
+def test_journal_path_in_a_missing_folder(toy, tmp_path):
     missing = tmp_path / "nope" / "s.journal"
     line = _one_line_failure(
         toy(f"hydra.sweeper.storage={{kind:journal,path:'{missing}'}}"), "search.storage.path="
@@ -288,8 +236,8 @@ def test_journal_path_in_a_missing_folder(toy, tmp_path):  # noqa: F811
     assert not missing.parent.exists()
 
 
-def test_unreachable_database(toy, tmp_path):  # noqa: F811
-    url = f"postgresql+psycopg://adls:{PG_PASSWORD}@127.0.0.1:{_free_port()}/postgres"
+def test_unreachable_database(toy, tmp_path):
+    url = f"postgresql+psycopg://adls:{PG_PASSWORD}@127.0.0.1:{free_port()}/postgres"
     proc = toy(f"hydra.sweeper.storage={{kind:postgresql,url:'{url}'}}")
     line = _one_line_failure(proc, "cannot be opened")
     assert "adls:***@127.0.0.1" in line
@@ -297,7 +245,7 @@ def test_unreachable_database(toy, tmp_path):  # noqa: F811
 
 
 @pytest.mark.postgres
-def test_wrong_password(postgres, toy, tmp_path):  # noqa: F811
+def test_wrong_password(postgres, toy, tmp_path):
     wrong = postgres.replace(PG_PASSWORD, "wrong-pw")
     proc = toy(
         f"hydra.sweeper.storage={{kind:postgresql,url:'{wrong}'}}", "hydra.sweeper.study_name=toy-wrong-pw"
@@ -352,7 +300,7 @@ LEARN = ["model/lora=none", "model.optimizer.lr=1e-3", "trainer.max_epochs=4", "
 
 
 def _train(run_dir: Path, data_dir: Path, cache_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    from conftest import TINY_OVERRIDES
+    from tests.helpers import TINY_OVERRIDES
 
     tiny = [o for o in TINY_OVERRIDES if not o.startswith("trainer=")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)]),

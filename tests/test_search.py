@@ -15,53 +15,28 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
-from test_nas import expected_param_count
+
+from tests.helpers import (
+    FORMATS,
+    TINY_NAS,
+    expected_param_count,
+    linear_layers,
+    load_study,
+    ok,
+    run_studies,
+    tiny_run,
+)
 
 # every test here starts training runs or processes (minutes in all): `make test-fast` skips them
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 MINILM_VOCAB, POSITIONS = 30522, 512
-TINY_NAS = [
-    "hydra.sweeper.search_space.num_hidden_layers=[1,2]",
-    "hydra.sweeper.search_space.num_attention_heads=[2,4]",
-    "hydra.sweeper.search_space.hidden_size=[16,32]",
-    "hydra.sweeper.search_space.intermediate_size=[32,64]",
-]
-
-
-@pytest.fixture
-def search(tmp_path, tiny_imdb_dir, cache_dir):
-    """``search(*overrides)`` runs search.py on the tiny data, sweep dir ``tmp_path/sweep``."""
-
-    def run(*overrides: str) -> subprocess.CompletedProcess:
-        cmd = [
-            sys.executable, str(ROOT / "search.py"),
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-            f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}",
-            "trainer=cpu", "trainer.max_epochs=1", "callbacks.rich_progress_bar=null",
-            "data.max_length=32", "data.batch_size=16", "data.val_size=64", "data.train_size=128",
-            "data.test_size=64",
-            *overrides,
-        ]  # fmt: skip
-        env = {**os.environ, "PROJECT_ROOT": str(ROOT)}
-        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-
-    return run
-
-
-def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
-
-
-def load(tmp_path: Path, name: str) -> optuna.Study:
-    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'sweep' / name}.db")
 
 
 def test_nas_trials_build_the_sampled_architectures_and_resume(search, tmp_path):
     ok(search("search=nas", "hydra.sweeper.n_trials=3", *TINY_NAS))
-    study = load(tmp_path, "nas-acc-tpe")
+    study = load_study(tmp_path, "nas-acc-tpe")
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
     for t in study.trials:
         p, metrics = t.params, t.user_attrs["metrics"]
@@ -84,7 +59,7 @@ def test_nas_trials_build_the_sampled_architectures_and_resume(search, tmp_path)
     assert best["best_trials"][0]["values"]["val/acc"] == max(t.value for t in study.trials)
 
     ok(search("search=nas", "hydra.sweeper.n_trials=3", *TINY_NAS))  # the same command again: nothing to do
-    assert [(t.number, t.datetime_complete) for t in load(tmp_path, "nas-acc-tpe").trials] == [
+    assert [(t.number, t.datetime_complete) for t in load_study(tmp_path, "nas-acc-tpe").trials] == [
         (t.number, t.datetime_complete) for t in study.trials
     ]
 
@@ -101,31 +76,12 @@ def test_pruner_stops_lightning_trials_and_they_are_recorded_pruned(search, tmp_
             "++search.pruner.lower=1.01",
         )
     )
-    study = load(tmp_path, "nas-acc-tpe")
+    study = load_study(tmp_path, "nas-acc-tpe")
     assert [t.state for t in study.trials] == [TrialState.PRUNED] * 2
     for t in study.trials:
         assert list(t.intermediate_values) == [1]
         assert t.user_attrs["train/epochs"] == 1.0  # stopped after 1 of 3 epochs
         assert "pruned at validation 1" in t.user_attrs["pruned_reason"]
-
-
-def linear_layers(hidden: int, intermediate: int, layers: int) -> dict[str, int]:
-    """Weight element counts of every linear layer of a BERT classifier, by name (hand-written)."""
-    sizes = {}
-    for i in range(layers):
-        prefix = f"bert.encoder.layer.{i}."
-        for name in (
-            "attention.self.query",
-            "attention.self.key",
-            "attention.self.value",
-            "attention.output.dense",
-        ):
-            sizes[prefix + name] = hidden * hidden
-        sizes[prefix + "intermediate.dense"] = hidden * intermediate
-        sizes[prefix + "output.dense"] = intermediate * hidden
-    sizes["bert.pooler.dense"] = hidden * hidden
-    sizes["classifier"] = hidden * 2
-    return sizes
 
 
 def test_mixed_precision_trials_quantize_each_layer_as_sampled(search, tmp_path):
@@ -138,7 +94,7 @@ def test_mixed_precision_trials_quantize_each_layer_as_sampled(search, tmp_path)
             "hydra.sweeper.n_trials=2",
         )
     )
-    study = load(tmp_path, "mixed_precision-integer-acc_bits-nsgaii")
+    study = load_study(tmp_path, "mixed_precision-integer-acc_bits-nsgaii")
     sizes = linear_layers(hidden=32, intermediate=64, layers=2)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
     for t in study.trials:
@@ -151,50 +107,6 @@ def test_mixed_precision_trials_quantize_each_layer_as_sampled(search, tmp_path)
         assert t.values[1] == pytest.approx(expected)
         quantized = sum(t.params[f"{n}/format"] == "integer" for n in sizes)
         assert t.user_attrs["metrics"]["quant/layers"] == quantized
-
-
-# The 12 formats of `quant=` (the issue's list, written out by hand: the registry must hold exactly these).
-FORMATS = (
-    "integer", "log", "block_fp", "block_log", "block_minifloat", "minifloat_ieee", "minifloat_denorm",
-    "binary", "binary_scaling", "binary_residual", "ternary", "mxint8",
-)  # fmt: skip
-# Runs search.py's entry point once per argv in one process: 13 studies in one Python start-up.
-STUDIES_APP = """
-import json, sys
-from pathlib import Path
-from hydra.core.global_hydra import GlobalHydra
-from adls_lightning.app.cli import search
-conf, runs = Path(sys.argv[1]), json.loads(sys.argv[2])
-for argv in runs:
-    sys.argv = ["search.py", *argv]
-    GlobalHydra.instance().clear()
-    try:
-        search(conf)
-    except SystemExit as err:
-        print("EXIT", argv[-1], err.code, flush=True)
-"""
-
-
-def run_studies(folder: Path, runs: list[list[str]]) -> None:
-    """Run search.py once per override list, all in one Python process (start-up dominates tiny studies)."""
-    app = folder / "studies.py"
-    app.write_text(STUDIES_APP)
-    # one thread: the studies are tiny, and OpenMP threads spin on a shared CPU
-    env = {**os.environ, "PROJECT_ROOT": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(app), str(ROOT / "conf"), json.dumps(runs)], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0 and "EXIT" not in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-
-def tiny_run(data_dir: Path, cache_dir: Path) -> list[str]:
-    """Overrides of a seconds-long trial: tiny data, one epoch."""
-    return [
-        f"data.data_dir={data_dir}", f"paths.cache_dir={cache_dir}", "trainer=cpu", "trainer.max_epochs=1",
-        "callbacks.rich_progress_bar=null", "data.max_length=16", "data.batch_size=16", "data.train_size=32",
-        "data.val_size=32", "data.test_size=32",
-    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +189,7 @@ def test_samplers_draw_different_trials_at_the_lab_preset(tmp_path, tiny_imdb_di
 
 def test_compression_aware_nas_scores_after_compression(search, tmp_path):
     ok(search("search=nas_compression", "compress.post_epochs=0", "hydra.sweeper.n_trials=1", *TINY_NAS))
-    (trial,) = load(tmp_path, "nas_compression-post0-acc-tpe").trials
+    (trial,) = load_study(tmp_path, "nas_compression-post0-acc-tpe").trials
     metrics = trial.user_attrs["metrics"]
     assert trial.state == TrialState.COMPLETE
     assert trial.value == metrics["val/acc"] == pytest.approx(metrics["compress/val_acc_after_compression"])
@@ -293,7 +205,7 @@ def train(*overrides: str) -> subprocess.CompletedProcess:
 def test_runs_start_from_the_best_trial_of_a_study(search, tmp_path, tiny_imdb_dir, cache_dir):
     ok(search("search=nas", "hydra.sweeper.n_trials=2", *TINY_NAS))
     db = tmp_path / "sweep" / "nas-acc-tpe.db"
-    best = load(tmp_path, "nas-acc-tpe").best_trial
+    best = load_study(tmp_path, "nas-acc-tpe").best_trial
     data = [f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}", "trainer=cpu",
             "callbacks.rich_progress_bar=null", "data.max_length=32", "data.batch_size=16", "data.val_size=64",
             "data.train_size=128", "data.test_size=64"]  # fmt: skip

@@ -12,8 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState
-from test_scale_out import PG_PASSWORD, postgres  # noqa: F401  (postgres is a fixture)
-from test_search import load, ok, search  # noqa: F401  (search is a fixture)
+
+from tests.helpers import PG_PASSWORD, load_study, ok
 
 LR = "model.optimizer.lr=tag(log, interval(1e-5, 1e-2))"
 RANK = "model.lora.r=choice(4, 8, 16)"
@@ -26,9 +26,9 @@ def trial_config(trial) -> dict:
 
 
 @pytest.mark.slow
-def test_lr_and_lora_rank_study_trains_what_it_samples_records_the_best_and_resumes(search, tmp_path):  # noqa: F811
+def test_lr_and_lora_rank_study_trains_what_it_samples_records_the_best_and_resumes(search, tmp_path):
     proc = ok(search("search=hparams", LR, RANK, *TINY, "hydra.sweeper.n_trials=2", "search/pruner=median"))
-    study = load(tmp_path, STUDY)
+    study = load_study(tmp_path, STUDY)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
     for t in study.trials:
         assert t.distributions["model.optimizer.lr"] == FloatDistribution(1e-5, 1e-2, log=True)
@@ -45,11 +45,11 @@ def test_lr_and_lora_rank_study_trains_what_it_samples_records_the_best_and_resu
     # the same command with a larger budget resumes the study: one more trial, the first two kept
     first = [t.params for t in study.trials]
     ok(search("search=hparams", LR, RANK, *TINY, "hydra.sweeper.n_trials=3", "search/pruner=median"))
-    resumed = load(tmp_path, STUDY).trials
+    resumed = load_study(tmp_path, STUDY).trials
     assert len(resumed) == 3 and [t.params for t in resumed[:2]] == first
 
 
-def test_hparams_without_a_sweep_override_is_one_line(search, tmp_path):  # noqa: F811
+def test_hparams_without_a_sweep_override_is_one_line(search, tmp_path):
     proc = search("search=hparams", *TINY, "hydra.sweeper.n_trials=1")
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -66,8 +66,8 @@ def test_hparams_without_a_sweep_override_is_one_line(search, tmp_path):  # noqa
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_password_in_the_storage_url_is_in_no_file_and_no_printed_line(
-    search,  # noqa: F811
-    postgres,  # noqa: F811
+    search,
+    postgres,
     tmp_path,
     monkeypatch,
 ):

@@ -13,7 +13,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -21,117 +20,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from tests.helpers import job_started, ok
+
 # every test here starts training runs or processes (minutes in all): `make test-fast` skips them
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-
-APP = """
-import json, os, sys, time
-from pathlib import Path
-import hydra
-
-@hydra.main(config_path=".", config_name="toy", execution_whitelist=["test_search_sweeper.*", "optuna.pruners.*"])
-def main(cfg):
-    x = cfg.x
-    if cfg.log_pid:
-        Path(cfg.log_pid).mkdir(exist_ok=True)
-        (Path(cfg.log_pid) / f"{cfg.search.trial.number}").write_text(str(os.getpid()))
-    if cfg.until:  # sleep until the file exists (at most cfg.sleep seconds)
-        deadline = time.time() + cfg.sleep
-        while time.time() < deadline and not Path(cfg.until).exists():
-            time.sleep(0.1)
-    else:
-        time.sleep(cfg.sleep)
-    if x in cfg.fail_at:
-        raise RuntimeError(f"toy failure at x={x}")
-    if cfg.report:  # a job that reports per-step values to its trial and is pruned like a Lightning run
-        from adls_lightning.search.storage import open_trial
-        from hydra.utils import instantiate
-        t = cfg.search.trial
-        trial = open_trial(t.storage, t.study_name, t.number, instantiate(cfg.pruner))
-        for step in range(1, 4):
-            trial.report(float(x) * step, step)
-            if trial.should_prune():
-                import optuna
-                raise optuna.TrialPruned(f"pruned at step {step}")
-    if cfg.two_objectives:
-        return [float(x), float(cfg.y)]
-    return float(x)
-
-if __name__ == "__main__":
-    main()
-"""
-
-CONFIG = """
-defaults:
-  - override hydra/sweeper: optuna_study
-  - _self_
-seed: 0
-x: 0
-y: 0
-sleep: 0.0
-until: null
-fail_at: []
-report: false
-two_objectives: false
-log_pid: null
-pruner: {_target_: optuna.pruners.NopPruner}
-search:
-  name: toy
-  trial: {study_name: null, storage: null, number: null}
-hydra:
-  searchpath: ["file://ROOT/conf"]
-  mode: MULTIRUN
-  sweep:
-    dir: ???
-    subdir: ${hydra.job.num}
-  sweeper:
-    study_name: toy-${hydra:runtime.choices.hydra/sweeper/sampler}
-    n_trials: 6
-    max_failure_rate: 0.0
-    heartbeat_interval: 1
-    grace_period: 3
-    settings_ignore: [sleep, until, log_pid]  # the test's own knobs: a resuming worker may set them otherwise
-    search_space:
-      _target_: test_search_sweeper.ToySpace
-"""
-
-
-class ToySpace:
-    """x in 0..9, and y in 0..3 only when x is odd (a conditional parameter); x == 7 is rejected."""
-
-    def __call__(self, trial):
-        x = trial.suggest_categorical("x", list(range(10)))
-        if x == 7:
-            raise optuna.TrialPruned("rejected: x=7 is not allowed")
-        out = {"x": x}
-        if x % 2:
-            out["y"] = trial.suggest_categorical("y", [0, 1, 2, 3])
-        return out
-
-
-@pytest.fixture
-def toy(tmp_path):
-    """Run the toy app: ``toy(*overrides, wait=True)`` -> CompletedProcess (or Popen when wait=False)."""
-    (tmp_path / "app").mkdir()
-    (tmp_path / "app" / "toy.py").write_text(APP)
-    (tmp_path / "app" / "toy.yaml").write_text(textwrap.dedent(CONFIG).replace("ROOT", str(ROOT)))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)]),
-        "ADLS_EXTRA_TARGETS": "test_search_sweeper.*",  # the toy space lives in this test module
-    }
-
-    def run(*overrides, sweep_dir=tmp_path / "sweep", wait=True):
-        cmd = [sys.executable, str(tmp_path / "app" / "toy.py"), f"hydra.sweep.dir={sweep_dir}", *overrides]
-        if not wait:
-            return subprocess.Popen(
-                cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-            )
-        return subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-
-    return run
 
 
 def load(sweep_dir: Path, name: str = "toy-tpe") -> optuna.Study:
@@ -155,18 +49,8 @@ def first_trial_is_running(db: Path) -> bool:
     return running > 0
 
 
-def job_started(pids: Path) -> bool:
-    """Whether a toy job run with ``log_pid=<pids>`` has started (its trial's parameters are then all sampled)."""
-    return pids.is_dir() and any(pids.iterdir())
-
-
 def states(study: optuna.Study) -> list[str]:
     return [t.state.name for t in study.trials]
-
-
-def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc
 
 
 def test_runs_n_trials_into_sqlite_and_writes_the_best(toy, tmp_path):

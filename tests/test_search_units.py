@@ -16,7 +16,6 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from lightning.pytorch.demos.boring_classes import BoringModel
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
-from test_search import FORMATS
 
 from adls_lightning.app.objective import objective_names, objective_values
 from adls_lightning.errors import ConfigError
@@ -27,7 +26,7 @@ from hydra_plugins.adls_optuna_sweeper._impl import (
     format_override_value,
     trials_started_before,
 )
-from tests.helpers import compose_config
+from tests.helpers import FORMATS, compose_config
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -184,7 +184,7 @@ def test_splits_are_stratified_disjoint_and_sized(compose_cfg):
 
 @pytest.mark.parametrize("fmt", ["csv", "jsonl"])
 def test_csv_and_jsonl_folders_load(compose_cfg, tmp_path, fmt):
-    from tests.conftest import make_reviews
+    from tests.helpers import make_reviews
 
     folder = tmp_path / fmt
     folder.mkdir()
@@ -200,7 +200,7 @@ def test_csv_and_jsonl_folders_load(compose_cfg, tmp_path, fmt):
 
 
 def test_label_outside_binary_is_rejected(compose_cfg, tmp_path):
-    from tests.conftest import make_reviews
+    from tests.helpers import make_reviews
 
     folder = tmp_path / "bad_labels"
     folder.mkdir()
