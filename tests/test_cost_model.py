@@ -111,3 +111,43 @@ def test_measured_table_on_the_tiny_model(tiny_bert, tmp_path):
     for key, per_choice in table.latency_ms.items():
         assert all(ms > 0 for ms in per_choice.values()), key
     assert table.fp32_ms > 0 and table.predict({}) == pytest.approx(table.fp32_ms)
+
+
+@pytest.mark.slow
+def test_acc_latency_objective_prices_each_trial_as_it_deploys(search, tmp_path, cache_dir):
+    from tests.helpers import load_study, ok
+
+    ok(
+        search(
+            "search=mixed_precision",
+            "model=tiny_random",
+            "search/objective=acc_latency",
+            "hydra.sweeper.n_trials=2",
+            "callbacks.cost_model.batch=2",
+            "callbacks.cost_model.tokens=16",
+        )
+    )
+    study = load_study(tmp_path, "mixed_precision-integer-acc_latency-tpe")
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    table = json.loads((cache_dir / cost.CACHE_FILE).read_text())
+    layer_ms = {
+        key.split("|layer|")[1]: ms for key, ms in table.items() if "|layer|" in key and "b2xt16" in key
+    }
+    fp32_ms = next(v["fp32_ms"] for key, v in table.items() if "|model|" in key and "b2xt16" in key)
+    for t in study.trials:
+        metrics = t.user_attrs["metrics"]
+        assert t.values[1] == metrics["cost/latency_ms"]
+        # the prediction recomputed from the cached table: each integer layer of <= 8 bits priced at int8
+        shapes = {"query": "32x32b", "key": "32x32b", "value": "32x32b", "attention.output.dense": "32x32b",
+                  "intermediate.dense": "32x64bup", "output.dense": "64x32bdown", "pooler.dense": "32x32b",
+                  "classifier": "32x2b"}  # fmt: skip
+        expected = fp32_ms
+        for param, value in t.params.items():
+            layer, _, what = param.partition("/")
+            if what != "format" or value != "integer":
+                continue
+            shape = next(s for suffix, s in shapes.items() if layer.endswith(suffix))
+            choice = "int8" if t.params[f"{layer}/integer.width"] <= 8 else None
+            if choice is not None:
+                expected += layer_ms[shape][choice] - layer_ms[shape]["fp32"]
+        assert metrics["cost/latency_ms"] == pytest.approx(expected)

@@ -542,3 +542,65 @@ def table_json(table: CostTable) -> dict:
             }
         )
     )
+
+
+def deployed_choice(module: nn.Module) -> str | None:
+    """The runtime choice a trained layer deploys as: a fake-quantized layer (QuantLinear) whose weight format has
+    a runtime here -- ``integer`` of at most 8 bits: ``int8``; ``mxint8``: ``mxint8``; a 16-bit minifloat with
+    bfloat16's 8 exponent bits: ``bf16`` -- else None (no runtime: it deploys as fp32, and is counted as
+    unpriced). A plain linear: ``fp32``."""
+    quantizer = getattr(module, "weight_quantizer", None)
+    if quantizer is None:
+        return "fp32"
+    name = getattr(quantizer, "format_name", "")
+    width = getattr(quantizer, "width", None)
+    if name == "integer" and width is not None and width <= 8:
+        return "int8"
+    if name == "mxint8":
+        return "mxint8"
+    if name.startswith("minifloat") and width == 16 and getattr(quantizer, "exponent_width", None) == 8:
+        return "bf16"
+    return None
+
+
+def fp32_model(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with every fake-quantized layer back to the linear it wraps (what the remainder and the
+    fp32 layers are measured on)."""
+    model = copy.deepcopy(model).eval()
+    for name, module in list(model.named_modules()):
+        if (
+            name
+            and isinstance(getattr(module, "linear", None), nn.Linear)
+            and hasattr(module, "weight_quantizer")
+        ):
+            _set_module(model, name, module.linear)
+    return model
+
+
+def model_cost(
+    model: nn.Module, batch: int = 8, tokens: int = 128, threads: int = 1, cache_dir: str | Path | None = None
+) -> dict[str, float]:
+    """A trained model's predicted cost as it deploys (:func:`deployed_choice` per linear layer): ``cost/latency_ms``,
+    ``cost/latency_x_fp32``, ``cost/model_bytes``, ``cost/bitops`` and ``cost/unpriced_layers`` (fake-quantized
+    layers in a format without a runtime, priced as fp32)."""
+    assignment: dict[str, str] = {}
+    unpriced = 0
+    for name in linear_layers(model):
+        choice = deployed_choice(model.get_submodule(name))
+        if choice is None:
+            unpriced += 1
+            choice = "fp32"
+        assignment[name] = choice
+    table = cost_table(fp32_model(model), batch, tokens, threads, cache_dir)
+    for name, choice in list(assignment.items()):
+        if choice not in table.choices(name):  # e.g. mxint8 on a width that its groups do not tile
+            assignment[name] = "fp32"
+            unpriced += 1
+    latency = table.predict(assignment)
+    return {
+        "cost/latency_ms": latency,
+        "cost/latency_x_fp32": table.fp32_predicted_ms / latency,
+        "cost/model_bytes": float(table.model_bytes(assignment)),
+        "cost/bitops": table.bitops(assignment),
+        "cost/unpriced_layers": float(unpriced),
+    }
