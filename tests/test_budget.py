@@ -141,3 +141,112 @@ def test_budget_ratio_no_assignment_meets_is_one_line_naming_the_least():
         budget.budget_assignment(table, groups, losses, ratio=0.5)
     message = str(error.value)
     assert "\n" not in message and "latency=0.5" in message and "6.6 ms" in message and "0.66" in message
+
+
+@pytest.fixture(scope="module")
+def float_ckpt(tmp_path_factory, tiny_imdb_dir, cache_dir):
+    import torch
+
+    from tests.helpers import SHORT_RUN, train_run
+
+    out = tmp_path_factory.mktemp("budget_run")
+    train_run(out, [*SHORT_RUN, "model=tiny_random", "model/lora=none"], tiny_imdb_dir, cache_dir)
+    ckpt = next((out / "checkpoints").glob("best-*.ckpt"))
+    assert torch.load(ckpt, weights_only=False)["state_dict"]
+    return ckpt
+
+
+def test_command_chooses_within_the_budget_and_writes_what_it_measured(float_ckpt, tmp_path):
+    import json
+
+    from adls_lightning.search.budget_tool import main
+    from adls_lightning.search.cost import CostTable, layer_bytes
+    from tests.helpers import call
+
+    out = tmp_path / "b"
+    # a size budget: on the tiny model at 2 x 16 tokens every layer's time is call overhead, so no latency budget
+    # below fp32's is reachable there (that refusal is tested below); its 30522-word embedding is 98.7 % of its bytes
+    code, stdout, stderr = call(
+        main,
+        f"ckpt={float_ckpt}",
+        "bytes=0.995",
+        "batch=2",
+        "tokens=16",
+        "rounds=3",
+        "calibration=8",
+        f"out={out}",
+    )
+    assert code == 0, stderr
+    result = json.loads((out / "budget.json").read_text())
+    table = result["cost_table"]
+    assignment = result["assignment"]
+    layers = {n: _shape_of(n, table["latency_ms"]) for n in assignment}
+    rebuilt = CostTable(
+        layers=layers,
+        latency_ms=table["latency_ms"],
+        remainder_ms=table["remainder_ms"],
+        fp32_ms=table["fp32_ms"],
+        base_bytes=0,
+        batch=2,
+        tokens=16,
+        threads=1,
+        machine=table["machine"],
+    )
+    # the prediction recomputed from the written table: the remainder plus each chosen layer's latency
+    assert rebuilt.predict(assignment) == pytest.approx(result["predicted_ms"])
+    # the bytes: the fp32 model's, less what each chosen layer saves, within the budget
+    saved = sum(layer_bytes(layers[n], "fp32") - layer_bytes(layers[n], c) for n, c in assignment.items())
+    assert result["model_bytes"] == result["fp32_model_bytes"] - saved <= 0.995 * result["fp32_model_bytes"]
+    assert set(assignment.values()) != {"fp32"}
+    for block in (0, 1):  # Q, K and V of one attention share their choice
+        qkv = {
+            assignment[f"bert.encoder.layer.{block}.attention.self.{p}"] for p in ("query", "key", "value")
+        }
+        assert len(qkv) == 1
+    assert 0.0 <= result["test/acc"] <= 1.0 and result["measured_ms"] > 0
+    assert f"{result['predicted_ms']:.2f} ms" in stdout and "wrote" in stdout
+
+
+def _shape_of(name: str, latency_ms: dict) -> "LayerShape":
+    from adls_lightning.search.cost import LayerShape, layer_role
+
+    role = layer_role(name)
+    width = {"up": ("32", "64"), "down": ("64", "32")}.get(
+        role, ("32", "2" if name == "classifier" else "32")
+    )
+    key = f"{width[0]}x{width[1]}b{role}"
+    assert key in latency_ms, (key, list(latency_ms))
+    return LayerShape(int(width[0]), int(width[1]), True, role)
+
+
+def test_command_refuses_a_budget_no_assignment_meets_in_one_line(float_ckpt, tmp_path):
+    from adls_lightning.search.budget_tool import main
+    from tests.helpers import call
+
+    out = tmp_path / "b"
+    code, stdout, stderr = call(
+        main, f"ckpt={float_ckpt}", "latency=0.05", "batch=2", "tokens=16", f"out={out}"
+    )
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert lines[-1].startswith("error: latency=0.05: no assignment meets 0.05 x fp32"), stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ((), "error: ckpt: required"),
+        (("ckpt=nowhere.ckpt", "latency=0.5"), "error: ckpt=nowhere.ckpt: no such file"),
+        (("latency=-1",), "error: latency=-1: must be a ratio"),
+        (("latency=0.5", "bytes=0.5"), "error: latency= or bytes=: give exactly one budget"),
+        (("latency=0.5", "batch=0"), "error: batch=0: must be a positive integer"),
+    ],
+)
+def test_command_refuses_bad_options_in_one_line(float_ckpt, tmp_path, args, expected):
+    from adls_lightning.search.budget_tool import main
+    from tests.helpers import call
+
+    args = args if any(a.startswith("ckpt=") for a in args) or not args else (f"ckpt={float_ckpt}", *args)
+    code, _, stderr = call(main, *args)
+    assert code == 2 and stderr.strip().splitlines()[-1].startswith(expected), stderr
