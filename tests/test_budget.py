@@ -207,8 +207,8 @@ def test_command_chooses_within_the_budget_and_writes_what_it_measured(float_ckp
     assert f"{result['predicted_ms']:.2f} ms" in stdout and "wrote" in stdout
 
 
-def _shape_of(name: str, latency_ms: dict) -> "LayerShape":
-    from adls_lightning.search.cost import LayerShape, layer_role
+def _shape_of(name: str, latency_ms: dict) -> LayerShape:
+    from adls_lightning.search.cost import layer_role
 
     role = layer_role(name)
     width = {"up": ("32", "64"), "down": ("64", "32")}.get(
