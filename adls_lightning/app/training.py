@@ -26,7 +26,12 @@ from omegaconf import DictConfig, OmegaConf
 from adls_lightning.app.preflight import METRICS_FILE, check_output_dir, validate_run_config
 from adls_lightning.app.run_folder import entries, remove_unused_run_folder, write_run_record
 from adls_lightning.build import build
-from adls_lightning.checkpoints import check_shapes, find_last_checkpoint, read_checkpoint
+from adls_lightning.checkpoints import (
+    check_shapes,
+    complete_light_state,
+    find_last_checkpoint,
+    read_checkpoint,
+)
 from adls_lightning.data.datamodule import TextDataModule
 from adls_lightning.data.tasks import Task, head_outputs, without_task_head
 from adls_lightning.errors import ConfigError
@@ -191,6 +196,8 @@ def _checked_objects(cfg: DictConfig) -> tuple:
         check_shapes(
             checkpoint["state_dict"], model, ckpt_path, "ckpt_path", structured=_prunes_structurally(cfg)
         )
+        # a light checkpoint (adapters and heads only) completes from this model's base: refused now if another
+        complete_light_state(model, checkpoint, ckpt_path, "ckpt_path")
     # Last, the expensive part: tokenize the splits (cached), only as many rows as the trainer will use
     # (fast_dev_run, limit_*_batches: the debug presets); data problems still fail before anything is written.
     if isinstance(datamodule, TextDataModule):  # the project's data modules (another reads what it reads)

@@ -18,6 +18,8 @@ What it adds to the stock ``hydra-optuna-sweeper`` (whose override-grammar parsi
   Lightning callback can reopen its trial and report per-epoch values; a job that raises ``optuna.TrialPruned``
   is recorded ``PRUNED``, any other exception ``FAIL`` (with the reason), and the sweep goes on until more than
   ``max_failure_rate * n_trials`` trials have failed.
+- **Best-k checkpoints** (``keep_checkpoints=K``): after each trial, the ``checkpoints/*.ckpt`` files of finished
+  trials not among the K best by the objective are deleted, so a study's disk use stays that of K runs.
 - **Reproducible seeds per trial**: the sampler is re-created with a seed derived from (``sampler.seed``, trial
   number), so a resumed study or a second worker never replays the first worker's random draws (grid and QMC
   samplers keep one seed: it defines their shared sequence, indexed by trial number).
@@ -96,6 +98,12 @@ MAX_RETRY = 1
 # user attr naming the worker process that runs a trial: a re-run on the same host detects a dead one at once
 WORKER_ATTR = "worker"
 WAIT_POLL_S = 2.0
+# where a trial's checkpoints are (conf/callbacks/*_checkpoint.yaml: ${paths.output_dir}/checkpoints) and their suffix
+CHECKPOINTS_DIR = "checkpoints"
+CHECKPOINT_SUFFIX = ".ckpt"
+# trials whose checkpoints keep_checkpoints may delete: those that ended with a result, or were pruned. A failed
+# trial keeps its own (a manual resume with ckpt_path=last, a look at what went wrong); a running one is never seen.
+PRUNABLE_STATES = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
 class SearchConfigError(ConfigError, CompactHydraException):
@@ -143,6 +151,46 @@ def budget_trials(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
 def job_failures(trials: Sequence[FrozenTrial]) -> list[FrozenTrial]:
     """Trials whose job raised (recorded with a ``fail_reason``); crashed-and-re-queued trials are not among them."""
     return [t for t in trials if t.state == TrialState.FAIL and "fail_reason" in t.user_attrs]
+
+
+def _dominates(a: Sequence[float], b: Sequence[float]) -> bool:
+    return all(x >= y for x, y in zip(a, b)) and any(x > y for x, y in zip(a, b))
+
+
+def ranked_trials(trials: Sequence[FrozenTrial], directions: Sequence[str]) -> list[FrozenTrial]:
+    """The COMPLETE trials, best first: by the objective (one direction), or front by front of non-dominated
+    sorting (several; Optuna's ``best_trials`` is the first front); ties by trial number, the earlier first."""
+    signs = [1.0 if d == "maximize" else -1.0 for d in directions]
+    scored = [
+        (t, [s * v for s, v in zip(signs, t.values)])
+        for t in trials
+        if t.state == TrialState.COMPLETE and t.values is not None
+    ]
+    ranked: list[FrozenTrial] = []
+    while scored:
+        front = [(t, v) for t, v in scored if not any(_dominates(w, v) for _, w in scored)]
+        ranked += sorted((t for t, _ in front), key=lambda t: t.number)
+        numbers = {t.number for t, _ in front}
+        scored = [(t, v) for t, v in scored if t.number not in numbers]
+    return ranked
+
+
+def remove_checkpoints(folder: Path) -> tuple[int, int]:
+    """Delete the ``*.ckpt`` files directly in ``folder`` (each unlink is atomic: a reader finds a checkpoint
+    whole or not at all), then the folder if nothing else is left in it; returns (files, bytes) deleted."""
+    files = bytes_ = 0
+    if not folder.is_dir():
+        return 0, 0
+    for path in sorted(folder.iterdir()):
+        if path.suffix != CHECKPOINT_SUFFIX or not (path.is_file() or path.is_symlink()):
+            continue
+        size = path.lstat().st_size
+        with contextlib.suppress(FileNotFoundError):  # another worker of the study removed it first
+            path.unlink()
+            files, bytes_ = files + 1, bytes_ + size
+    with contextlib.suppress(OSError):  # not empty (other files are not ours to delete), or gone
+        folder.rmdir()
+    return files, bytes_
 
 
 def _start_order(trial: FrozenTrial) -> tuple[datetime, int]:
@@ -278,6 +326,9 @@ class StudySweeper(Sweeper):
         settings_ignore: keys of the trial config, besides where outputs go and how runs report, that do not change
             what a trial computes; every other key is part of the study's recorded settings, and a command whose
             settings differ from its study's is refused (:mod:`adls_lightning.search.identity`).
+        keep_checkpoints: keep the checkpoints of the K best trials only (:func:`ranked_trials`): after each
+            trial, the ``checkpoints/*.ckpt`` of the others that completed or were pruned are deleted (logged).
+            None keeps every trial's.
     """
 
     def __init__(
@@ -296,6 +347,7 @@ class StudySweeper(Sweeper):
         grace_period: int | None = 180,
         startup_trials: int | None = None,
         settings_ignore: Sequence[str] | None = None,
+        keep_checkpoints: int | None = None,
     ) -> None:
         self.sampler_cfg = sampler
         self.startup_trials = startup_trials
@@ -311,6 +363,7 @@ class StudySweeper(Sweeper):
         self.heartbeat_interval = heartbeat_interval
         self.grace_period = grace_period
         self.settings_ignore = settings_ignore
+        self.keep_checkpoints = keep_checkpoints
         self._validate()
 
     def _validate(self) -> None:
@@ -343,6 +396,15 @@ class StudySweeper(Sweeper):
             raise SearchConfigError(
                 f"hydra.sweeper.settings_ignore={self.settings_ignore}: must be a list of config keys "
                 "(e.g. [my_app.verbose]) or null"
+            )
+        if self.keep_checkpoints is not None and (
+            isinstance(self.keep_checkpoints, bool)
+            or not isinstance(self.keep_checkpoints, int)
+            or self.keep_checkpoints < 0
+        ):
+            raise SearchConfigError(
+                f"hydra.sweeper.keep_checkpoints={self.keep_checkpoints}: must be a whole number of trials (0 or "
+                "more) whose checkpoints to keep, or null to keep all"
             )
         if not self.study_name:
             raise SearchConfigError(
@@ -530,6 +592,7 @@ class StudySweeper(Sweeper):
             if not jobs:
                 continue
             for trial, job_failure in self._launch(study, jobs):
+                self._keep_best_checkpoints(study)
                 if job_failure is None:
                     continue
                 failures = job_failures(study.get_trials(deepcopy=False))
@@ -543,7 +606,32 @@ class StudySweeper(Sweeper):
                     if isinstance(job_failure, ConfigError):
                         raise SearchConfigError(f"trial {trial.number} failed: {job_failure}") from None
                     raise job_failure
+        self._keep_best_checkpoints(study)
         return self._report(study)
+
+    def _keep_best_checkpoints(self, study: optuna.Study) -> None:
+        """``keep_checkpoints=K``: delete the checkpoints of the finished trials not among the K best."""
+        if self.keep_checkpoints is None:
+            return
+        trials = study.get_trials(deepcopy=False)
+        keep = {t.number for t in ranked_trials(trials, self.directions)[: self.keep_checkpoints]}
+        for trial in trials:
+            output_dir = trial.user_attrs.get("output_dir")
+            if trial.state not in PRUNABLE_STATES or trial.number in keep or not output_dir:
+                continue
+            # a folder of another host's worker is not here: that worker prunes it
+            files, size = remove_checkpoints(Path(output_dir) / CHECKPOINTS_DIR)
+            if files:
+                outcome = trial.state.name.lower() if trial.values is None else f"values {trial.values}"
+                log.info(
+                    "keep_checkpoints=%d: deleted %d checkpoint file(s), %.1f MB, of trial %d (%s) in %s",
+                    self.keep_checkpoints,
+                    files,
+                    size / 1e6,
+                    trial.number,
+                    outcome,
+                    Path(output_dir) / CHECKPOINTS_DIR,
+                )
 
     def _retry_dead_workers(self, study: optuna.Study) -> None:
         """Fail and re-queue (once) the running trials whose worker died: stale heartbeats (Optuna's
