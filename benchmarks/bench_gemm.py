@@ -19,8 +19,16 @@ which every torch function called from Python passes through): µs per call of a
 ``nn.Linear`` with and without it, and a whole MiniLM-shaped model (random weights: hidden 384, 6 layers, 12
 heads, FFN 1536) forward at each ``--tokens`` in eval mode, and forward + backward in train mode, on each backend.
 
+Last, the CPU's matrix units (issue 59; ``--no-dtypes`` skips it): the forward ``y = x @ W.T`` of each shape in fp32
+(aten), bf16 with the weight cast once (``F.linear`` on bf16 tensors: the inference case), bf16 under autocast
+(input and weight cast on every call: ``trainer.precision=bf16-mixed``'s forward), int8 x int8 -> int32
+(``torch._int_mm``, the bare integer GEMM) and torch's dynamic-quantized int8 linear (activations quantized per
+call, fp32 out), with the peak estimate of each (:func:`matrix_peaks`: fp32 FMA, AVX-512 BF16 / AMX-BF16,
+AVX-512 VNNI / AVX-VNNI / AMX-INT8 from the CPU's flags). The CPU's model name and flags are printed first.
+
     python benchmarks/bench_gemm.py                          # 1 and 2 threads, both token counts
     python benchmarks/bench_gemm.py --threads 1 --tokens 8x128 --repeats 10
+    python benchmarks/bench_gemm.py --threads 1 --tokens 8x128 --no-model --dtypes-only   # the matrix units only
 """
 
 from __future__ import annotations
@@ -80,6 +88,131 @@ def peak(ghz: float | None) -> tuple[float, str]:
         source = "nominal, /proc/cpuinfo cpu MHz"
     how = f"{isa} (family {family}): {per_cycle} FLOP/cycle x {ghz:.2f} GHz ({source})"
     return per_cycle * ghz, how
+
+
+def matrix_peaks(per_core_fp32: float) -> dict[str, tuple[float | None, str]]:
+    """Peak GFLOP/s (int8: GOP/s) of one core per number format, from the fp32 peak and the CPU's flags.
+
+    bf16: AVX-512 BF16's ``vdpbf16ps`` does two bf16 products per fp32 lane (2x fp32); AMX-BF16's tile unit 1,024
+    FLOP/cycle (16x fp32's 64 on the same core). int8: a VNNI ``vpdpbusd`` does four int8 products per 32-bit lane
+    (4x fp32, AVX-512 VNNI or AVX-VNNI at their widths); AMX-INT8 2,048 OP/cycle. None where the CPU has no such
+    unit (the format then runs on its fp32 or emulated path)."""
+    info = cpuinfo()
+    flags = set(info.get("flags", "").split())
+    ghz = per_core_fp32 / max(1, _fp32_per_cycle(info))
+    if "amx_bf16" in flags:
+        bf16 = (1024 * ghz, "AMX-BF16: 1024 FLOP/cycle")
+    elif "avx512_bf16" in flags:
+        bf16 = (2 * per_core_fp32, "AVX-512 BF16: 2x fp32")
+    else:
+        bf16 = (None, "no bf16 unit (autocast emulates it)")
+    if "amx_int8" in flags:
+        int8 = (2048 * ghz, "AMX-INT8: 2048 OP/cycle")
+    elif "avx512_vnni" in flags or "avx_vnni" in flags:
+        int8 = (4 * per_core_fp32, "VNNI: 4x fp32")
+    else:
+        int8 = (None, "no int8 dot-product unit")
+    return {"fp32": (per_core_fp32, "FMA"), "bf16": bf16, "int8": int8}
+
+
+def _fp32_per_cycle(info: dict[str, str]) -> int:
+    flags = set(info.get("flags", "").split())
+    if "avx512f" in flags:
+        return 32 if info.get("vendor_id") == "AuthenticAMD" and info.get("cpu family") == "25" else 64
+    return 32 if {"avx2", "fma"} <= flags else 8
+
+
+def dtype_methods(shape: tuple[int, int], rows: int) -> dict[str, Callable[[], torch.Tensor]]:
+    """The forward of one linear shape in each number format (see the module's last paragraph)."""
+    fan_in, fan_out = shape
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, fan_in, generator=gen)
+    w = torch.randn(fan_out, fan_in, generator=gen) / fan_in**0.5
+    xb, wb = x.bfloat16(), w.bfloat16()
+    xi = torch.randint(-128, 128, (rows, fan_in), dtype=torch.int8, generator=gen)
+    wi_t = torch.randint(-128, 128, (fan_in, fan_out), dtype=torch.int8, generator=gen)
+    calls: dict[str, Callable[[], torch.Tensor]] = {
+        "fp32": lambda: F.linear(x, w),
+        "bf16": lambda: F.linear(xb, wb),
+    }
+
+    def autocast() -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.linear(x, w)
+
+    calls["bf16 autocast"] = autocast
+    calls["int8 _int_mm"] = lambda: torch._int_mm(xi, wi_t)
+    try:
+        import warnings
+
+        from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+        # torch 2.13 marks its quantized tensors deprecated; they remain its dynamic int8 linear's weights
+        warnings.filterwarnings(
+            "ignore", message=".*quantized tensor creation functions", category=UserWarning
+        )
+
+        dynamic = DynamicLinear(fan_in, fan_out)
+        dynamic.set_weight_bias(
+            torch.quantize_per_tensor(w, float(w.abs().max()) / 127, 0, torch.qint8), torch.zeros(fan_out)
+        )
+        calls["int8 dynamic"] = lambda: dynamic(x)
+    except (ImportError, RuntimeError, AttributeError):  # a torch without the quantized engines
+        pass
+    return calls
+
+
+def matrix_units(threads: list[int], tokens: list[str], repeats: int, per_core: float) -> None:
+    """GFLOP/s (int8: GOP/s) of the forward of each shape per number format, and the peak estimates."""
+    peaks = matrix_peaks(per_core)
+    print("\nmatrix units: forward y = x @ W.T per number format, GFLOP/s (int8: GOP/s), best of", repeats)
+    print(
+        "peak estimate per core: "
+        + "; ".join(f"{k} {v:.0f} ({how})" if v else f"{k} - ({how})" for k, (v, how) in peaks.items())
+    )
+    names = list(dtype_methods((8, 8), 16))
+    print(
+        f"{'thr':>3} {'tokens':>7} {'shape':>10}"
+        + "".join(f" {n:>14}" for n in names)
+        + f" {'bf16/fp32':>10}"
+    )
+    for n in threads:
+        torch.set_num_threads(n)
+        totals: dict[str, float] = {}
+        total_flops = 0.0
+        for tokens_text in tokens:
+            batch, length = (int(v) for v in tokens_text.split("x"))
+            rows = batch * length
+            for label, shape in SHAPES.items():
+                calls = dtype_methods(shape, rows)
+                flops = 2.0 * rows * shape[0] * shape[1]
+                for call in calls.values():
+                    call()  # warm-up: first-touch pages, oneDNN's primitive cache
+                best = dict.fromkeys(calls, float("inf"))
+                for _ in range(repeats):
+                    for name, call in calls.items():
+                        start = time.perf_counter()
+                        call()
+                        best[name] = min(best[name], time.perf_counter() - start)
+                for name, t in best.items():
+                    totals[name] = totals.get(name, 0.0) + t
+                total_flops += flops
+                rate = {name: flops / t / 1e9 for name, t in best.items()}
+                print(
+                    f"{n:>3} {tokens_text:>7} {label:>10}"
+                    + "".join(f" {rate.get(name, float('nan')):>14.1f}" for name in names)
+                    + f" {rate['bf16'] / rate['fp32']:>9.2f}x"
+                )
+        overall = {name: total_flops / t / 1e9 for name, t in totals.items()}
+        print(
+            f"{n} thread(s), all rows (time-weighted): "
+            + ", ".join(f"{name} {rate:.1f}" for name, rate in overall.items())
+            + f"; bf16/fp32 {overall['bf16'] / overall['fp32']:.2f}x, "
+            f"bf16 autocast/fp32 {overall['bf16 autocast'] / overall['fp32']:.2f}x, "
+            f"int8 _int_mm/fp32 {overall['int8 _int_mm'] / overall['fp32']:.2f}x"
+            + "; peak estimate "
+            + ", ".join(f"{k} {v * n:.0f}" for k, (v, _how) in peaks.items() if v)
+        )
 
 
 def methods(
@@ -212,12 +345,21 @@ def main() -> None:
         "--ghz", type=positive_float, default=None, help="clock for the peak estimate (default: cpuinfo)"
     )
     parser.add_argument("--no-model", action="store_true", help="skip the routing and whole-model timings")
+    parser.add_argument("--no-dtypes", action="store_true", help="skip the matrix units' table (bf16, int8)")
+    parser.add_argument(
+        "--dtypes-only", action="store_true", help="only the matrix units' table (fp32, bf16, int8 per shape)"
+    )
     args = parser.parse_args()
     if not onednn_available():
         sys.exit("error: this torch build has no oneDNN (torch.backends.mkldnn.is_available() is false)")
     per_core, how = peak(args.ghz)
     print(f"{cpu_name()}, {os.cpu_count()} logical CPU(s), torch {torch.__version__}, float32")
+    shown = [f for f in cpuinfo().get("flags", "").split() if f.startswith(("avx", "amx", "fma"))]
+    print(f"flags: {' '.join(shown) or '(none of avx*/amx*/fma)'}")
     print(f"peak estimate: {per_core:.0f} GFLOP/s per core; {how}")
+    if args.dtypes_only:
+        matrix_units(args.threads, args.tokens, args.repeats, per_core)
+        return
     print(f"best of {args.repeats} rounds; GFLOP/s, ratio to aten; diff = max|oneDNN - aten| / max|aten|")
     header = f"{'thr':>3} {'tokens':>7} {'shape':>10} {'pass':>8} {'aten':>7} {'oneDNN':>7} {'packed':>7}"
     header += f" {'oneDNN/aten':>12} {'packed/aten':>12} {'%peak':>6} {'diff':>8}"
@@ -260,6 +402,8 @@ def main() -> None:
     if not args.no_model:
         routing_overhead()
         model_steps(args.threads, args.tokens, max(2, args.repeats // 2))
+    if not args.no_dtypes:
+        matrix_units(args.threads, args.tokens, args.repeats, per_core)
 
 
 if __name__ == "__main__":
