@@ -15,8 +15,11 @@ MASE config file gives its ``[passes.quantize]`` table, read by :mod:`adls_light
                               "bias_width": 8, "bias_frac_width": 4}},
     }
 
-* ``by: type``: ``linear`` configures every linear layer (``default`` too: only linear layers are quantized
-  here). Any other key is a layer name whose entry is merged over the config that layer would get.
+* ``by: type``: ``linear`` configures every linear layer (``default`` too: it applies to linear layers only here).
+  ``matmul`` (or ``bmm``: the same points), ``softmax``, ``gelu``, ``layer_norm`` and ``add`` configure the encoder's
+  functional points of that kind (:mod:`adls_lightning.quant.points`; operands as chop's quantized ops: a matmul's
+  ``data_in`` and ``weight`` are its two inputs, an add's ``data_in`` both summands, a layer_norm's ``weight`` and
+  ``bias`` its γ and β). Any other key is a layer or point name whose entry is merged over the linear config.
 * ``by: name``: keys are layer names (dotted, ``bert.encoder.layer.0.attention.self.query``, or MASE's FX
   spelling with underscores). ``by: regex_name``: keys are regexes matching a whole name, first match wins.
 * A layer entry is ``{"config": {...}}`` (MASE) or the dict itself. An entry with ``name`` replaces the layer's
@@ -48,8 +51,9 @@ from typing import Any
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.lab_config import load_lab_config_at
+from adls_lightning.quant.points import KIND_OPERANDS
 from adls_lightning.quant.quantizers import QUANTIZERS, QuantizerParamError, quantizer_parameters
-from adls_lightning.quant.recipe import OPERANDS, LayerRecipe, OperandRecipe, QuantRecipe
+from adls_lightning.quant.recipe import OPERANDS, POINT_KEYS, LayerRecipe, OperandRecipe, QuantRecipe
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +97,10 @@ _MASE_ONLY = {
     "logicnets": "LogicNets are not implemented",
     "flexround": "FlexRound is not implemented",
 }
-#: MASE op names other than linear: a config for them cannot apply (only linear layers are swapped).
+#: MASE op names other than linear and the encoder points (POINT_KEYS): a config for them cannot apply.
 _OTHER_MASE_OPS = (
-    "add", "bmm", "conv1d", "conv2d", "convtranspose2d", "matmul", "mul", "relu", "sub", "batch_norm2d",
-    "layer_norm", "group_norm", "instance_norm2d", "rms_norm", "selu", "tanh", "gelu", "softsign",
-    "softplus", "grouped_query_attention",
+    "conv1d", "conv2d", "convtranspose2d", "mul", "relu", "sub", "batch_norm2d", "group_norm",
+    "instance_norm2d", "rms_norm", "selu", "tanh", "softsign", "softplus", "grouped_query_attention",
 )  # fmt: skip
 
 
@@ -130,18 +133,26 @@ def from_mase(config: Any, key: str = "config") -> QuantRecipe:
     default.recipe()  # checked even where `linear` replaces it
     layers: dict[str, LayerRecipe | None] = {}
     patterns: dict[str, LayerRecipe | None] = {}
+    kinds: dict[str, LayerRecipe | None] = {}
     if by == "type":
         op = next((op for op in _OTHER_MASE_OPS if op in config), None)
         if op is not None:
-            raise ConfigError(f"{key}.{op}: only linear layers are quantized; remove the '{op}' entry")
+            raise ConfigError(
+                f"{key}.{op}: only linear layers are quantized, and the encoder points "
+                f"{', '.join(POINT_KEYS)}; remove the '{op}' entry"
+            )
         if "linear" in config:
             base = _Entry.read(config.pop("linear"), f"{key}.linear")
+        for kind in POINT_KEYS:
+            if kind in config:
+                operands = KIND_OPERANDS["matmul" if kind == "bmm" else kind]
+                kinds[kind] = _Entry.read(config.pop(kind), f"{key}.{kind}").recipe(operands)
     if by == "regex_name":
         patterns = {p: _Entry.read(value, f"{key}.{p}").recipe() for p, value in config.items()}
     else:
         for name, (path, value) in _flatten_names(config, key).items():
             layers[name] = base.merged(_Entry.read(value, path)).recipe()
-    return QuantRecipe(default=base.recipe(), layers=layers, patterns=patterns, key=key)
+    return QuantRecipe(default=base.recipe(), layers=layers, patterns=patterns, key=key, **kinds)
 
 
 def _read_bools(fmt: str, params: dict[str, Any]) -> None:
@@ -228,8 +239,9 @@ class _Entry:
         layer_dir = self.origins.get("name", "").rpartition(".")[0]
         return f"{layer_dir}.{key}" if layer_dir else key
 
-    def recipe(self) -> LayerRecipe | None:
-        """The typed recipe of this entry; None when the layer is left alone.
+    def recipe(self, allowed: tuple[str, ...] = OPERANDS) -> LayerRecipe | None:
+        """The typed recipe of this entry; None when the layer is left alone. ``allowed``: the operands the entry's
+        target has (an encoder point's kind); the format's default operands outside them are not quantized.
 
         Raises:
             ConfigError: unknown format or key, missing or invalid parameter (named by its config path).
@@ -286,8 +298,8 @@ class _Entry:
             wanted = (
                 named
                 or bool(params)
-                or operand in QUANTIZERS[fmt].slots
-                or (everything and operand != "data_out")
+                or (operand in QUANTIZERS[fmt].slots and operand in allowed)
+                or (everything and operand != "data_out" and operand in allowed)
             )
             if operand_fmt is None or not wanted:
                 continue

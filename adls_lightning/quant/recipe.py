@@ -24,7 +24,7 @@ place that vocabulary is read.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,8 @@ from adls_lightning.quant.quantizers import QUANTIZERS, Quantizer, make_quantize
 
 #: Operands a layer recipe may quantize: the stored operands plus the output.
 OPERANDS = (*SLOTS, "data_out")
+#: The recipe's entries for the encoder's functional points, by kind (chop's op names).
+POINT_KEYS = ("matmul", "bmm", "softmax", "gelu", "layer_norm", "add")
 
 
 def _plain(value: Any) -> Any:
@@ -97,8 +99,13 @@ class LayerRecipe:
     bias: OperandRecipe | None = None
     data_out: OperandRecipe | None = None
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    #: how an encoder point computes (``float``, or ``ibert``: I-BERT's integer kernels for gelu, softmax and
+    #: layer_norm points, :mod:`adls_lightning.quant.points`); linear layers are always ``float``
+    kernel: str = "float"
 
     def __post_init__(self) -> None:
+        if self.kernel not in ("float", "ibert"):
+            raise ConfigError(f"kernel={self.kernel!r}: must be one of float, ibert")
         for operand in OPERANDS:
             value = _plain(getattr(self, operand))
             if isinstance(value, Mapping):
@@ -131,7 +138,13 @@ class LayerRecipe:
 
 @dataclass(frozen=True)
 class QuantRecipe:
-    """Which linear layers are quantized how.
+    """Which linear layers, and which encoder points, are quantized how.
+
+    The encoder's functional points (:mod:`adls_lightning.quant.points`: attention's ``matmul`` products, ``softmax``,
+    ``gelu``, ``layer_norm``, residual ``add``) are quantized only where an entry names them: their kind's entry
+    (``matmul``... ``add``; ``bmm`` is the same points as ``matmul``, as the attention products are batched) or
+    their name in ``layers`` (``bert.encoder.layer.0.attention.self.softmax``). ``default`` and ``patterns`` apply to
+    linear layers only, so a config without point entries quantizes what it always did.
 
     A layer named in ``layers`` (its canonical dotted name, or MASE's FX spelling with underscores) gets that
     entry; otherwise the first of ``patterns`` that matches the whole name in either spelling (``re.fullmatch``); otherwise
@@ -151,9 +164,22 @@ class QuantRecipe:
     layers: Mapping[str, LayerRecipe | None] = field(default_factory=dict)
     patterns: Mapping[str, LayerRecipe | None] = field(default_factory=dict)
     key: str = field(default="quant.config", compare=False)
+    matmul: LayerRecipe | None = None
+    bmm: LayerRecipe | None = None
+    softmax: LayerRecipe | None = None
+    gelu: LayerRecipe | None = None
+    layer_norm: LayerRecipe | None = None
+    add: LayerRecipe | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "default", _layer_recipe(self.default, f"{self.key}.default"))
+        for kind in POINT_KEYS:
+            object.__setattr__(self, kind, _layer_recipe(getattr(self, kind), f"{self.key}.{kind}"))
+        if self.matmul is not None and self.bmm is not None:
+            raise ConfigError(
+                f"{self.key}.bmm: names the same points as {self.key}.matmul (the attention's Q·Kᵀ and P·V); "
+                "give one of them"
+            )
         for attr in ("layers", "patterns"):
             entries = dict(_plain(getattr(self, attr)) or {})
             if attr == "layers":
@@ -175,17 +201,32 @@ class QuantRecipe:
             return {**settings, "layers": _dotted_names(layers)}
         return dict(settings)
 
-    def for_layers(self, names: list[str]) -> dict[str, LayerRecipe | None]:
-        """Each layer's recipe.
+    def for_layers(self, names: list[str], points: Sequence[str] = ()) -> dict[str, LayerRecipe | None]:
+        """Each linear layer's recipe (``points``: the model's point names, which ``layers`` may name too).
 
         Raises:
             ConfigError: a name or pattern that matches no layer (a typo would otherwise quantize nothing).
         """
         unmatched = [p for p in self.patterns if not any(_matches(p, n) for n in names)]
-        unmatched += [k for k in self.layers if not any(_names(k, n) for n in names)]
+        unmatched += [k for k in self.layers if not any(_names(k, n) for n in (*names, *points))]
         if unmatched:
-            raise ConfigError(f"{self.key}.{unmatched[0]}: matches no linear layer ({_examples(names)})")
+            where = _examples(names) + (f"; points are e.g. {', '.join(points[:2])}" if points else "")
+            raise ConfigError(f"{self.key}.{unmatched[0]}: matches no linear layer or point ({where})")
         return {name: self._recipe(name) for name in names}
+
+    @property
+    def has_points(self) -> bool:
+        """Whether any entry can quantize an encoder point (a kind entry, or a per-name one)."""
+        return any(getattr(self, kind) is not None for kind in POINT_KEYS) or bool(self.layers)
+
+    def for_point(self, name: str, kind: str) -> tuple[LayerRecipe | None, str]:
+        """The recipe of point ``name`` of ``kind`` and its config key: its per-name entry, else its kind's."""
+        for key, recipe in self.layers.items():
+            if _names(key, name):
+                return recipe, f"{self.key}.layers.{key}"
+        if kind == "matmul" and self.bmm is not None:
+            return self.bmm, f"{self.key}.bmm"
+        return getattr(self, kind), f"{self.key}.{kind}"
 
     def where(self, name: str) -> str:
         """The config key of the entry layer ``name`` gets (``quant.config.layers.classifier``, ``...default``)."""
@@ -219,7 +260,7 @@ def _dotted_names(entries: Mapping[str, Any], prefix: str = "") -> dict[str, Any
     out: dict[str, Any] = {}
     for name, value in entries.items():
         dotted = f"{prefix}{name}"
-        if isinstance(value, Mapping) and value and not set(value) <= {*OPERANDS, "origins"}:
+        if isinstance(value, Mapping) and value and not set(value) <= {*OPERANDS, "origins", "kernel"}:
             out.update(_dotted_names(value, f"{dotted}."))
         else:
             out[dotted] = value
@@ -234,9 +275,9 @@ def _matches(pattern: str, name: str) -> bool:
 def _layer_recipe(value: Any, key: str) -> LayerRecipe | None:
     value = _plain(value)
     if isinstance(value, Mapping):
-        unknown = next((k for k in value if k not in (*OPERANDS, "origins")), None)
+        unknown = next((k for k in value if k not in (*OPERANDS, "origins", "kernel")), None)
         if unknown is not None:
-            raise ConfigError(f"{key}.{unknown}: not an operand (operands: {', '.join(OPERANDS)})")
+            raise ConfigError(f"{key}.{unknown}: not an operand (operands: {', '.join(OPERANDS)}; or kernel)")
         try:
             value = LayerRecipe(**value)
         except ConfigError as err:  # named from the recipe's key: quant.config.default.weight: width=0: ...

@@ -23,8 +23,20 @@ from adls_lightning.errors import ConfigError
 from adls_lightning.layers import FilterFn, swap_module, target_layers
 from adls_lightning.quant.linear import QuantLinear, dtype_bits
 from adls_lightning.quant.mase import to_recipe
+from adls_lightning.quant.points import (
+    FAMILY_KINDS,
+    KERNELS,
+    KIND_OPERANDS,
+    Point,
+    find_points,
+    ibert_input_problem,
+    model_family,
+    quantized_points,
+    why_unsupported,
+)
+from adls_lightning.quant.points import install as install_point
 from adls_lightning.quant.quantizers import Quantizer, QuantizerParamError
-from adls_lightning.quant.recipe import LayerRecipe, QuantRecipe
+from adls_lightning.quant.recipe import OPERANDS, POINT_KEYS, LayerRecipe, QuantRecipe
 
 
 @dataclass
@@ -74,7 +86,7 @@ def quantize_model(model: nn.Module, config: Any, *, key: str = "config") -> lis
         ConfigError: bad config, a per-name key matching no layer, or a block size that does not
             divide a layer's dimension. The model is not modified when this is raised.
     """
-    planned = _plan(model, to_recipe(config, key))
+    planned, points = _plan(model, to_recipe(config, key))
     for layer, quantizers in planned:
         linear = layer.module.linear if isinstance(layer.module, QuantLinear) else layer.module
         new = QuantLinear(
@@ -82,6 +94,8 @@ def quantize_model(model: nn.Module, config: Any, *, key: str = "config") -> lis
         )
         new.to(device=linear.weight.device)
         swap_module(model, layer.path, new)
+    for point, quantizers, kernel, second in points:
+        install_point(model, point, quantizers, kernel, second)
     return [layer.name for layer, _ in planned]
 
 
@@ -96,20 +110,85 @@ def check_recipe_fits(model: nn.Module, config: Any, *, key: str = "config") -> 
     _plan(model, to_recipe(config, key))
 
 
-def _plan(model: nn.Module, recipe: QuantRecipe) -> list[tuple[LinearLayer, dict[str, Quantizer | None]]]:
-    """Each layer to quantize with its new quantizers, every check done; the model is not touched."""
+def _plan(
+    model: nn.Module, recipe: QuantRecipe
+) -> tuple[list[tuple[LinearLayer, dict[str, Quantizer | None]]], list[PlannedPoint]]:
+    """Each layer and point to quantize with its new quantizers, every check done; the model is not touched."""
     layers = find_linear_layers(model)
-    recipes = recipe.for_layers([layer.name for layer in layers])
+    points = find_points(model)
+    recipes = recipe.for_layers([layer.name for layer in layers], [point.name for point in points])
     planned: list[tuple[LinearLayer, dict[str, Quantizer | None]]] = []
     for layer in layers:
         layer_recipe = recipes[layer.name]
         if layer_recipe is None:
             continue
+        if layer_recipe.kernel != "float":
+            raise ConfigError(
+                f"{recipe.where(layer.name)}.kernel={layer_recipe.kernel!r}: linear layers compute in float "
+                f"(layer {layer.name}); kernel ibert is for gelu, softmax and layer_norm points"
+            )
         quantizers = layer_recipe.quantizers()
         where = recipe.where(layer.name)
         _check_dims(layer, quantizers, layer_recipe, where)
         _bind(layer, quantizers, layer_recipe, where)
         planned.append((layer, quantizers))
+    return planned, _plan_points(model, recipe, points)
+
+
+#: A point with its new quantizers, its kernel and (residual adds) the second summand's quantizer.
+PlannedPoint = tuple[Point, dict[str, Quantizer | None], str, Quantizer | None]
+
+
+def _plan_points(model: nn.Module, recipe: QuantRecipe, points: list[Point]) -> list[PlannedPoint]:
+    """The encoder points ``recipe`` quantizes, checked: each kind entry must find points in this model's family,
+    give only the kind's operands, and a kernel the kind has on a grid it can read."""
+    family = model_family(model)
+    for kind_key in POINT_KEYS:
+        kind = "matmul" if kind_key == "bmm" else kind_key
+        if getattr(recipe, kind_key) is not None and not any(p.kind == kind for p in points):
+            raise ConfigError(f"{recipe.key}.{kind_key}: {why_unsupported(family, kind)}")
+    planned: list[PlannedPoint] = []
+    for point in points:
+        point_recipe, where = recipe.for_point(point.name, point.kind)
+        if point_recipe is None:
+            continue
+        if point.kind not in FAMILY_KINDS.get(point.family, ()):
+            raise ConfigError(f"{where}: {why_unsupported(point.family, point.kind)}")
+        allowed = KIND_OPERANDS[point.kind]
+        extra = next((o for o in OPERANDS if getattr(point_recipe, o) is not None and o not in allowed), None)
+        if extra is not None:
+            raise ConfigError(
+                f"{where}.{extra}: a {point.kind} point has no {extra} (point {point.name}; operands: "
+                f"{', '.join(allowed)})"
+            )
+        if point_recipe.kernel not in ("float", *([] if point.kind not in KERNELS["ibert"] else ["ibert"])):
+            raise ConfigError(
+                f"{where}.kernel={point_recipe.kernel!r}: a {point.kind} point computes in float (kernel ibert: "
+                f"{', '.join(KERNELS['ibert'])})"
+            )
+        quantizers = point_recipe.quantizers()
+        if point_recipe.kernel == "ibert":
+            problem = ibert_input_problem(quantizers["data_in"])
+            if problem:
+                raise ConfigError(f"{where}.kernel=ibert: {problem} (point {point.name})")
+        for operand, quantizer in quantizers.items():
+            if quantizer is None:
+                continue
+            shape = None
+            if operand in ("weight", "bias") and point.kind == "layer_norm":
+                tensor = getattr(point.module, operand, None)
+                shape = None if tensor is None else tuple(tensor.shape)
+            try:
+                quantizer.bind(shape)
+            except QuantizerParamError as err:
+                raise ConfigError(
+                    f"{where}.{point_recipe.key_of(operand, err.param)}{err.detail} (point {point.name})"
+                ) from None
+        second = None
+        if point.kind == "add" and point_recipe.data_in is not None:
+            second = point_recipe.data_in.build()
+            second.bind(None)
+        planned.append((point, quantizers, point_recipe.kernel, second))
     return planned
 
 
@@ -194,6 +273,8 @@ def quantization_report(model: nn.Module) -> dict[str, float]:
       weights and biases at their quantized widths, everything else (embeddings, norms, LoRA
       adapters) at its dtype's width. PEFT's unused ``original_module`` copies are not counted.
     * ``quant/layers``: number of quantized linear layers.
+    * ``quant/points``: number of quantized encoder points (attention products, softmax, GELU, LayerNorm, adds);
+      present only when there is one.
     """
     layers = find_linear_layers(model)
     weight_bits = weight_elems = act_bits = act_elems = 0.0
@@ -222,9 +303,13 @@ def quantization_report(model: nn.Module) -> dict[str, float]:
         for path, p in model.named_parameters()
         if id(p) not in linear_params and "original_module" not in path.split(".")
     )
-    return {
+    report = {
         "quant/avg_weight_bits": weight_bits / weight_elems if weight_elems else 0.0,
         "quant/avg_act_bits": act_bits / act_elems if act_elems else 0.0,
         "quant/weight_bytes": linear_bytes + other_bytes,
         "quant/layers": float(quantized),
     }
+    points = quantized_points(model)
+    if points:
+        report["quant/points"] = float(len(points))
+    return report
