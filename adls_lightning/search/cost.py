@@ -19,7 +19,8 @@ that can be run and timed end to end:
 
 For each distinct layer shape and choice :func:`measure_layers` times the layer alone at the batch and length asked
 (``batch x tokens`` rows, ``threads`` threads): warm-up, then interleaved rounds over the choices of a shape, the
-median per choice. The rest of the model (embeddings, attention's matmuls and softmax, LayerNorms, activations) is
+median per choice. At one thread the clock is the thread's CPU time (:func:`clock_for`): on a machine shared with
+other work, wall time counts the time the process waited for a core, which says nothing about the layer. The rest of the model (embeddings, attention's matmuls and softmax, LayerNorms, activations) is
 one measured remainder: the whole fp32 model's median latency minus the sum of its linear layers' fp32 latencies.
 A prediction is ``remainder + sum of the chosen layers' latencies`` (:meth:`CostTable.predict`).
 
@@ -246,19 +247,33 @@ def machine_key(threads: int, batch: int, tokens: int) -> str:
     )
 
 
-def time_calls(calls: Mapping[str, Callable[[], object]], rounds: int = ROUNDS) -> dict[str, float]:
-    """Median seconds of each call: ``WARMUP`` calls each, then ``rounds`` rounds calling each once in turn
-    (interleaved: load from other processes falls on all of them alike)."""
+def clock_for(threads: int) -> str:
+    """The clock a measurement at ``threads`` threads reads: ``cpu`` (the calling thread's CPU time) at one thread,
+    where torch computes in the calling thread, so time the thread spent waiting for a core taken by other processes
+    is not counted (on an idle core the two agree); ``wall`` (``perf_counter``) with more threads, whose work is
+    spread over other threads."""
+    return "cpu" if threads == 1 else "wall"
+
+
+def time_calls(
+    calls: Mapping[str, Callable[[], object]], rounds: int = ROUNDS
+) -> dict[str, dict[str, float]]:
+    """Median seconds of each call on both clocks (``{name: {"cpu": s, "wall": s}}``): ``WARMUP`` calls each, then
+    ``rounds`` rounds calling each once in turn (interleaved: load from other processes falls on all alike)."""
     for call in calls.values():
         for _ in range(WARMUP):
             call()
-    seconds: dict[str, list[float]] = {name: [] for name in calls}
+    seconds: dict[str, dict[str, list[float]]] = {name: {"cpu": [], "wall": []} for name in calls}
     for _ in range(rounds):
         for name, call in calls.items():
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.thread_time()
             call()
-            seconds[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in seconds.items()}
+            seconds[name]["cpu"].append(time.thread_time() - cpu)
+            seconds[name]["wall"].append(time.perf_counter() - wall)
+    return {
+        name: {c: statistics.median(values) for c, values in clocks.items()}
+        for name, clocks in seconds.items()
+    }
 
 
 def _layer_calls(shape: LayerShape, choices: Iterable[str], batch: int, tokens: int) -> dict[str, Callable]:
@@ -288,7 +303,7 @@ def measure_layers(
     with torch_threads(threads):
         for shape in shapes:
             seconds = time_calls(_layer_calls(shape, shape.choices(), batch, tokens), rounds)
-            table[shape.key] = {choice: 1e3 * s for choice, s in seconds.items()}
+            table[shape.key] = {choice: 1e3 * s[clock_for(threads)] for choice, s in seconds.items()}
     return table
 
 
@@ -311,12 +326,18 @@ def model_call(model: nn.Module, batch: int, tokens: int) -> Callable[[], object
 
 
 def measure_models(
-    models: Mapping[str, nn.Module], batch: int, tokens: int, threads: int, rounds: int = ROUNDS
+    models: Mapping[str, nn.Module],
+    batch: int,
+    tokens: int,
+    threads: int,
+    rounds: int = ROUNDS,
+    clock: str | None = None,
 ) -> dict[str, float]:
-    """Median milliseconds of one forward of each model (interleaved rounds)."""
+    """Median milliseconds of one forward of each model (interleaved rounds) on ``clock`` (default: the one the
+    cost table reads at ``threads``, :func:`clock_for`)."""
     with torch_threads(threads):
         seconds = time_calls({name: model_call(m, batch, tokens) for name, m in models.items()}, rounds)
-    return {name: 1e3 * s for name, s in seconds.items()}
+    return {name: 1e3 * s[clock or clock_for(threads)] for name, s in seconds.items()}
 
 
 def architecture_key(model: nn.Module) -> str:
