@@ -131,6 +131,23 @@ def test_a_timing_under_load_keeps_fp32_and_caches_nothing(caplog, tmp_path):
     assert "cannot be trusted" in line and "spread 3.00x" in line
 
 
+def test_a_gap_that_holds_across_every_repeat_is_trusted_despite_the_spread(tmp_path):
+    # a loaded machine: fp32 repeats spread 1.5x, bf16's 1.4x, but bf16's slowest beats fp32's fastest by 2x
+    runs = iter([{"fp32": 4.0, "bf16": 1.0}, {"fp32": 6.0, "bf16": 1.4}, {"fp32": 5.0, "bf16": 1.2}])
+    chosen = precision.choose(
+        "auto",
+        _linear_model(),
+        512,
+        tmp_path,
+        flags=AVX512_BF16_FLAGS,
+        measure_fn=lambda shapes, rows: next(runs),
+        reference_fn=_reference,
+    )
+    assert chosen == "bf16-mixed"
+    [times] = json.loads((tmp_path / precision.CACHE_FILE).read_text()).values()
+    assert times == {"fp32": 4.0, "bf16": 1.0}  # the best of each
+
+
 def test_bad_value_is_one_line_listing_the_valid_values():
     with pytest.raises(ConfigError) as err:
         precision.choose("fp8", _linear_model(), 512)
