@@ -234,7 +234,7 @@ def cpu_flags() -> str:
 
 def machine_key(threads: int, batch: int, tokens: int) -> str:
     """What a measurement depends on besides the layer: the CPU model, a digest of its flags, torch's version, the
-    threads and the rows (batch x tokens)."""
+    threads, the rows (batch x tokens) and the clock read (:func:`clock_for`)."""
     flags = hashlib.sha1(" ".join(sorted(cpu_flags().split())).encode()).hexdigest()[:12]
     return "|".join(
         [
@@ -243,6 +243,7 @@ def machine_key(threads: int, batch: int, tokens: int) -> str:
             f"torch={torch.__version__}",
             f"threads={threads}",
             f"b{batch}xt{tokens}",
+            f"clock={clock_for(threads)}",
         ]
     )
 
