@@ -6,8 +6,10 @@
 #  2. the CUDA tests (`pytest -m gpu`: quantize/dequantize vs the reference bit for bit, the packed linear,
 #     pruning masks on CUDA);
 #  3. dequantize/quantize throughput in TB/s at 64M, 256M and 1G elements;
-#  4. packed-linear timings on the GPU (nn.Linear vs QLinearPacked; the GPU has no fused kernel: both packed
-#     routes dequantize with the CUDA kernel and call cuBLAS);
+#  4. the fused packed linear (benchmarks/bench_mxint8_cuda.py): device time per call against nn.Linear in fp32
+#     and bf16 at 1-64 rows on BERT-base's and MiniLM's FFN shapes, the op's host time per call, and a MiniLM
+#     batch-1 forward with packed vs bf16 weights, written to one JSON file ($GPU_RESULTS, default
+#     gpu_results/mxint8_cuda.json: the device name and date are in it);
 #  5. the memory report's peak-allocated measurement (Lab 4 3d) for BERT-base and DeBERTa-v2-xlarge shapes
 #     built from config (random weights, nothing downloaded);
 #  6. a pruning schedule's mask step for MiniLM's 37 linears on the GPU (one sort per layer vs kthvalue); its
@@ -31,6 +33,8 @@ else
   PY=.venv/bin/python
   [[ -x "$PY" ]] || PY=python3
 fi
+
+RESULTS_FILE="${GPU_RESULTS:-gpu_results/mxint8_cuda.json}"
 
 step() { echo; echo "== gpu_check: $*"; }
 run() {
@@ -63,8 +67,8 @@ run "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_mxint8.py tests/tes
 step "3. dequantize / quantize throughput (TB/s), 64M-1G elements"
 run_py "$PY" benchmarks/bench_mxint8.py --gpu-only --sizes 64M 256M 1G
 
-step "4. packed linear on the GPU (fused = dequantize + cuBLAS there)"
-run_py "$PY" benchmarks/bench_mxint8_linear.py --device cuda --rows 1 8 64 512 4096
+step "4. the fused packed linear vs nn.Linear fp32/bf16 (rows 1-64, BERT-base and MiniLM shapes), its host time per call, a MiniLM batch-1 forward; results in ${RESULTS_FILE}"
+run_py "$PY" benchmarks/bench_mxint8_cuda.py --rows 1 8 16 64 --out "$RESULTS_FILE"
 
 step "5. memory report: peak allocated, fp32 vs packed"
 run_py "$PY" scripts/mxint8_memory_report.py --from-config bert-base

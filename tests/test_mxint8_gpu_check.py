@@ -26,7 +26,9 @@ def test_gpu_check_dry_run_lists_every_step_and_checks_their_arguments():
         assert f"== gpu_check: {step}." in out
     # Each Python step ran its own --dry-run (argument parsing) and said what it would measure.
     assert "would measure 64M, 256M, 1G elements on cuda" in out
-    assert "would time rows [1, 8, 64, 512, 4096]" in out
+    assert (
+        "would time rows [1, 8, 16, 64] of ['bert-base', 'minilm'] in ['float32', 'bfloat16'] on CUDA" in out
+    )
     assert out.count("dry run: would report --from-config") == 2
     assert "would time the mask step of 37 MiniLM linears at sparsity 0.5, 0.9 on cuda" in out
     assert "setup.py build_ext --inplace" in out and "pytest -m gpu" in out

@@ -18,8 +18,9 @@ from adls_lightning.mxint8 import (
     quantize,
 )
 from adls_lightning.mxint8.format import element_scale_reference
+from adls_lightning.mxint8.ops import DISABLE_NATIVE_ENV
 from tests.helpers import requires
-from tests.mxint8_helpers import assert_passes_with_portable_kernels
+from tests.mxint8_helpers import assert_passes_with_env, assert_passes_with_portable_kernels
 
 GROUP_SIZES = [8, 16, 24, 32, 40, 64, 128, 256, 512]
 ROWS = [1, 2, 3, 4, 5, 7, 8, 13, 64]
@@ -218,6 +219,26 @@ def test_native_kernel_serves_cpu():
     assert torch._C._dispatch_has_kernel_for_dispatch_key("adls::mxint8_linear", "CPU")
 
 
+@pytest.mark.skipif(not native_linear_kernel_loaded(), reason="needs the compiled extension")
+def test_native_autograd_serves_cpu_without_python():
+    """The backward is registered in C++ for AutogradCPU/AutogradCUDA: the graph node is a C++ one, not the
+    Python wrapper of torch.library.register_autograd (whose per-call cost this removes)."""
+    mantissa, scale = packed_weight(6, 32, 16, seed=9)
+    for key in ("AutogradCPU", "AutogradCUDA"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key("adls::mxint8_linear", key)
+    y = linear(torch.randn(2, 32, requires_grad=True), mantissa, scale, None, 16)
+    assert "PackedLinearFunction" in y.grad_fn.name()
+
+
+@pytest.mark.skipif(
+    not native_linear_kernel_loaded(), reason="the Python autograd already serves every test here"
+)
+def test_python_autograd_gives_the_same_gradients_without_the_extension():
+    assert_passes_with_env(
+        __file__, "gradcheck or gradient or opcheck or lora_style", {DISABLE_NATIVE_ENV: "1"}
+    )
+
+
 @pytest.mark.skipif(native_cpu_isa() != "avx2", reason="the portable loops already serve every test here")
 def test_portable_fused_kernel_is_correct_too():
     assert_passes_with_portable_kernels(
@@ -232,3 +253,68 @@ def test_cuda_linear_matches_the_exact_result():
     expected, bound = exact_linear(x, mantissa, scale, bias, 32)
     result = linear(x.cuda(), mantissa.cuda(), scale.cuda(), bias.cuda(), 32).cpu()
     assert ((result.double() - expected).abs() <= bound).all()
+
+
+CUDA_ROWS = [1, 2, 3, 4, 5, 8, 9, 16, 17, 64]
+
+
+@requires("gpu")
+@pytest.mark.parametrize("rows", CUDA_ROWS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cuda_fused_linear_every_row_tile_and_dtype(rows, dtype):
+    """1-16 rows take the fused kernel (each row tile size), 17 and 64 the dequantize + cuBLAS route; both agree
+    with the exact float64 result within float32 reassociation, then one rounding to ``dtype``."""
+    mantissa, scale = packed_weight(203, 768, 32, seed=rows)
+    x = torch.randn(rows, 768).to(dtype)
+    bias = torch.randn(203)
+    expected, bound = exact_linear(x.float(), mantissa, scale, bias, 32)
+    result = linear(x.cuda(), mantissa.cuda(), scale.cuda(), bias.to(dtype).cuda(), 32).cpu()
+    assert result.dtype == dtype
+    # one rounding to dtype of the result, and (cuBLAS's route, with reduced-precision split-K reductions allowed by
+    # default for 16-bit types) of partial sums, each at most half an ulp of the sum of magnitudes
+    weight = dequantize(mantissa, scale, 32).double()  # exact in float32
+    magnitude = x.double().abs() @ weight.abs().T + bias.double().abs()
+    ulp = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[dtype]
+    bias_rounding = (bias.double() - bias.to(dtype).double()).abs()  # the bias is given in dtype
+    assert ((result.double() - expected).abs() <= bound + 2 * ulp * magnitude + bias_rounding).all()
+
+
+@requires("gpu")
+@pytest.mark.parametrize(("in_features", "group_size"), [(40, 8), (24, 24), (100, 4), (64, 64)])
+def test_cuda_fused_linear_odd_shapes_take_the_elementwise_kernel(in_features, group_size):
+    mantissa, scale = packed_weight(7, in_features, group_size, seed=in_features)
+    x = torch.randn(2, 3, in_features)
+    expected, bound = exact_linear(x.reshape(6, -1), mantissa, scale, None, group_size)
+    result = linear(x.cuda(), mantissa.cuda(), scale.cuda(), None, group_size).cpu()
+    assert result.shape == (2, 3, 7)
+    assert ((result.reshape(6, -1).double() - expected).abs() <= bound).all()
+
+
+@requires("gpu")
+def test_cuda_fused_linear_nan_group_empty_rows_and_misaligned_input():
+    mantissa, scale = packed_weight(9, 64, 16, seed=3)
+    scale[4, 2] = 0xFF  # a NaN group: feature 4 is NaN in every row, the others are not
+    result = linear(torch.randn(3, 64).cuda(), mantissa.cuda(), scale.cuda(), None, 16).cpu()
+    assert result[:, 4].isnan().all() and not result[:, [0, 1, 2, 3, 5, 6, 7, 8]].isnan().any()
+    empty = linear(torch.randn(0, 64).cuda(), mantissa.cuda(), scale.cuda(), None, 16)
+    assert empty.shape == (0, 9)
+    # a view starting one float in: not 16-byte aligned, so the elementwise kernel serves it
+    buffer = torch.randn(2 * 64 + 1)
+    x = buffer[1:].view(2, 64)
+    scale[4, 2] = 0
+    expected, bound = exact_linear(x, mantissa, scale, None, 16)
+    result = linear(buffer.cuda()[1:].view(2, 64), mantissa.cuda(), scale.cuda(), None, 16).cpu()
+    assert ((result.double() - expected).abs() <= bound).all()
+
+
+@requires("gpu")
+@pytest.mark.parametrize("rows", [1, 8, 32])
+def test_cuda_opcheck_and_gradients(rows):
+    mantissa, scale = packed_weight(12, 64, 32, seed=rows)
+    x = torch.randn(rows, 64, device="cuda", requires_grad=True)
+    bias = torch.randn(12, device="cuda", requires_grad=True)
+    opcheck(torch.ops.adls.mxint8_linear.default, (x, mantissa.cuda(), scale.cuda(), bias, 32))
+    grad_output = torch.randn(rows, 12, device="cuda")
+    linear(x, mantissa.cuda(), scale.cuda(), bias, 32).backward(grad_output)
+    torch.testing.assert_close(x.grad, grad_output @ dequantize(mantissa.cuda(), scale.cuda(), 32))
+    torch.testing.assert_close(bias.grad, grad_output.sum(0))

@@ -168,6 +168,12 @@ def native_cuda_kernels_loaded() -> bool:
     return _has_kernel(QUANTIZE_OP, "CUDA") and _has_kernel(DEQUANTIZE_OP, "CUDA")
 
 
+def native_cuda_linear_loaded() -> bool:
+    """True when the fused CUDA kernel serves ``torch.ops.adls.mxint8_linear`` on CUDA tensors (it then picks its
+    own route by rows in C++: fused for few rows, dequantize + cuBLAS above)."""
+    return _has_kernel(LINEAR_OP, "CUDA")
+
+
 def quantize(x: torch.Tensor, group_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """MXINT8-quantize ``x`` along its last dimension: ``(int8 mantissa, uint8 scale)``."""
     return torch.ops.adls.mxint8_quantize(x, group_size)

@@ -26,7 +26,7 @@ from torch import nn
 
 from adls_lightning.layers import name_filter, target_layers
 from adls_lightning.mxint8.format import DEQUANTIZE_OUTPUT_DTYPES
-from adls_lightning.mxint8.ops import dequantize, linear
+from adls_lightning.mxint8.ops import dequantize, linear, native_cuda_linear_loaded
 from adls_lightning.mxint8.packed_weight import register_packed_weight, store_packed_weight
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,11 @@ class QLinearPacked(nn.Module):
         return F.linear(x, weight, bias)
 
     def uses_fused_kernel(self, x: torch.Tensor) -> bool:
-        """Whether :meth:`forward` takes the fused kernel for ``x`` (CPU, float32, few rows)."""
+        """Whether :meth:`forward` calls ``torch.ops.adls.mxint8_linear`` for ``x``: on CPU for float32 and at most
+        :data:`FUSED_MAX_ROWS` rows; on CUDA for every float32/bfloat16/float16 input when the CUDA kernel is
+        built, since the op itself picks the fused kernel or dequantize + cuBLAS by rows, in C++."""
+        if x.device.type == "cuda":
+            return x.dtype in DEQUANTIZE_OUTPUT_DTYPES and native_cuda_linear_loaded()
         rows = x.numel() // self.in_features if self.in_features else 0
         return x.device.type == "cpu" and x.dtype == torch.float32 and rows <= FUSED_MAX_ROWS
 

@@ -2,7 +2,11 @@
 // kernels of mxint8_kernels.cu on the current stream. Built only when torch has CUDA.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <ATen/ops/linear.h>
 #include <torch/library.h>
+
+#include <optional>
+#include <vector>
 
 #include "../mxint8_checks.h"
 #include "mxint8_kernels.h"
@@ -54,6 +58,39 @@ at::Tensor mxint8_dequantize_cuda(const at::Tensor& mantissa, const at::Tensor& 
   return out;
 }
 
+// y = x dequantize(W)^T + bias. Up to cuda::kFusedMaxRows rows of float32/bfloat16/float16 x: the fused kernel,
+// which reads the packed weight once and never writes the dequantized one. More rows (or float64 x, or an
+// empty input): the reference's route -- the weight dequantized once by the CUDA kernel in x's dtype, then
+// cuBLAS -- where the multiply-adds, not the weight's bytes, bound the time.
+at::Tensor mxint8_linear_cuda(const at::Tensor& x, const at::Tensor& mantissa, const at::Tensor& scale,
+                              const std::optional<at::Tensor>& bias, int64_t group_size) {
+  check_linear_args(x, mantissa, scale, bias, group_size);
+  TORCH_INTERNAL_ASSERT(x.device().is_cuda());
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  const int64_t in_features = mantissa.size(1);
+  const int64_t out_features = mantissa.size(0);
+  const int64_t rows = in_features == 0 ? 0 : x.numel() / in_features;
+  if (x.scalar_type() == at::kDouble || in_features == 0 || rows > cuda::kFusedMaxRows) {
+    const at::ScalarType weight_dtype = x.scalar_type() == at::kDouble ? at::kFloat : x.scalar_type();
+    const at::Tensor weight = mxint8_dequantize_cuda(mantissa, scale, group_size, weight_dtype).to(x.scalar_type());
+    return at::linear(x, weight, bias.has_value() ? std::optional<at::Tensor>(bias->to(x.scalar_type())) : bias);
+  }
+  const at::Tensor x2 = x.reshape({rows, in_features}).contiguous();
+  const at::Tensor mantissa_c = mantissa.contiguous();
+  const at::Tensor scale_c = scale.contiguous();
+  std::optional<at::Tensor> bias_c;
+  if (bias.has_value()) bias_c = bias->to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({rows, out_features}, x.options());
+  check_launch(cuda::launch_linear(x2.const_data_ptr(), float_type(x.scalar_type()), mantissa_c.const_data_ptr<int8_t>(),
+                                   scale_c.const_data_ptr<uint8_t>(),
+                                   bias_c.has_value() ? bias_c->const_data_ptr<float>() : nullptr, out.data_ptr(), rows,
+                                   in_features, out_features, group_size, c10::cuda::getCurrentCUDAStream()),
+               "mxint8_linear");
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = out_features;
+  return out.view(out_shape);
+}
+
 }  // namespace
 }  // namespace mxint8
 }  // namespace adls
@@ -61,4 +98,5 @@ at::Tensor mxint8_dequantize_cuda(const at::Tensor& mantissa, const at::Tensor& 
 TORCH_LIBRARY_IMPL(adls, CUDA, m) {
   m.impl("mxint8_quantize", &adls::mxint8::mxint8_quantize_cuda);
   m.impl("mxint8_dequantize", &adls::mxint8::mxint8_dequantize_cuda);
+  m.impl("mxint8_linear", &adls::mxint8::mxint8_linear_cuda);
 }

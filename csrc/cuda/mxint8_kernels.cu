@@ -1,6 +1,7 @@
 // MXINT8 CUDA kernels. Includes no torch headers (see mxint8_kernels.h); the arithmetic is the
 // shared host/device code in ../mxint8_math.h, so CPU, CUDA and the Python reference agree bit
 // for bit. Launched by mxint8_cuda.cpp (the torch binding).
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -214,6 +215,229 @@ cudaError_t quantize_as(const void* x, int8_t* mantissa, uint8_t* scale, int64_t
   return cudaGetLastError();
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Fused packed linear (few rows)
+//
+// A block computes kLinearColumns output features for up to kRows rows of x. Its threads split the input features
+// into chunks of 16 (one 128-bit load of mantissas per output feature), decode each chunk once in registers --
+// m * 2^(E - 133) is exact in float32 -- and multiply it into every row, so the weight is read once per row tile
+// and the dequantized weight is never written. Partial sums are reduced across lanes by shuffles and across warps
+// in shared memory in a fixed order, so a result does not depend on scheduling.
+
+constexpr int kLinearColumns = 4;
+constexpr int kCodesPerChunk = kBytesPerAccess;  // int8 mantissas per 128-bit load
+constexpr int kMaxLinearThreads = 256;
+constexpr int kWarpSize = 32;
+
+struct LinearProblem {
+  const int8_t* mantissa;
+  const uint8_t* scale;
+  const float* bias;  // null: no bias
+  int64_t rows;
+  int64_t in_features;
+  int64_t out_features;
+  int64_t group_size;
+};
+
+// A float32 sum rounded to nearest even in the output type (sums are not on the type's grid, unlike the
+// dequantized values Traits::store writes).
+template <FloatType T>
+__device__ __forceinline__ typename Traits<T>::Storage round_from_float(float value);
+
+template <>
+__device__ __forceinline__ float round_from_float<FloatType::kFloat32>(float value) {
+  return value;
+}
+
+template <>
+__device__ __forceinline__ uint16_t round_from_float<FloatType::kBFloat16>(float value) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(value));
+}
+
+template <>
+__device__ __forceinline__ uint16_t round_from_float<FloatType::kFloat16>(float value) {
+  return __half_as_ushort(__float2half_rn(value));
+}
+
+// 16 consecutive values of x as float32, by 128-bit loads (the caller checked the 16-byte alignment).
+template <FloatType T>
+__device__ __forceinline__ void load_x_chunk(const typename Traits<T>::Storage* __restrict__ x,
+                                             float (&values)[kCodesPerChunk]) {
+  using Storage = typename Traits<T>::Storage;
+  constexpr int kPerLoad = kBytesPerAccess / sizeof(Storage);
+#pragma unroll
+  for (int load = 0; load < kCodesPerChunk / kPerLoad; ++load) {
+    alignas(kBytesPerAccess) Storage raw[kPerLoad];
+    *reinterpret_cast<int4*>(raw) = __ldg(reinterpret_cast<const int4*>(x) + load);
+#pragma unroll
+    for (int i = 0; i < kPerLoad; ++i) values[load * kPerLoad + i] = Traits<T>::load(raw[i]);
+  }
+}
+
+// The block's sums: each (column, row) pair reduced over the lanes of every warp, then over the warps, then the
+// bias added and the result rounded once into `out`.
+template <FloatType T, int kRows>
+__device__ __forceinline__ void store_block_sums(float (&sums)[kLinearColumns][kRows], float* partial,
+                                                 typename Traits<T>::Storage* __restrict__ out,
+                                                 const LinearProblem& p, int64_t first_column, int64_t first_row,
+                                                 int rows_here) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  constexpr int kPairs = kLinearColumns * kRows;
+#pragma unroll
+  for (int c = 0; c < kLinearColumns; ++c) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float value = sums[c][r];
+#pragma unroll
+      for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+        value += __shfl_xor_sync(0xffffffffu, value, offset);
+      }
+      if (lane == 0) partial[warp * kPairs + c * kRows + r] = value;
+    }
+  }
+  __syncthreads();
+  for (int pair = threadIdx.x; pair < kPairs; pair += blockDim.x) {
+    const int r = pair % kRows;
+    const int64_t column = first_column + pair / kRows;
+    if (r >= rows_here || column >= p.out_features) continue;
+    float total = 0.0f;
+    for (int w = 0; w < warps; ++w) total += partial[w * kPairs + pair];
+    if (p.bias != nullptr) total += __ldg(p.bias + column);
+    out[(first_row + r) * p.out_features + column] = round_from_float<T>(total);
+  }
+}
+
+// in_features and group_size multiples of 16, x and mantissa 16-byte aligned: 128-bit loads throughout.
+template <FloatType T, int kRows>
+__global__ void __launch_bounds__(kMaxLinearThreads)
+    linear_vectorized_kernel(const typename Traits<T>::Storage* __restrict__ x,
+                             typename Traits<T>::Storage* __restrict__ out, LinearProblem p) {
+  __shared__ float partial[kMaxLinearThreads / kWarpSize * kLinearColumns * kRows];
+  const int64_t first_column = static_cast<int64_t>(blockIdx.x) * kLinearColumns;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.y) * kRows;
+  const int rows_here = static_cast<int>(min(static_cast<int64_t>(kRows), p.rows - first_row));
+  const int64_t groups_per_row = p.in_features / p.group_size;
+  float sums[kLinearColumns][kRows];
+#pragma unroll
+  for (int c = 0; c < kLinearColumns; ++c) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) sums[c][r] = 0.0f;
+  }
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * kCodesPerChunk;
+  for (int64_t k = static_cast<int64_t>(threadIdx.x) * kCodesPerChunk; k < p.in_features; k += stride) {
+    float weight[kLinearColumns][kCodesPerChunk];
+#pragma unroll
+    for (int c = 0; c < kLinearColumns; ++c) {
+      const int64_t column = first_column + c;
+      if (column < p.out_features) {
+        Bytes<kCodesPerChunk> codes;
+        *reinterpret_cast<int4*>(&codes) = __ldg(reinterpret_cast<const int4*>(p.mantissa + column * p.in_features + k));
+        const float step = element_scale(__ldg(p.scale + column * groups_per_row + k / p.group_size));
+#pragma unroll
+        for (int i = 0; i < kCodesPerChunk; ++i) weight[c][i] = static_cast<float>(codes.values[i]) * step;
+      } else {
+#pragma unroll
+        for (int i = 0; i < kCodesPerChunk; ++i) weight[c][i] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r < rows_here) {
+        float values[kCodesPerChunk];
+        load_x_chunk<T>(x + (first_row + r) * p.in_features + k, values);
+#pragma unroll
+        for (int c = 0; c < kLinearColumns; ++c) {
+#pragma unroll
+          for (int i = 0; i < kCodesPerChunk; ++i) sums[c][r] = fmaf(values[i], weight[c][i], sums[c][r]);
+        }
+      }
+    }
+  }
+  store_block_sums<T, kRows>(sums, partial, out, p, first_column, first_row, rows_here);
+}
+
+// Any in_features, group size and alignment: one input feature per thread and step.
+template <FloatType T, int kRows>
+__global__ void __launch_bounds__(kMaxLinearThreads)
+    linear_elementwise_kernel(const typename Traits<T>::Storage* __restrict__ x,
+                              typename Traits<T>::Storage* __restrict__ out, LinearProblem p) {
+  __shared__ float partial[kMaxLinearThreads / kWarpSize * kLinearColumns * kRows];
+  const int64_t first_column = static_cast<int64_t>(blockIdx.x) * kLinearColumns;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.y) * kRows;
+  const int rows_here = static_cast<int>(min(static_cast<int64_t>(kRows), p.rows - first_row));
+  const int64_t groups_per_row = p.in_features / p.group_size;
+  float sums[kLinearColumns][kRows];
+#pragma unroll
+  for (int c = 0; c < kLinearColumns; ++c) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) sums[c][r] = 0.0f;
+  }
+  for (int64_t k = threadIdx.x; k < p.in_features; k += blockDim.x) {
+    float weight[kLinearColumns];
+#pragma unroll
+    for (int c = 0; c < kLinearColumns; ++c) {
+      const int64_t column = first_column + c;
+      weight[c] = column < p.out_features
+                      ? static_cast<float>(p.mantissa[column * p.in_features + k]) *
+                            element_scale(__ldg(p.scale + column * groups_per_row + k / p.group_size))
+                      : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (r < rows_here) {
+        const float value = Traits<T>::load(x[(first_row + r) * p.in_features + k]);
+#pragma unroll
+        for (int c = 0; c < kLinearColumns; ++c) sums[c][r] = fmaf(value, weight[c], sums[c][r]);
+      }
+    }
+  }
+  store_block_sums<T, kRows>(sums, partial, out, p, first_column, first_row, rows_here);
+}
+
+// Enough whole warps for the block's chunks of input features, at most kMaxLinearThreads.
+int linear_threads(int64_t work_per_row) {
+  const int64_t warps = (work_per_row + kWarpSize - 1) / kWarpSize;
+  const int64_t threads = warps * kWarpSize;
+  return static_cast<int>(threads < kWarpSize ? kWarpSize : (threads > kMaxLinearThreads ? kMaxLinearThreads : threads));
+}
+
+template <FloatType T, int kRows>
+void launch_linear_tiles(const void* x, void* out, const LinearProblem& p, bool vectorized, cudaStream_t stream) {
+  using Storage = typename Traits<T>::Storage;
+  const dim3 grid(static_cast<unsigned>((p.out_features + kLinearColumns - 1) / kLinearColumns),
+                  static_cast<unsigned>((p.rows + kRows - 1) / kRows));
+  const auto* typed_x = static_cast<const Storage*>(x);
+  auto* typed_out = static_cast<Storage*>(out);
+  if (vectorized) {
+    linear_vectorized_kernel<T, kRows>
+        <<<grid, linear_threads(p.in_features / kCodesPerChunk), 0, stream>>>(typed_x, typed_out, p);
+  } else {
+    linear_elementwise_kernel<T, kRows><<<grid, linear_threads(p.in_features), 0, stream>>>(typed_x, typed_out, p);
+  }
+}
+
+template <FloatType T>
+cudaError_t linear_as(const void* x, void* out, const LinearProblem& p, cudaStream_t stream) {
+  const bool vectorized = p.in_features % kCodesPerChunk == 0 && p.group_size % kCodesPerChunk == 0 &&
+                          is_aligned(x, kBytesPerAccess) && is_aligned(p.mantissa, kBytesPerAccess);
+  // the smallest row tile that holds all rows: no accumulators spent on rows that are not there
+  if (p.rows <= 1) {
+    launch_linear_tiles<T, 1>(x, out, p, vectorized, stream);
+  } else if (p.rows <= 2) {
+    launch_linear_tiles<T, 2>(x, out, p, vectorized, stream);
+  } else if (p.rows <= 4) {
+    launch_linear_tiles<T, 4>(x, out, p, vectorized, stream);
+  } else if (p.rows <= 8) {
+    launch_linear_tiles<T, 8>(x, out, p, vectorized, stream);
+  } else {
+    launch_linear_tiles<T, 16>(x, out, p, vectorized, stream);
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t launch_quantize(const void* x, FloatType x_type, int8_t* mantissa, uint8_t* scale, int64_t num_groups,
@@ -234,6 +458,23 @@ cudaError_t launch_dequantize(const int8_t* mantissa, const uint8_t* scale, void
     case FloatType::kFloat32: return dequantize_as<FloatType::kFloat32>(mantissa, scale, out, numel, group_size, stream);
     case FloatType::kBFloat16: return dequantize_as<FloatType::kBFloat16>(mantissa, scale, out, numel, group_size, stream);
     case FloatType::kFloat16: return dequantize_as<FloatType::kFloat16>(mantissa, scale, out, numel, group_size, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_linear(const void* x, FloatType x_type, const int8_t* mantissa, const uint8_t* scale,
+                          const float* bias, void* out, int64_t rows, int64_t in_features, int64_t out_features,
+                          int64_t group_size, cudaStream_t stream) {
+  if (rows < 0 || rows > kFusedMaxRows || in_features < 0 || out_features < 0 || group_size <= 0 ||
+      in_features % group_size != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0 || out_features == 0) return cudaSuccess;
+  const LinearProblem problem{mantissa, scale, bias, rows, in_features, out_features, group_size};
+  switch (x_type) {
+    case FloatType::kFloat32: return linear_as<FloatType::kFloat32>(x, out, problem, stream);
+    case FloatType::kBFloat16: return linear_as<FloatType::kBFloat16>(x, out, problem, stream);
+    case FloatType::kFloat16: return linear_as<FloatType::kFloat16>(x, out, problem, stream);
   }
   return cudaErrorInvalidValue;
 }
