@@ -7,6 +7,9 @@ Variants (all the same merged model: LoRA folded in, pruning masks baked, by the
   ``torch.no_grad()``, torch's default GEMMs (aten) -- the baseline of the speed-ups;
 * ``ours fp32``: what the project runs at evaluation: ``runtime.gemm=auto`` resolved by ``gemm.choose`` on this
   model's shapes at this batch's rows and thread count (the chosen backend is printed), ``torch.inference_mode()``;
+* ``torch bf16``: the model's weights cast to bfloat16 once (``model.to(torch.bfloat16)``, not autocast per call),
+  ``torch.inference_mode()``: what CPUs with AMX or AVX-512 BF16 run at a multiple of fp32's rate (issue 59; on a
+  CPU without them bf16 is emulated and slower); logits returned as fp32;
 * ``torch int8 (dynamic)``: ``torch.ao.quantization.quantize_dynamic`` of every ``nn.Linear`` (qint8 weights);
 * ``ORT fp32`` / ``ORT int8``: ``model.onnx`` / ``model_int8.onnx`` as ``python -m adls_lightning.export
   format=onnx int8=true`` writes them (:mod:`adls_lightning.export.onnx`), sessions with ``intra_op_num_threads``
@@ -75,6 +78,7 @@ SCALED_INT8 = "ours int8 (scaled, static)"
 VARIANTS = (
     BASELINE,
     "ours fp32",
+    "torch bf16",
     "torch int8 (dynamic)",
     "ORT fp32",
     "ORT int8",
@@ -148,6 +152,17 @@ def build_variants(model, work: Path, fake_quant=None) -> list[Variant]:
 
     ours_variant.make = make_ours
     variants.append(ours_variant)
+
+    bf16 = copy.deepcopy(eager).to(
+        torch.bfloat16
+    )  # weights cast once, as an evaluation in bf16 would hold them
+    variants.append(
+        Variant(
+            "torch bf16",
+            lambda rows: torch_runner(bf16, torch.inference_mode),
+            "weights bf16, inference_mode",
+        )
+    )
 
     with warnings.catch_warnings():
         warnings.simplefilter(

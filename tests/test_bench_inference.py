@@ -18,6 +18,7 @@ FAKE_QUANT, SCALED_INT8 = "fake-quant int8 (scaled)", "ours int8 (scaled, static
 VARIANTS = (
     "torch eager fp32",
     "ours fp32",
+    "torch bf16",
     "torch int8 (dynamic)",
     "ORT fp32",
     "ORT int8",
