@@ -140,6 +140,7 @@ NEEDS_THE_USERS = {
     "hydra.searchpath=[file:///path/to/mylab/conf]": "a config folder of the user's own (docs/extending.md)",
     "quant=toy": "the user's own preset in that folder (docs/extending.md)",
     "search.precision=toy_step": "the user's own format (docs/extending.md)",
+    "data.plugins=[mylab.metrics]": "a metric package of the user's own (docs/extending.md)",
 }
 
 
@@ -147,8 +148,12 @@ def _compose_and_check(command: DocCommand, values: dict, out: Path) -> str:
     """Compose and validate a train/search/graph command; returns what was done ("validated"/"composed")."""
     args = [_fill(a, values, out) for a in command.args if a not in ("-m", "--multirun")]
     args = [a for a in args if a not in NEEDS_THE_USERS and not a.startswith("init_from_study=")]
-    if any(a in NEEDS_THE_USERS for a in command.args):  # the user's format's keys need the user's package
-        args = [a for a in args if "toy_step" not in a and a != "~quant.config.linear"]
+    if any(
+        a in NEEDS_THE_USERS for a in command.args
+    ):  # the user's format's / metric's keys need their package
+        args = [
+            a for a in args if "toy_step" not in a and "balanced_acc" not in a and a != "~quant.config.linear"
+        ]
     parsed = OverridesParser.create().parse_overrides(args)
     overrides = [o.input_line for o in parsed if not o.is_sweep_override()]
     sweeps = len(overrides) < len(parsed)

@@ -40,9 +40,17 @@ from adls_lightning.data.folder import (
 from adls_lightning.data.glue import HUB_NAME as GLUE_HUB_NAME
 from adls_lightning.data.glue import load_glue
 from adls_lightning.data.settings import check_loader_settings, check_val_size
-from adls_lightning.data.tasks import Task, check_swappable, default_metrics, glue_task, with_main_metric
+from adls_lightning.data.tasks import (
+    METRICS,
+    Task,
+    check_swappable,
+    default_metrics,
+    glue_task,
+    with_main_metric,
+)
 from adls_lightning.errors import ConfigError
 from adls_lightning.models import load_tokenizer
+from adls_lightning.registry import import_plugins
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +101,10 @@ class TextDataModule(LightningDataModule):
             tasks whose label does not depend on the texts' order (paraphrase, similarity). The model reads a
             pair as one sequence, so the mirrored pair is a new example with the same label; validation and test
             are left as they are.
+        metrics: the metrics to report, names in :data:`adls_lightning.data.tasks.METRICS` (None = the task's
+            own); ``main_metric`` must be one of them.
+        plugins: modules to import first, so that the metrics they register (``register_metric``) exist; allowed
+            as ``quant.plugins`` are (``ADLS_EXTRA_TARGETS``).
     """
 
     def __init__(
@@ -111,8 +123,23 @@ class TextDataModule(LightningDataModule):
         pad_to_multiple_of: int | None = None,
         main_metric: str | None = None,
         swap_pairs: bool = False,
+        metrics: Sequence[str] | None = None,
+        plugins: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
+        import_plugins(plugins, "data.plugins")
+        plugins = None if plugins is None else list(plugins)
+        if metrics is not None:
+            if isinstance(metrics, str) or not isinstance(metrics, Sequence) or not metrics:
+                unknown = [metrics]
+            else:
+                metrics = list(metrics)
+                unknown = [name for name in metrics if name not in METRICS]
+            if unknown:
+                raise ConfigError(
+                    f"data.metrics={metrics!r}: must be a non-empty list of registered metrics "
+                    f"(known: {', '.join(METRICS)}; a plugin's need data.plugins=[its module])"
+                )
         check_loader_settings(
             {
                 "max_length": max_length,
@@ -126,6 +153,8 @@ class TextDataModule(LightningDataModule):
             }
         )
         self.save_hyperparameters(logger=False)
+        # plain lists, also where a subclass passed Hydra's ListConfig on in **kwargs (weights_only checkpoints)
+        self.hparams.update(metrics=metrics, plugins=plugins)
         self.tokenizer = load_tokenizer(tokenizer)
         # Fingerprint now: calling a fast tokenizer with truncation changes its serialised state.
         self.tokenizer_fingerprint = self._fingerprint(self.tokenizer)
@@ -159,7 +188,8 @@ class TextDataModule(LightningDataModule):
         """What the model and the metrics need to know: labels (or regression), metrics, main metric."""
         if self._task is None:
             task = self._describe_task()
-            metrics = with_main_metric(task.metrics, self.hparams.main_metric)
+            chosen = task.metrics if self.hparams.metrics is None else tuple(self.hparams.metrics)
+            metrics = with_main_metric(chosen, self.hparams.main_metric)
             self._task = Task(task.name, task.label_names, metrics, task.test_splits)
         return self._task
 

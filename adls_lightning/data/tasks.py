@@ -11,50 +11,102 @@ Adding a GLUE-style task is one :data:`GLUE_TASKS` entry.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from adls_lightning.errors import ConfigError
+from adls_lightning.registry import Registry
 
 # The monitored metric of a callback built without a config (configs pass ${main_metric}): IMDb's main metric.
 DEFAULT_MAIN_METRIC = "val/acc"
-# Metric names as they appear in metrics.json (val/<name>, test/<name>).
+#: The built-in metrics' names as they appear in metrics.json (val/<name>, test/<name>); :data:`METRICS` holds them
+#: and any registered from outside.
 METRIC_NAMES = ("acc", "f1", "mcc", "pearson", "spearman")
 CLASSIFICATION_METRICS = ("acc", "f1", "mcc")
 REGRESSION_METRICS = ("pearson", "spearman")
 
 
-def build_metric(name: str, num_labels: int):
-    """The torchmetrics object of a metric name for a head of ``num_labels`` outputs (1 = regression).
+@dataclass(frozen=True)
+class MetricEntry:
+    """A metric as the registry holds it.
 
-    Classification metrics take predicted class ids; ``f1`` is the positive class's (id 1), as GLUE scores it.
+    Args:
+        build: ``build(num_labels) -> torchmetrics.Metric``. A classification metric is updated with predicted class
+            ids and the labels, a regression metric with the one output and the target (the module's
+            ``predictions``).
+        classification: whether the metric needs a classification head (two or more labels).
     """
-    from torchmetrics.classification import (
-        BinaryF1Score,
-        BinaryMatthewsCorrCoef,
-        MulticlassAccuracy,
-        MulticlassMatthewsCorrCoef,
-    )
-    from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
-    if name in CLASSIFICATION_METRICS and num_labels < 2:
+    build: Callable[[int], Any]
+    classification: bool
+
+
+#: Metric name -> :class:`MetricEntry`, filled by :func:`register_metric` (the built-ins below, then any plugin's).
+METRICS: Registry[MetricEntry] = Registry("metric")
+
+
+def register_metric(name: str, *, classification: bool = True) -> Callable:
+    """``@register_metric("name")`` on ``build(num_labels) -> torchmetrics.Metric`` adds the metric ``name``;
+    ``classification=False`` for a metric of a regression's output. A run logs it as ``val/<name>``,
+    ``test/<name>`` when its task lists it (``data.metrics``)."""
+
+    def decorate(build: Callable[[int], Any]) -> Callable[[int], Any]:
+        METRICS.register(name, MetricEntry(build, classification))
+        return build
+
+    return decorate
+
+
+@register_metric("acc")
+def _accuracy(num_labels: int):
+    from torchmetrics.classification import MulticlassAccuracy
+
+    return MulticlassAccuracy(num_classes=num_labels, average="micro")
+
+
+@register_metric("f1")
+def _f1(num_labels: int):
+    """The positive class's (id 1) F1, as GLUE scores it."""
+    from torchmetrics.classification import BinaryF1Score
+
+    if num_labels != 2:
+        raise ConfigError(f"metric f1: defined for two classes here (this task has {num_labels})")
+    return BinaryF1Score()
+
+
+@register_metric("mcc")
+def _matthews(num_labels: int):
+    from torchmetrics.classification import BinaryMatthewsCorrCoef, MulticlassMatthewsCorrCoef
+
+    return BinaryMatthewsCorrCoef() if num_labels == 2 else MulticlassMatthewsCorrCoef(num_labels)
+
+
+@register_metric("pearson", classification=False)
+def _pearson(num_labels: int):
+    from torchmetrics.regression import PearsonCorrCoef
+
+    return PearsonCorrCoef()
+
+
+@register_metric("spearman", classification=False)
+def _spearman(num_labels: int):
+    from torchmetrics.regression import SpearmanCorrCoef
+
+    return SpearmanCorrCoef()
+
+
+def build_metric(name: str, num_labels: int):
+    """The torchmetrics object of the registered metric ``name`` for a head of ``num_labels`` outputs (1 =
+    regression)."""
+    entry = METRICS.get(name)
+    if entry is None:
+        raise ConfigError(f"metric {name!r}: unknown (known: {', '.join(METRICS)})")
+    if entry.classification and num_labels < 2:
         raise ConfigError(f"metric {name}: needs a classification task (this one is a regression)")
-    if name == "acc":
-        return MulticlassAccuracy(num_classes=num_labels, average="micro")
-    if name == "f1":
-        if num_labels != 2:
-            raise ConfigError(f"metric f1: defined for two classes here (this task has {num_labels})")
-        return BinaryF1Score()
-    if name == "mcc":
-        return BinaryMatthewsCorrCoef() if num_labels == 2 else MulticlassMatthewsCorrCoef(num_labels)
-    if name == "pearson":
-        return PearsonCorrCoef()
-    if name == "spearman":
-        return SpearmanCorrCoef()
-    raise ConfigError(f"metric {name!r}: unknown (known: {', '.join(METRIC_NAMES)})")
+    return entry.build(num_labels)
 
 
 @dataclass(frozen=True)
@@ -64,7 +116,7 @@ class Task:
     Args:
         name: e.g. ``glue/mnli`` or ``folder``.
         label_names: class names in id order; None for a regression (one output, MSE loss).
-        metrics: reported metric names (:data:`METRIC_NAMES`); the first is the main metric.
+        metrics: reported metric names (entries of :data:`METRICS`); the first is the main metric.
         test_splits: names of the labelled evaluation splits (MNLI: ``test`` matched, ``test_mm`` mismatched).
     """
 
