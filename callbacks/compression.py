@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
+from adls_lightning.compression_record import merge_into, pruning_record, quantization_record
 from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
 from adls_lightning.distill import Distiller, check_distillation
 from adls_lightning.errors import ConfigError
@@ -206,6 +207,19 @@ class CompressionCallback(L.Callback):
         if self.pruner is not None:
             self.pruner.prune(pl_module)
         self.compressed = True
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """The quantization and pruning records (:mod:`adls_lightning.compression_record`); before ``at_epoch``
+        the quantization is recorded as not applied yet (the checkpoint holds plain layers)."""
+        parts: dict[str, Any] = {}
+        if self.quant is not None:
+            parts["quantization"] = quantization_record(self._inner_model(pl_module), self.quant, "qat")
+        if self.pruner is not None:
+            parts["pruning"] = pruning_record(self.pruner)
+        merge_into(checkpoint, **parts)
 
     def _before_model_load(
         self, module: torch.nn.Module, state_dict: Mapping, prefix: str, *args: Any

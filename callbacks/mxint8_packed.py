@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
+from adls_lightning.compression_record import PackingRecord, merge_into
 from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
 from adls_lightning.errors import ConfigError, require_positive_int
 from adls_lightning.lora import merge_before_compression
@@ -70,6 +72,17 @@ class MXInt8PackedEvaluation(L.Callback):
         self.monitor = monitor
         self._swaps: list[PackedLayer] = []
         self._report: dict[str, float] = {}
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """The packing record (:mod:`adls_lightning.compression_record`): the checkpoints hold the float weights,
+        which the evaluation packed this way."""
+        merge_into(
+            checkpoint,
+            packing=PackingRecord(format="mxint8", group_size=self.group_size, exclude=list(self.exclude)),
+        )
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

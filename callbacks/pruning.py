@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from adls_lightning.compression_record import merge_into, pruning_record, structured_sizes
 from adls_lightning.distill import Distiller, check_distillation
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
@@ -380,6 +381,19 @@ class PruningCallback(L.Callback):
     @override
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._apply_at_start(trainer, pl_module)
+
+    def apply_at_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Prune now what is pruned at fit start (idempotent): QAT after structured pruning calls it first."""
+        self._apply_at_start(trainer, pl_module)
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """The pruning record (:mod:`adls_lightning.compression_record`): specs, and the kept sizes of a
+        structured run."""
+        sizes = structured_sizes(pl_module) if self.structured is not None and self.applied else None
+        merge_into(checkpoint, pruning=pruning_record(self.pruner, sizes))
 
     def _apply_at_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.structured is not None:

@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
+from adls_lightning.compression_record import COMPRESSED_CHECKPOINT, merge_into, quantization_record
 from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
@@ -31,6 +32,7 @@ from adls_lightning.quant.smoothquant import Smoothed, SmoothQuantSettings, chec
 from adls_lightning.registry import import_plugins
 from adls_lightning.typed_settings import section
 from callbacks.calibration import CalibrationSettings, calibration_batches, model_forward
+from callbacks.pruning import PruningCallback
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +153,10 @@ class QuantizationCallback(L.Callback):
         self.val_acc_after: float | None = None
         self._in_memory_score: float | None = None
         self._report: dict[str, float] = {}
+        #: QAT after structured pruning: quantized at fit start, once the heads and neurons are gone
+        self._after_structure: list[PruningCallback] = []
+        #: where the evaluated model of a PTQ run was saved (COMPRESSED_CHECKPOINT), once it was
+        self.compressed_checkpoint: Path | None = None
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -165,6 +171,22 @@ class QuantizationCallback(L.Callback):
             # The in-memory weights' full-precision score, in case no checkpoint is loaded (the
             # checkpoint path is only known after setup).
             self._in_memory_score = _as_float(trainer.callback_metrics.get(self.monitor))
+        structured = [
+            cb
+            for cb in trainer.callbacks
+            if isinstance(cb, PruningCallback) and cb.structured is not None and not cb.applied
+        ]
+        if structured and self.mode == "qat":
+            if trainer.state.fn != TrainerFn.FITTING or trainer.ckpt_path:
+                # its checkpoint holds quantized layers of the pruned sizes, which no built model has before it loads
+                raise ConfigError(
+                    "prune.structured with quant.mode=qat: a checkpoint of such a run is not loaded into train.py "
+                    "again (resume or ckpt_path=); export it (python -m adls_lightning.export ckpt=...), or "
+                    "fine-tune it with init_ckpt= and without quant="
+                )
+            # structured pruning slices plain linear layers at fit start: the quantized layers come after
+            self._after_structure = structured
+            return
         self.quantize(pl_module)
 
     def quantize(self, pl_module: L.LightningModule) -> None:
@@ -195,6 +217,13 @@ class QuantizationCallback(L.Callback):
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._after_structure:
+            for pruning in self._after_structure:
+                pruning.apply_at_start(trainer, pl_module)
+            self._after_structure = []
+            self.quantize(pl_module)
+            # the optimizer (rebuilt by the pruning for the sliced weights) takes the quantizers' parameters (LSQ)
+            trainer.strategy.setup_optimizers(trainer)
         self._calibrate(trainer, pl_module)  # QAT: ranges from the weights training starts from
 
     @override
@@ -306,6 +335,50 @@ class QuantizationCallback(L.Callback):
             and self.monitor in trainer.callback_metrics
         ):
             self.val_acc_after = float(trainer.callback_metrics[self.monitor])
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """The quantization record (:mod:`adls_lightning.compression_record`): what a reader of the checkpoint
+        needs to rebuild the quantized layers the state belongs to."""
+        smoothquant = (
+            None
+            if self.smoothquant_alpha is None
+            else {"alpha": self.smoothquant_alpha, "scope": self.smoothquant_scope}
+        )
+        record = quantization_record(
+            getattr(pl_module, "model", pl_module),
+            self.recipe,
+            self.mode,
+            smoothquant=smoothquant,
+            gptq=self.gptq is not None,
+            calibrated=bool(self.calibration_batches),
+        )
+        merge_into(checkpoint, quantization=record)
+
+    @override
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """PTQ: the evaluated model (quantized, calibrated, GPTQ's weights, SmoothQuant's factors: all made at
+        evaluation, after the fit's checkpoints) saved with its record beside them, the checkpoint to export."""
+        if self.mode != "ptq" or not self.quantized:
+            return
+        folder = getattr(trainer.checkpoint_callback, "dirpath", None)
+        if not folder:
+            log.warning("PTQ: no checkpoint folder (no ModelCheckpoint); the evaluated model is not saved")
+            return
+        path = Path(folder) / COMPRESSED_CHECKPOINT
+        # not weights_only: Lightning calls the callbacks' on_save_checkpoint (the records) only for full
+        # checkpoints (after a test there is no optimizer state to add); written atomically by the run's writer
+        with torch.inference_mode(False):
+            trainer.save_checkpoint(path, weights_only=False)
+        self.compressed_checkpoint = path
+        log.info(
+            "PTQ: the evaluated model saved with its compression record to %s (python -m adls_lightning.export "
+            "ckpt=%s out=DIR format=hf)",
+            path,
+            path,
+        )
 
     def report(self) -> dict[str, float]:
         """Bit widths and storage of the quantized model, and for PTQ the accuracy before/after."""

@@ -40,6 +40,7 @@ from adls_lightning.export.compressed import (
     bake_quantized_layers,
     flag_option,
     merge_overrides,
+    record_compression,
     run_compression,
     run_overrides,
     split_options,
@@ -213,8 +214,9 @@ def load_checkpoint_model(
 
     from adls_lightning.build import build
     from adls_lightning.checkpoints import read_checkpoint
+    from adls_lightning.compression_record import CompressionRecord, rebuild_quantization
     from adls_lightning.lora import merge_lora
-    from adls_lightning.prune.structured import fit_structure_to_state
+    from adls_lightning.prune.structured import apply_sizes, fit_structure_to_state
     from adls_lightning.quant import quantize_model
 
     overrides = merge_overrides(run_overrides(ckpt), overrides)
@@ -224,8 +226,12 @@ def load_checkpoint_model(
     data = build(cfg.data, "data")
     task = data.task
     module = build(cfg.model, "model", _convert_="partial", **task.model_overrides())
-    compression = run_compression(cfg)
-    state = dict(read_checkpoint(ckpt, "ckpt")["state_dict"])  # a damaged or foreign file: one line naming it
+    checkpoint = read_checkpoint(ckpt, "ckpt")  # a damaged or foreign file: one line naming it
+    record = CompressionRecord.from_checkpoint(checkpoint, f"ckpt={ckpt}")
+    # the checkpoint's record says what the run compressed; one written before records: the run's config
+    compression = run_compression(cfg) if record is None else record_compression(record, ckpt)
+    state = dict(checkpoint["state_dict"])
+    del checkpoint
     quantized = fake_quantized_key(state, set(module.state_dict()))
     if quantized is not None and compression.quant is None:
         raise ConfigError(
@@ -248,11 +254,18 @@ def load_checkpoint_model(
         # Compression runs merge LoRA before they prune (merge_lora_before_compress): their checkpoints hold the
         # merged layout, which loads into the merged model.
         merge_lora(module)
-    if quantized is not None:  # QAT: the checkpoint holds the quantized layers
-        quantize_model(module.model, compression.quant, key=compression.quant_key)
-    # a structurally pruned run (prune.structured) saved smaller layers: the model takes their sizes (and records
-    # them in its config as structured_pruning, which format=hf keeps)
-    fit_structure_to_state(module, state)
+    # a structurally pruned run saved smaller layers: the model takes their sizes (and records them in its config
+    # as structured_pruning, which format=hf keeps), before any layer is quantized (a quantized one is not sliced)
+    if compression.structured:
+        apply_sizes(module, compression.structured)
+    else:
+        fit_structure_to_state(module, state)
+    applied = compression.record.applied if compression.record is not None else quantized is not None
+    if applied:  # QAT, or the evaluated model of a PTQ run: the checkpoint holds the quantized layers
+        if compression.record is not None:
+            rebuild_quantization(module.model, compression.record)
+        else:
+            quantize_model(module.model, compression.quant, key=compression.quant_key)
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as error:
@@ -263,7 +276,7 @@ def load_checkpoint_model(
         ) from error
     merge_lora(module)
     model = module.model.eval()
-    if compression.quant is not None and quantized is None:  # PTQ: quantized for evaluation, as the run did
+    if compression.quant is not None and not applied:  # PTQ: quantized for evaluation, as the run did
         quantize_model(model, compression.quant, key=compression.quant_key)
     baked = None
     if compression.quant is not None and not keep_quantized:
@@ -271,8 +284,9 @@ def load_checkpoint_model(
     recipe = ExportRecipe(
         run_overrides=list(overrides),
         activation_quant=baked.activations if baked else {},
-        activation_prune=ExportRecipe.prune_spec(compression.pruner),
+        activation_prune=compression.activation_prune,
         baked={"quantized_layers": len(baked.layers) if baked else 0, "pruned_layers": pruned},
+        smoothed=baked.smoothed if baked else [],
     )
     return LoadedRun(
         model, tokenizer, recipe, baked.state if baked else {}, compression.note, cfg, task_inputs(data)

@@ -13,9 +13,11 @@ sample. The export splits that in two:
   model computes exactly what the run evaluated, so ``python -m adls_lightning.export.evaluate DIR`` reproduces the
   run's ``test/acc``. The recipe also keeps the run's overrides, from which ``evaluate`` builds the same test split.
 
-:func:`run_compression` reads which compression a run applied from its composed config (the ``quant``, ``prune``
-and ``compress`` groups, as ``train.py`` composed them); :func:`run_overrides` finds the overrides of the run a
-checkpoint belongs to (Hydra's record, ``<run>/.hydra/overrides.yaml``).
+Which compression a run applied comes from the checkpoint's own record (:mod:`adls_lightning.compression_record`,
+written by the compression callbacks; :func:`record_compression`); a checkpoint written before records existed
+falls back to the run's composed config (:func:`run_compression`: the ``quant``, ``prune`` and ``compress`` groups,
+as ``train.py`` composed them). :func:`run_overrides` finds the overrides of the run a checkpoint belongs to
+(Hydra's record, ``<run>/.hydra/overrides.yaml``).
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from adls_lightning.compression_record import COMPRESSED_CHECKPOINT, CompressionRecord, QuantizationRecord
 from adls_lightning.errors import ConfigError
 from adls_lightning.layers import swap_module
 from adls_lightning.prune import Pruner, lab_pruning_specs
 from adls_lightning.quant import QuantRecipe, quantize_model, to_recipe
 from adls_lightning.quant.linear import QuantLinear
+from adls_lightning.quant.smoothquant import Smoothed
 from adls_lightning.quant.transform import find_linear_layers
 
 # the tools' one parser, where the export's modules have always found it
@@ -92,10 +96,16 @@ class RunCompression:
     pruner: Pruner | None = None
     #: what the export does not carry over, said once when it writes (e.g. an evaluation through packed layers)
     note: str | None = None
+    #: from a record: the quantization as recorded (None: read from the config, applied or not as the state says)
+    record: QuantizationRecord | None = None
+    #: the activation pruning, as :class:`ExportRecipe` keeps it
+    activation_prune: dict[str, Any] | None = None
+    #: a structurally pruned run's kept sizes per encoder layer (from a record; otherwise read from the state)
+    structured: dict[str, list[int]] | None = None
 
 
-def _target_name(node: Any) -> str:
-    return str(node.get("_target_", "")).rsplit(".", 1)[-1] if isinstance(node, Mapping | DictConfig) else ""
+def _builds_callback(node: Any) -> bool:
+    return isinstance(node, Mapping | DictConfig) and bool(node.get("_target_"))
 
 
 def _quant_recipe(node: Any, key: str) -> QuantRecipe | None:
@@ -122,15 +132,17 @@ def _pruner(node: Any, key: str) -> Pruner | None:
 
 
 def run_compression(cfg: DictConfig) -> RunCompression:
-    """The compression groups of a run's composed config, read as their callbacks read them.
+    """The compression groups of a run's composed config, for a checkpoint written without a record (before
+    :mod:`adls_lightning.compression_record`).
 
-    ``quant`` (QuantizationCallback: its recipe, QAT or PTQ alike), ``prune`` (PruningCallback) and ``compress``
-    (CompressionCallback: its quant recipe and pruning); ``quant=mxint8_packed`` (an evaluation through packed
-    layers) leaves a note.
+    Read by their settings, as the callbacks of those days read them: a ``quant`` group with a ``config`` (its
+    recipe, QAT or PTQ alike), a ``prune`` group, a ``compress`` group (its quant recipe and pruning); a ``quant``
+    group with a ``group_size`` and no recipe (``quant=mxint8_packed``, an evaluation through packed layers)
+    leaves a note.
     """
     found = RunCompression()
     quant, prune, compress = (cfg.get(group) for group in ("quant", "prune", "compress"))
-    if _target_name(quant) == "QuantizationCallback":
+    if _builds_callback(quant) and "config" in quant:
         if (quant.get("smoothquant") or {}).get("alpha") is not None:
             raise ConfigError(
                 "quant.smoothquant.alpha: the export does not carry SmoothQuant's per-channel factors yet; valid: "
@@ -142,18 +154,57 @@ def run_compression(cfg: DictConfig) -> RunCompression:
                 "export does not rerun it yet; valid: runs without quant.gptq (round to nearest)"
             )
         found.quant = _quant_recipe(quant.get("config"), "quant.config")
-    elif _target_name(quant) == "MXInt8PackedEvaluation":
+    elif _builds_callback(quant) and "group_size" in quant:
         found.note = (
             "the run evaluated through MXINT8 packed layers (quant=mxint8_packed); format=mxint8 packs the same "
             "way, other formats hold the float weights"
         )
-    if _target_name(prune) == "PruningCallback":
+    if _builds_callback(prune):
         found.pruner = _pruner(prune, "prune")
-    if _target_name(compress) == "CompressionCallback":
+    if _builds_callback(compress):
         recipe = _quant_recipe(compress.get("quant"), "compress.quant")
         if recipe is not None:
             found.quant, found.quant_key = recipe, "compress.quant"
         found.pruner = _pruner(compress.get("prune") or {}, "compress.prune") or found.pruner
+    found.activation_prune = ExportRecipe.prune_spec(found.pruner)
+    return found
+
+
+def record_compression(record: CompressionRecord, ckpt: Path) -> RunCompression:
+    """The compression a checkpoint's record says its run applied.
+
+    A PTQ run's fit checkpoint (quantization recorded as not applied yet) whose evaluated model depended on
+    training batches (GPTQ, SmoothQuant, calibrated ranges) is refused, naming the checkpoint that holds it
+    (:data:`~adls_lightning.compression_record.COMPRESSED_CHECKPOINT`).
+    """
+    found = RunCompression(quant_key="ckpt record")
+    quantization = record.quantization
+    if quantization is not None and quantization.layers:
+        if not quantization.applied and quantization.needs_data:
+            chosen = [
+                what
+                for what, on in (
+                    ("GPTQ", quantization.gptq),
+                    ("SmoothQuant", quantization.smoothquant),
+                    ("calibration", quantization.calibrated),
+                )
+                if on
+            ]
+            raise ConfigError(
+                f"ckpt={ckpt}: holds the weights before post-training quantization, which took "
+                f"{' and '.join(chosen)} from training batches at evaluation; valid: the evaluated model the run "
+                f"saved, ckpt={ckpt.parent / COMPRESSED_CHECKPOINT}"
+            )
+        found.record = quantization
+        found.quant = quantization.recipe()
+    if record.pruning is not None:
+        found.activation_prune = record.pruning.activation_spec()
+        found.structured = record.pruning.structured
+    if record.packing is not None:
+        found.note = (
+            f"the run evaluated through {record.packing.format.upper()} packed layers; format={record.packing.format} "
+            "packs the same way, other formats hold the float weights"
+        )
     return found
 
 
@@ -166,6 +217,8 @@ class BakedLayers:
     """What :func:`bake_quantized_layers` did: the layers baked, their activation formats and quantizer state."""
 
     layers: list[str] = field(default_factory=list)
+    #: layers whose input quantizer SmoothQuant wrapped (its factors are in ``state``)
+    smoothed: list[str] = field(default_factory=list)
     #: layer name → ``{data_in: {format, params} | None, data_out: ...}`` for layers quantizing an activation
     activations: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: ``<layer>.<operand>_quantizer.<name>`` → tensor (formats with state: most have none)
@@ -196,6 +249,8 @@ def bake_quantized_layers(model: nn.Module, recipe: QuantRecipe) -> BakedLayers:
         kept = {op: _operand_recipe(getattr(recipes[layer.name], op)) for op in ACTIVATION_OPERANDS}
         if any(kept.values()):
             baked.activations[layer.name] = kept
+            if isinstance(quantized.data_in_quantizer, Smoothed):
+                baked.smoothed.append(layer.name)
             for operand in ACTIVATION_OPERANDS:
                 quantizer = quantized.quantizer(operand)
                 for key, value in (quantizer.state_dict() if quantizer is not None else {}).items():
@@ -214,6 +269,8 @@ class ExportRecipe:
     activation_prune: dict[str, Any] | None = None
     baked: dict[str, int] = field(default_factory=dict)
     version: int = RECIPE_VERSION
+    #: layers whose activation quantizer works in SmoothQuant's space (its factors are in the activation state)
+    smoothed: list[str] = field(default_factory=list)
 
     @staticmethod
     def prune_spec(pruner: Pruner | None) -> dict[str, Any] | None:
@@ -251,6 +308,13 @@ def apply_recipe(model: nn.Module, folder: Path, recipe: ExportRecipe) -> nn.Mod
             name: {**entry, "weight": None, "bias": None} for name, entry in recipe.activation_quant.items()
         }
         quantize_model(model, QuantRecipe(layers=layers, key=RECIPE_FILE))
+        if recipe.smoothed:
+            found = {layer.name: layer.module for layer in find_linear_layers(model)}
+            for name in recipe.smoothed:
+                layer = found[name]
+                # SmoothQuant's factors: ones here, the saved ones when the state loads
+                ones = torch.ones(layer.in_features, device=layer.linear.weight.device)
+                layer.data_in_quantizer = Smoothed(layer.data_in_quantizer, ones, weight=False)
         state_file = folder / ACTIVATION_STATE_FILE
         if state_file.is_file():
             missing_or_unexpected = model.load_state_dict(

@@ -144,7 +144,10 @@ def _chain_end(module: nn.Module) -> nn.Linear:
     """The ``nn.Linear`` a (possibly wrapped) layer multiplies with; refuses what cannot be sliced."""
     outer = module
     while (child := _wrapped_child(module)) is not None:
-        if not _is_lora(module) or getattr(module, "merged", False):
+        # a quantized layer (QuantLinear) is read through (sizes, scores); _slice refuses to cut it
+        if (not _is_lora(module) and getattr(type(module), "wrapped_child", None) is None) or getattr(
+            module, "merged", False
+        ):
             raise ConfigError(
                 f"prune.structured: {type(module).__name__} layers (quantized or merged in place) cannot be "
                 "sliced; prune before quantizing (no quant= with prune.structured)"
@@ -275,6 +278,10 @@ def _new_param(param: torch.Tensor, index: torch.Tensor, dim: int) -> nn.Paramet
 
 def _slice(outer: nn.Module, linear: nn.Linear, index: torch.Tensor, dim: int) -> None:
     """Keeps output rows (``dim`` 0) or input columns (``dim`` 1) ``index`` of a linear and of its LoRA adapters."""
+    if outer is not linear and not _is_lora(outer):
+        raise ConfigError(
+            f"prune.structured: {type(outer).__name__} layers (quantized) cannot be sliced; prune before quantizing"
+        )
     linear.weight = _new_param(linear.weight, index, dim)
     if dim == 0:
         if linear.bias is not None:
