@@ -36,6 +36,9 @@ EXP_MAX_SHIFT = 30
 RECIPROCAL_BITS = 31
 #: bits of the softmax's output (the paper: 8, probabilities in steps of 2^-7)
 SOFTMAX_OUT_BITS = 8
+#: bits the softmax's exponentials are requantized to before their sum (the paper's code: a 16-bit QuantAct), so that
+#: the 31-bit reciprocal of the sum keeps its precision
+EXP_BITS = 16
 
 
 def _floor_div(a: Tensor, b: Tensor | int) -> Tensor:
@@ -78,12 +81,16 @@ def i_exp(q: Tensor, scale: float) -> tuple[Tensor, float]:
 def i_softmax(
     q: Tensor, scale: float, mask: Tensor | None = None, out_bits: int = SOFTMAX_OUT_BITS
 ) -> tuple[Tensor, float]:
-    """Softmax over the last dimension: ``i_exp(q - max q)``, then ``floor(e * floor(2^31 / sum e) / 2^(32 -
-    out_bits))`` at scale ``2^-(out_bits - 1)``. ``mask`` (bool, True = kept) zeroes the masked positions' exp."""
+    """Softmax over the last dimension: ``e = i_exp(q - max q)`` shifted right to :data:`EXP_BITS` bits, then
+    ``floor(e * floor(2^31 / sum e) / 2^(32 - out_bits))`` at scale ``2^-(out_bits - 1)``. ``mask`` (bool, True =
+    kept) zeroes the masked positions' exp."""
     if mask is not None:
         q = q.masked_fill(~mask, torch.iinfo(torch.int64).min // 4)
     shifted = q - q.amax(dim=-1, keepdim=True)
-    exp, _ = i_exp(shifted, scale)
+    exp, exp_scale = i_exp(shifted, scale)
+    # the largest exponential is L(0) = EXP_A EXP_B^2 + EXP_C at x = 0: shift it into EXP_BITS bits
+    top = (EXP_A * EXP_B**2 + EXP_C) / exp_scale
+    exp = exp >> max(0, math.ceil(math.log2(top)) - EXP_BITS)
     if mask is not None:
         exp = exp.masked_fill(~mask, 0)
     total = exp.sum(dim=-1, keepdim=True).clamp(min=1)
@@ -104,10 +111,10 @@ def i_sqrt(n: Tensor) -> Tensor:
 
 
 def i_layernorm(q: Tensor) -> tuple[Tensor, float]:
-    """``(x - mean) / std`` over the last dimension (no affine): the integer mean, ``std_int = i_sqrt(sum (q -
+    """``(x - mean) / std`` over the last dimension (no affine): the integer mean (rounded), ``std_int = i_sqrt(sum (q -
     mean)^2)``, and ``floor((q - mean) floor(2^31 / std_int) / 2)`` at scale ``sqrt(C) / 2^30``."""
     channels = q.shape[-1]
-    centred = q - _floor_div(q.sum(dim=-1, keepdim=True), channels)
+    centred = q - _floor_div(2 * q.sum(dim=-1, keepdim=True) + channels, 2 * channels)  # the mean, rounded
     std = i_sqrt((centred * centred).sum(dim=-1, keepdim=True)).clamp(min=1)
     factor = _floor_div(torch.full_like(std, 2**RECIPROCAL_BITS), std)
     return _floor_div(centred * factor, 2), math.sqrt(channels) / 2 ** (RECIPROCAL_BITS - 1)
