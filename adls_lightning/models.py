@@ -14,7 +14,9 @@ import functools
 import hashlib
 import importlib.metadata
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -27,11 +29,33 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from adls_lightning.data.tasks import is_task_head_key
 from adls_lightning.errors import ConfigError
 from adls_lightning.logs import quiet_transformers_load
 
 log = logging.getLogger(__name__)
+
+
+#: module names of the task head in the Hugging Face sequence classifiers (BERT, ALBERT, DeBERTa: ``classifier``;
+#: RoBERTa, ELECTRA: ``classifier.dense`` and ``classifier.out_proj``; DistilBERT: ``pre_classifier`` too)
+TASK_HEAD_MODULES = ("classifier", "pre_classifier")
+
+
+def is_task_head_key(key: str) -> bool:
+    """Whether a state-dict key belongs to the task head (which a new task replaces), not to the encoder."""
+    return any(part in TASK_HEAD_MODULES for part in key.split("."))
+
+
+def without_task_head(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A state dict less its task head's entries: the part another task's model can start from."""
+    return {k: v for k, v in state.items() if not is_task_head_key(k)}
+
+
+def head_outputs(state: Mapping[str, Any]) -> int | None:
+    """Outputs of the classifier head in a checkpoint's state dict (its last ``classifier`` weight), if any."""
+    weights = [k for k in state if ".classifier" in f".{k}" and k.endswith("weight") and "lora_" not in k]
+    shape = getattr(state[weights[-1]], "shape", None) if weights else None
+    return int(shape[0]) if shape is not None and len(shape) == 2 else None
+
 
 # distribution name -> (model folder inside site-packages, sha256 of its model.safetensors)
 PACKAGED_MODELS: dict[str, tuple[str, str]] = {

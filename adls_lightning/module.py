@@ -18,12 +18,12 @@ from adls_lightning.checkpoints import (
     light_state,
     read_checkpoint,
 )
-from adls_lightning.data.tasks import build_metric, is_task_head_key, without_task_head
+from adls_lightning.data.tasks import build_metric
 from adls_lightning.dropout import use_fast_dropout
 from adls_lightning.errors import ConfigError, require_choice
 from adls_lightning.lora import check_lora_targets
 from adls_lightning.lora import merge_lora as merge_lora_into_base
-from adls_lightning.models import set_attn_implementation
+from adls_lightning.models import is_task_head_key, set_attn_implementation, without_task_head
 
 log = logging.getLogger(__name__)
 

@@ -364,23 +364,13 @@ def task_main_metric(name: str) -> str:
 OmegaConf.register_resolver("task_main_metric", task_main_metric, replace=True)
 
 
-#: module names of the task head in the Hugging Face sequence classifiers (BERT, ALBERT, DeBERTa: ``classifier``;
-#: RoBERTa, ELECTRA: ``classifier.dense`` and ``classifier.out_proj``; DistilBERT: ``pre_classifier`` too)
-TASK_HEAD_MODULES = ("classifier", "pre_classifier")
+# The task-head helpers live beside the models (adls_lightning.models); their old names here keep working.
+_MOVED_TO_MODELS = ("TASK_HEAD_MODULES", "is_task_head_key", "without_task_head", "head_outputs")
 
 
-def is_task_head_key(key: str) -> bool:
-    """Whether a state-dict key belongs to the task head (which a new task replaces), not to the encoder."""
-    return any(part in TASK_HEAD_MODULES for part in key.split("."))
+def __getattr__(name: str) -> Any:
+    if name in _MOVED_TO_MODELS:
+        from adls_lightning import models
 
-
-def without_task_head(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A state dict less its task head's entries: the part another task's model can start from."""
-    return {k: v for k, v in state.items() if not is_task_head_key(k)}
-
-
-def head_outputs(state: Mapping[str, Any]) -> int | None:
-    """Outputs of the classifier head in a checkpoint's state dict (its last ``classifier`` weight), if any."""
-    weights = [k for k in state if ".classifier" in f".{k}" and k.endswith("weight") and "lora_" not in k]
-    shape = getattr(state[weights[-1]], "shape", None) if weights else None
-    return int(shape[0]) if shape is not None and len(shape) == 2 else None
+        return getattr(models, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
