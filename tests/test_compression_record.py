@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 
@@ -264,3 +265,31 @@ def test_export_matches_no_callback_class_by_name():
         f"{path.name}: {name}" for path in export.glob("*.py") for name in names if name in path.read_text()
     ]
     assert found == []
+
+
+@pytest.mark.parametrize(
+    "exported", ["smoothquant", "smoothquant_ptq", "lsq", "structured_int8"], indirect=True
+)
+def test_int8_graph_carries_the_run_codes_and_scales(exported, tmp_path):
+    """``format=onnx int8=scaled`` of SmoothQuant (the input divided by its factors, the codes of ``w · s``), LSQ
+    (the learned steps) and structured + int8 runs: ONNX Runtime's logits on the run's test batches are the run's
+    own, up to float summation order."""
+    import onnx
+
+    from adls_lightning.export.int8 import INT8_SCALED_FILE
+    from adls_lightning.export.onnx import onnx_logits, onnx_session
+
+    case, run, _, recorder, _, _ = exported
+    out = tmp_path / "int8"
+    code, stdout, stderr = call(
+        main, f"ckpt={run_checkpoint(run)}", f"out={out}", "format=onnx", "int8=scaled"
+    )
+    assert code == 0, stderr[-3000:]
+    assert "14 linear layers on the run's int8 grid" in stdout, stdout
+    graph = onnx.load(str(out / INT8_SCALED_FILE)).graph
+    divisions = [node for node in graph.node if node.op_type == "Div" and node.output[0].startswith("int8.")]
+    assert len(divisions) == (8 if case.startswith("smoothquant") else 0)
+    session = onnx_session(out / INT8_SCALED_FILE)
+    for inputs, expected in zip(recorder.batches, recorder.logits, strict=True):
+        logits = onnx_logits(session, inputs)
+        np.testing.assert_allclose(logits, expected.numpy(), rtol=1e-4, atol=1e-3, err_msg=case)

@@ -24,6 +24,7 @@ says so; a QAT checkpoint carries its ranges and they are used as saved.
 from __future__ import annotations
 
 import copy
+import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from adls_lightning.errors import ConfigError
 from adls_lightning.layers import swap_module
 from adls_lightning.quant.linear import QuantLinear
 from adls_lightning.quant.scaled import ScaledIntegerQuantizer, calibrate, scaled_quantizers
+from adls_lightning.quant.smoothquant import Smoothed
 from adls_lightning.quant.transform import find_linear_layers
 
 INT8_SCALED_FILE = "model_int8_scaled.onnx"
@@ -67,6 +69,9 @@ class ScaledInt8Layer:
     weight_scale: torch.Tensor
     #: the static per-tensor step of the input
     input_scale: float
+    #: SmoothQuant's per-input-channel factors ``s``: the graph divides the input by them and ``codes`` are those
+    #: of ``w · s`` (the run's ``inner(x / s) · s @ (inner(w · s) / s)ᵀ``, the factors cancelling in the sum)
+    smooth: torch.Tensor | None = None
 
 
 def _int8_symmetric(quantizer: Any, operand: str, name: str, granularities: tuple[str, ...]) -> str | None:
@@ -80,9 +85,50 @@ def _int8_symmetric(quantizer: Any, operand: str, name: str, granularities: tupl
             f"layer {name} quantizes its {operand} as scaled_integer width {quantizer.width}, "
             f"{'symmetric' if quantizer.symmetric else 'asymmetric'}, granularity {quantizer.granularity}"
         )
-    if getattr(quantizer, "lsq", False):
-        return f"layer {name} learns its {operand} steps (lsq)"
+    if getattr(quantizer, "lsq", False) and not _learned(quantizer):
+        return f"layer {name} has LSQ {operand} steps that never started (no calibration)"
     return None
+
+
+def _learned(quantizer: ScaledIntegerQuantizer) -> bool:
+    return quantizer.step is not None and bool(quantizer.learned_ready)
+
+
+def _weight_steps(
+    quantizer: ScaledIntegerQuantizer, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The steps and zero points ``quantizer`` multiplies ``weight``'s codes with: LSQ's learned steps (as its
+    forward computes them, gradient scaling included, which leaves the value within a rounding), GPTQ's fixed
+    ones, or the observer's."""
+    if _learned(quantizer):
+        g = 1.0 / math.sqrt(quantizer._rows(weight).shape[1] * quantizer.qmax)  # as _learned scales it
+        step = quantizer.step.detach().abs().clamp(min=torch.finfo(torch.float32).tiny).float()
+        step = (step - step * g) + step * g
+        return step, torch.zeros_like(step)
+    if quantizer.fixed_scale.numel():
+        return quantizer.fixed_scale, quantizer.fixed_zero
+    return quantizer.grid(weight)
+
+
+def _input_step(quantizer: ScaledIntegerQuantizer) -> tuple[float, float]:
+    if _learned(quantizer):
+        return float(quantizer.step.detach().abs().reshape(-1)[0]), 0.0
+    scale, zero = quantizer.grid(quantizer.min_val.new_zeros(1))
+    return float(scale.reshape(-1)[0]), float(zero.reshape(-1)[0])
+
+
+def _unsmoothed(module: QuantLinear, name: str) -> tuple[Any, Any, torch.Tensor | None]:
+    """The layer's weight and input quantizers and SmoothQuant's factors (None: not smoothed)."""
+    weight, data_in = module.weight_quantizer, module.data_in_quantizer
+    if not isinstance(weight, Smoothed) and not isinstance(data_in, Smoothed):
+        return weight, data_in, None
+    if not (isinstance(weight, Smoothed) and isinstance(data_in, Smoothed)) or not torch.equal(
+        weight.scale, data_in.scale
+    ):
+        raise ConfigError(
+            f"int8=scaled: layer {name}: SmoothQuant wraps its input and weight with other factors"
+        )
+    return weight.inner, data_in.inner, data_in.scale.detach().float()
 
 
 @torch.no_grad()
@@ -99,9 +145,10 @@ def scaled_int8_layers(model: nn.Module) -> dict[str, ScaledInt8Layer]:
         if not isinstance(module, QuantLinear):
             continue  # the run kept it float: so does the graph
         name = layer.name
-        why = _int8_symmetric(
-            module.weight_quantizer, "weight", name, ("channel", "tensor")
-        ) or _int8_symmetric(module.data_in_quantizer, "input", name, ("tensor",))
+        weight_quantizer, data_in, smooth = _unsmoothed(module, name)
+        why = _int8_symmetric(weight_quantizer, "weight", name, ("channel", "tensor")) or _int8_symmetric(
+            data_in, "input", name, ("tensor",)
+        )
         for operand in ("bias", "data_out"):
             if why is None and module.quantizer(operand) is not None:
                 why = f"layer {name} quantizes its {operand}"
@@ -110,18 +157,16 @@ def scaled_int8_layers(model: nn.Module) -> dict[str, ScaledInt8Layer]:
                 f"int8=scaled: {why}; the int8 graph carries symmetric 8-bit scaled_integer weights (per channel or "
                 "tensor) with a static per-tensor input scale (quant=int8_scaled)"
             )
-        data_in: ScaledIntegerQuantizer = module.data_in_quantizer
-        if not data_in.is_static:
+        if not data_in.is_static and not _learned(data_in):
             raise ConfigError(
                 f"int8=scaled: layer {name}'s input scale was never calibrated (quant.calibration.batches=0 and "
                 "no ranges in the checkpoint); give the run's quant.calibration.batches=N"
             )
-        quantizer: ScaledIntegerQuantizer = module.weight_quantizer
+        quantizer: ScaledIntegerQuantizer = weight_quantizer
         weight = module.linear.weight.detach().float()  # through a pruning mask, as the forward reads it
-        if quantizer.fixed_scale.numel():
-            scale, zero = quantizer.fixed_scale, quantizer.fixed_zero
-        else:
-            scale, zero = quantizer.grid(weight)
+        if smooth is not None:
+            weight = weight * smooth.to(weight.device)  # as Smoothed hands it to its quantizer
+        scale, zero = _weight_steps(quantizer, weight)
         scale = scale.reshape(-1).to(torch.float32)
         if zero.abs().max() != 0:
             raise ConfigError(f"int8=scaled: layer {name}'s weight grid has a zero point")
@@ -132,10 +177,10 @@ def scaled_int8_layers(model: nn.Module) -> dict[str, ScaledInt8Layer]:
             raise ConfigError(
                 f"int8=scaled: layer {name}: the weight codes do not reproduce its fake quantizer"
             )
-        input_scale, input_zero = data_in.grid(weight.new_zeros(1))
-        if float(input_zero.reshape(-1)[0]) != 0:
+        input_scale, input_zero = _input_step(data_in)
+        if input_zero != 0:
             raise ConfigError(f"int8=scaled: layer {name}'s input grid has a zero point")
-        layers[name] = ScaledInt8Layer(name, codes.to(torch.int8), scale, float(input_scale.reshape(-1)[0]))
+        layers[name] = ScaledInt8Layer(name, codes.to(torch.int8), scale, input_scale, smooth)
     return layers
 
 
@@ -228,9 +273,16 @@ def qdq_graph(
             ]
         )
         x, q = prefix + "x", prefix
+        source = node.input[0]
+        if layer.smooth is not None:
+            graph.initializer.append(
+                numpy_helper.from_array(layer.smooth.numpy().astype(np.float32), q + "smooth")
+            )
+            nodes.append(helper.make_node("Div", [source, q + "smooth"], [x + "_smoothed"]))
+            source = x + "_smoothed"
         nodes += [
             # the fake quantizer's clamp to ±127 codes (QuantizeLinear alone would give -128 below -127.5 s)
-            helper.make_node("Clip", [node.input[0], q + "x_min", q + "x_max"], [x + "_clipped"]),
+            helper.make_node("Clip", [source, q + "x_min", q + "x_max"], [x + "_clipped"]),
             helper.make_node("QuantizeLinear", [x + "_clipped", q + "x_scale", q + "x_zero"], [x + "_q"]),
             helper.make_node("DequantizeLinear", [x + "_q", q + "x_scale", q + "x_zero"], [x + "_dq"]),
             # per output channel: axis 1 of MatMul's [in, out], axis 0 of Gemm's [out, in]
