@@ -6,6 +6,11 @@ Two callbacks ride along in a ``train.py`` subprocess through ``ADLS_EXTRA_TARGE
 writes a fingerprint of every training batch per global step, :class:`KillAtStep` ends the process at a given
 step the way SIGKILL would (``os._exit``: no checkpoint, no clean-up, nothing flushed), so a kill lands at the
 same step on every machine.
+
+Everything else test modules share is here too, one section each (the tiny synthetic reviews, exports of a tiny
+model, in-process runs and tool calls, search.py studies, the toy sweeper, hand-written shapes of the tiny model):
+no test module imports another (``tests/test_hygiene.py``), and every module of ``tests/`` is imported as
+``from tests.<module> import ...``.
 """
 
 from __future__ import annotations
