@@ -320,3 +320,42 @@ def test_float_softmax_of_the_point_is_torch_softmax():
     torch.testing.assert_close(point(scores, keep), expected)
     additive = torch.zeros(2, 1, 4, 6).masked_fill(~keep, torch.finfo(torch.float32).min)
     torch.testing.assert_close(point(scores, additive), expected)
+
+
+def test_sensitivity_measures_points_and_puts_the_model_back(tiny_bert):
+    """The sensitivity command's groups include the encoder points (by=kind: one group per point kind per position);
+    after each group the model is float again: same modules, same state keys, the shared config (SDPA)."""
+    from adls_lightning.quant.sensitivity import layer_groups, layer_sensitivity, recipe_entries
+
+    model = tiny_bert()
+    model.config._attn_implementation = "sdpa"
+    batch = _inputs()
+    with torch.no_grad():
+        reference = model(**batch).logits
+    keys = set(model.state_dict())
+    types = {name: type(m) for name, m in model.named_modules()}
+    recipe = QuantRecipe(default={"weight": SCALED}, **EVERY_KIND)
+    entries = recipe_entries(model, recipe)
+    groups = layer_groups([n for n, entry in entries.items() if entry is not None], "kind")
+    assert {"attention.self.softmax", "attention.self.qk_matmul", "output.add", "output.LayerNorm"} <= set(
+        groups
+    )
+    seen: list[int] = []
+
+    def evaluate(candidate):
+        seen.append(len(quantized_points(candidate)))
+        with torch.no_grad():
+            return float(candidate(**batch).logits.sum())
+
+    baseline, scores = layer_sensitivity(model, recipe, groups, evaluate)
+    assert len(scores) == len(groups)
+    # the float baseline, then one group at a time: a point kind quantizes its two blocks' points (two layers)
+    assert seen[0] == 0 and seen[groups_index(groups, "attention.self.softmax") + 1] == 2
+    assert set(model.state_dict()) == keys and {n: type(m) for n, m in model.named_modules()} == types
+    assert all(m.config is model.config for n, m in model.named_modules() if n.endswith("attention.self"))
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch).logits, reference)
+
+
+def groups_index(groups: dict, name: str) -> int:
+    return list(groups).index(name)

@@ -428,7 +428,9 @@ def install(
         attribute = point.name.rpartition(".")[2]
         module.add_module(attribute, cls(quantizers, kernel).to(_device(module)))
         if getattr(module.config, "_attn_implementation", None) != ATTENTION_IMPLEMENTATION:
-            # this module's own config: the other modules keep their implementation (SDPA)
+            # this module's own config: the other modules keep their implementation (SDPA); the shared one is kept
+            # (not as a child) for remove_points
+            module.__dict__["_shared_config"] = module.config
             module.config = copy.copy(module.config)
             module.config._attn_implementation_internal = ATTENTION_IMPLEMENTATION
         return
@@ -441,7 +443,34 @@ def install(
         new = QuantResidualOutput(
             module.dense, module.dropout, module.LayerNorm, QuantAdd(quantizers, second)
         )
+        # the module it replaces, kept (not as a child: no state of its own) for remove_points
+        new.__dict__["original"] = module.__dict__.get("original", module)
     swap_module(model, point.path, new.to(_device(module)))
+
+
+def remove_points(model: nn.Module) -> None:
+    """Put every point of ``model`` back to full precision: the original modules, the shared config (SDPA)."""
+    from adls_lightning.layers import swap_module
+
+    for path, module in list(model.named_modules()):
+        if isinstance(module, QuantResidualOutput):
+            original = module.__dict__["original"]
+            original.dense, original.dropout, original.LayerNorm = (
+                module.dense,
+                module.dropout,
+                module.LayerNorm,
+            )
+            swap_module(model, path, original)
+    for path, module in list(model.named_modules()):
+        if isinstance(module, QuantActivation):
+            swap_module(model, path, module.act)
+        elif isinstance(module, QuantLayerNorm):
+            swap_module(model, path, module.as_layer_norm())
+        elif "_shared_config" in module.__dict__:
+            for attribute in ("qk_matmul", "pv_matmul", "softmax"):
+                if attribute in module._modules:
+                    delattr(module, attribute)
+            module.config = module.__dict__.pop("_shared_config")
 
 
 def _device(module: nn.Module) -> torch.device:
@@ -480,5 +509,6 @@ __all__ = [
     "QuantResidualOutput",
     "QuantSoftmax",
     "find_points",
+    "remove_points",
     "quantized_points",
 ]

@@ -6,7 +6,9 @@ turn is quantized with the preset's recipe while every other layer stays float, 
 accuracy, MRPC: F1, STS-B: Pearson) is measured on the run's validation split (``split=test``: its test split).
 Static activation scales (``quant=int8_scaled``) are calibrated for the group on the preset's
 ``quant.calibration.batches`` training batches first. The groups are one linear layer each (``by=layer``), one kind
-of layer across blocks (``by=kind``: every ``attention.self.query``, ...) or one encoder block (``by=block``).
+of layer across blocks (``by=kind``: every ``attention.self.query``, ...) or one encoder block (``by=block``). A preset
+with encoder points (``quant=int8_scaled_all``, ``ibert_int8``) measures them too, as groups of their own
+(``attention.self.softmax``, ``intermediate.intermediate_act_fn``, ``output.add``, ``output.LayerNorm``...).
 
 Output: the table sorted by the metric's drop from full precision (largest first), printed, and written to
 ``out`` as ``sensitivity.csv`` and ``sensitivity.png`` (default ``out``: ``<run>/sensitivity/<preset>-<by>`` beside
@@ -39,7 +41,8 @@ from torch import nn
 from adls_lightning.errors import ConfigError
 from adls_lightning.layers import swap_module
 from adls_lightning.quant.linear import QuantLinear
-from adls_lightning.quant.recipe import QuantRecipe
+from adls_lightning.quant.points import find_points, remove_points
+from adls_lightning.quant.recipe import LayerRecipe, QuantRecipe
 from adls_lightning.quant.transform import find_linear_layers, quantize_model
 
 GROUPINGS = ("layer", "kind", "block")
@@ -86,18 +89,29 @@ def layer_groups(names: Iterable[str], by: str) -> dict[str, list[str]]:
     return groups
 
 
+def recipe_entries(model: nn.Module, recipe: QuantRecipe) -> dict[str, LayerRecipe | None]:
+    """``recipe``'s entry for each linear layer and encoder point of ``model`` (None: kept float), by name."""
+    points = find_points(model)
+    entries = recipe.for_layers([layer.name for layer in find_linear_layers(model)], [p.name for p in points])
+    entries.update({point.name: recipe.for_point(point.name, point.kind)[0] for point in points})
+    return entries
+
+
 def quantize_only(model: nn.Module, recipe: QuantRecipe, names: Sequence[str]) -> list[str]:
-    """Quantize ``names`` of ``model`` with ``recipe``'s entries for them; every other layer stays float."""
-    entries = recipe.for_layers([layer.name for layer in find_linear_layers(model)])
+    """Quantize ``names`` (linear layers and encoder points) of ``model`` with ``recipe``'s entries for them; every
+    other layer and point stays float."""
+    entries = recipe_entries(model, recipe)
     only = QuantRecipe(layers={name: entries[name] for name in names}, key=recipe.key)
     return quantize_model(model, only, key=recipe.key)
 
 
 def unquantize(model: nn.Module) -> None:
-    """Put every ``QuantLinear`` of ``model`` back to the linear it wraps (which it never copied)."""
+    """Put every ``QuantLinear`` of ``model`` back to the linear it wraps (which it never copied), and every encoder
+    point back to full precision."""
     for layer in find_linear_layers(model):
         if isinstance(layer.module, QuantLinear):
             swap_module(model, layer.path, layer.module.linear)
+    remove_points(model)
 
 
 def layer_sensitivity(
@@ -348,9 +362,10 @@ def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
                 candidate, data.train_dataloader(), lambda b: candidate(**_batch_inputs(b)), calibration
             )
 
-    groups = layer_groups([layer.name for layer in find_linear_layers(model)], options["by"])
-    # only the layers the preset quantizes (a preset may keep e.g. the classifier float)
-    entries = recipe.for_layers([name for names in groups.values() for name in names])
+    # the linear layers and the encoder points (quant=int8_scaled_all: softmax, GELU, LayerNorm, adds, products)
+    entries = recipe_entries(model, recipe)
+    groups = layer_groups(list(entries), options["by"])
+    # only the layers and points the preset quantizes (a preset may keep e.g. the classifier float)
     groups = {g: [n for n in names if entries[n] is not None] for g, names in groups.items()}
     groups = {g: names for g, names in groups.items() if names}
 
