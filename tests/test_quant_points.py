@@ -250,6 +250,10 @@ def test_a_float_checkpoint_loads_into_the_quantized_model(tiny_bert):
             {"default": {"weight": SCALED, "kernel": "ibert"}},
             "quant.config.default.kernel='ibert': linear layers",
         ),
+        (
+            {"matmul": {"data_in": {"format": "mxint8"}}},
+            "quant.config.matmul.data_in: does not divide the dimension",
+        ),
     ],
 )
 def test_bad_point_recipes_are_refused_in_one_line(tiny_bert, recipe, message):
