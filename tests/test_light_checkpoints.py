@@ -158,11 +158,27 @@ def test_init_ckpt_from_a_light_checkpoint_then_merged(compose_cfg, base_dir, li
     )
 
 
-def test_light_checkpoint_into_another_base_is_one_line(
-    tmp_path, compose_cfg, tiny_imdb_dir, cache_dir, light_run
+def test_evaluating_a_light_checkpoint_and_into_another_base(
+    tmp_path, compose_cfg, tiny_imdb_dir, cache_dir, base_dir, light_run
 ):
+    ckpt = next((light_run / "checkpoints").glob("best*.ckpt"))
+    # train=false ckpt_path=...: the same test metrics as the run's own test of that checkpoint
+    proc = run_train(
+        tiny_imdb_dir,
+        cache_dir,
+        tmp_path / "evaluated",
+        *_light(base_dir),
+        "train=false",
+        f"ckpt_path={ckpt}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    evaluated = json.loads((tmp_path / "evaluated" / "metrics.json").read_text())
+    trained = json.loads((light_run / "metrics.json").read_text())
+    assert [evaluated[k] for k in ("test/acc", "test/loss")] == [
+        trained[k] for k in ("test/acc", "test/loss")
+    ]
+    # another base (the same architecture, other weights): one line before anything runs
     other = _save_base(tmp_path / "other", seed=1)
-    ckpt = light_run / "checkpoints" / "last.ckpt"
     proc = run_train(
         tiny_imdb_dir, cache_dir, tmp_path / "resumed", *_light(other), "train=false", f"ckpt_path={ckpt}"
     )
