@@ -9,6 +9,7 @@
     quantize_model(model, {"by": "type", "linear": {"config": {"name": "integer", ...}}})  # the labs' dict
     quantize_model(model, "lab_integer.toml")  # a lab config file ([passes.quantize])
     quantization_report(model)  # quant/avg_weight_bits, quant/avg_act_bits, quant/weight_bytes
+    quantize_model(model, QuantRecipe(softmax={"data_in": ...}, gelu=...))  # the encoder's points (points.py)
 
 See ``docs/quantization.md``.
 """
@@ -17,6 +18,7 @@ from adls_lightning.lab_config import load_lab_config
 from adls_lightning.quant import formats  # noqa: F401  (registers the built-in formats, in order, before scaled)
 from adls_lightning.quant.linear import SLOTS, QuantLinear
 from adls_lightning.quant.mase import from_mase, to_recipe
+from adls_lightning.quant.points import find_points, quantized_points
 from adls_lightning.quant.quantizers import QUANTIZERS, Quantizer, make_quantizer, register_format
 from adls_lightning.quant.recipe import LayerRecipe, OperandRecipe, QuantRecipe
 from adls_lightning.quant.scaled import (
@@ -47,12 +49,14 @@ __all__ = [
     "calibrating",
     "check_recipe_fits",
     "find_linear_layers",
+    "find_points",
     "from_mase",
     "load_lab_config",
     "make_quantizer",
     "quantization_report",
     "quantize_model",
     "quantized_layers",
+    "quantized_points",
     "register_format",
     "to_recipe",
 ]
