@@ -91,6 +91,17 @@ def test_light_checkpoint_holds_the_trained_tensors_only(compose_cfg, base_dir, 
     assert "test/acc" in json.loads((light_run / "metrics.json").read_text())
 
 
+@pytest.mark.slow
+def test_a_minilm_lora_checkpoint_is_light(compose_cfg):
+    """The real MiniLM (issue 58: at most 8 MB, from 97 MB): adapters, heads and their AdamW moments."""
+    cfg = compose_cfg(["model=minilm", *SMALL_RUN, "trainer.max_epochs=1", "test=false"])
+    run(cfg)
+    last = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+    light = read_checkpoint(last, "ckpt")[LIGHT_KEY]
+    assert light["omitted_parameters"] > 22_000_000  # the frozen encoder and embeddings
+    assert last.stat().st_size <= 8_000_000
+
+
 def test_full_checkpoints_on_request_and_for_a_merged_compression(compose_cfg, base_dir, tmp_path):
     # model.light_checkpoints=false: the whole state
     cfg = compose_cfg(
