@@ -241,11 +241,15 @@ def test_command_refuses_a_budget_no_assignment_meets_in_one_line(float_ckpt, tm
         (("latency=-1",), "error: latency=-1: must be a ratio"),
         (("latency=0.5", "bytes=0.5"), "error: latency= or bytes=: give exactly one budget"),
         (("latency=0.5", "batch=0"), "error: batch=0: must be a positive integer"),
+        (("latency=0.5", "out=OUT_FILE"), "error: out="),
     ],
 )
 def test_command_refuses_bad_options_in_one_line(float_ckpt, tmp_path, args, expected):
     from adls_lightning.search.budget_tool import main
     from tests.helpers import call
+
+    (tmp_path / "a_file").write_text("kept")
+    args = tuple(a.replace("OUT_FILE", str(tmp_path / "a_file")) for a in args)
 
     args = args if any(a.startswith("ckpt=") for a in args) or not args else (f"ckpt={float_ckpt}", *args)
     code, _, stderr = call(main, *args)

@@ -95,6 +95,8 @@ def check_options(options: dict[str, Any]) -> dict[str, Any]:
         "overwrite": flag_option(options, "overwrite"),
     }
     out = Path(options["out"]) if options["out"] else ckpt.parent.parent / "budget" / f"{metric}{ratio:g}"
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out={out}: a file, not a folder (give a folder for {RESULT_FILE})")
     if out.exists() and any(out.iterdir()) and not checked["overwrite"]:
         raise ConfigError(f"out={out}: already holds files (give another out= or overwrite=true)")
     check_writable(out)
