@@ -13,6 +13,10 @@ Configs name the entry (``name: my_format``). A module outside this package is i
 ``plugins`` (``quant.plugins=[mylab.formats]``); :func:`import_plugins` allows only modules that
 ``$ADLS_EXTRA_TARGETS`` allows as ``_target_`` (the same trust rule as :mod:`adls_lightning.build`). See
 ``docs/extending.md``.
+
+The registries: number formats (``adls_lightning.quant.quantizers.QUANTIZERS``, ``register_format``), pruning
+methods (``adls_lightning.prune.scores``: ``PRUNE_METHODS``, ``ONESHOT_METHODS``, ``LEARNED_METHODS``) and task
+metrics (``adls_lightning.data.tasks.METRICS``, ``register_metric``; their modules listed in ``data.plugins``).
 """
 
 from __future__ import annotations

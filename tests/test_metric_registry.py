@@ -12,7 +12,7 @@ import torch
 from torchmetrics.classification import BinaryF1Score, MulticlassAccuracy
 
 from adls_lightning.app.training import run
-from adls_lightning.data.tasks import METRICS, build_metric
+from adls_lightning.data.tasks import METRICS, build_metric, register_metric
 from adls_lightning.errors import ConfigError
 from tests.helpers import ROOT
 
@@ -83,3 +83,13 @@ def test_an_unknown_metric_is_one_line_naming_the_key(compose_cfg):
     cfg = compose_cfg(["data.metrics=[acc,bal]"])
     with pytest.raises(ConfigError, match=r"data.metrics=\['acc', 'bal'\]: must be a non-empty list"):
         run(cfg)
+
+
+def test_a_reimported_module_registers_its_metric_again_and_another_function_is_refused(doc_metric):
+    __import__(PLUGIN)
+    first = METRICS[doc_metric]
+    sys.modules.pop(PLUGIN)
+    __import__(PLUGIN)  # the module's code runs again: the same function, registered again
+    assert METRICS[doc_metric].build.__qualname__ == first.build.__qualname__
+    with pytest.raises(ValueError, match="'balanced_acc' is already registered"):
+        register_metric(doc_metric)(lambda num_labels: MulticlassAccuracy(num_classes=num_labels))

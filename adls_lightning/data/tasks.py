@@ -6,7 +6,9 @@ listed). Checkpoint selection, ``optimized_metric``, the search objectives and t
 metric from one key, ``main_metric`` in ``conf/train.yaml`` (``val/${data.main_metric}``), which each data preset
 sets: GLUE through the ``task_main_metric`` resolver below, from this table.
 
-Adding a GLUE-style task is one :data:`GLUE_TASKS` entry.
+Adding a GLUE-style task is one :data:`GLUE_TASKS` entry; adding a metric is one function registered with
+:func:`register_metric` (in :data:`METRICS`, by the name ``data.metrics`` and ``metrics.json`` use; see
+``docs/extending.md``).
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ def register_metric(name: str, *, classification: bool = True) -> Callable:
     ``test/<name>`` when its task lists it (``data.metrics``)."""
 
     def decorate(build: Callable[[int], Any]) -> Callable[[int], Any]:
+        existing = METRICS.get(name)
+        if existing is not None and existing.build.__qualname__ == build.__qualname__:
+            METRICS.unregister(
+                name
+            )  # the same function again (a re-imported module), as the other registries allow
         METRICS.register(name, MetricEntry(build, classification))
         return build
 
