@@ -1,6 +1,8 @@
 """Shared fixtures: real configs composed in-process (``compose_cfg``), a tiny synthetic IMDb-like data set
-(``tiny_imdb_dir``), a tiny randomly initialised BERT (``tiny_bert``) (the one compose helper and the one skip
-helper for what a machine may lack are ``helpers.compose_config`` and ``helpers.requires``)."""
+(``tiny_imdb_dir``), a tiny randomly initialised BERT (``tiny_bert``), ``search.py`` on the tiny data (``search``),
+the toy sweeper app (``toy``) and a throwaway PostgreSQL server (``postgres``). Shared functions and constants are
+in ``tests/helpers.py`` (the one compose helper and the one skip helper for what a machine may lack are
+``helpers.compose_config`` and ``helpers.requires``)."""
 
 from __future__ import annotations
 
