@@ -155,6 +155,7 @@ class QuantizationCallback(L.Callback):
         self._report: dict[str, float] = {}
         #: QAT after structured pruning: quantized at fit start, once the heads and neurons are gone
         self._after_structure: list[PruningCallback] = []
+        self._reload_refusal: Any = None
         #: where the evaluated model of a PTQ run was saved (COMPRESSED_CHECKPOINT), once it was
         self.compressed_checkpoint: Path | None = None
 
@@ -177,15 +178,12 @@ class QuantizationCallback(L.Callback):
             if isinstance(cb, PruningCallback) and cb.structured is not None and not cb.applied
         ]
         if structured and self.mode == "qat":
-            if trainer.state.fn != TrainerFn.FITTING or trainer.ckpt_path:
-                # its checkpoint holds quantized layers of the pruned sizes, which no built model has before it loads
-                raise ConfigError(
-                    "prune.structured with quant.mode=qat: a checkpoint of such a run is not loaded into train.py "
-                    "again (resume or ckpt_path=); export it (python -m adls_lightning.export ckpt=...), or "
-                    "fine-tune it with init_ckpt= and without quant="
-                )
-            # structured pruning slices plain linear layers at fit start: the quantized layers come after
+            if trainer.state.fn != TrainerFn.FITTING:
+                raise ConfigError(_STRUCTURED_QAT_RELOAD)
+            # structured pruning slices plain linear layers at fit start: the quantized layers come after. A
+            # resumed checkpoint (known only after setup) would hold them already: refused when it loads
             self._after_structure = structured
+            self._reload_refusal = pl_module.register_load_state_dict_pre_hook(_refuse_quantized_state)
             return
         self.quantize(pl_module)
 
@@ -221,6 +219,9 @@ class QuantizationCallback(L.Callback):
             for pruning in self._after_structure:
                 pruning.apply_at_start(trainer, pl_module)
             self._after_structure = []
+            if self._reload_refusal is not None:
+                self._reload_refusal.remove()
+                self._reload_refusal = None
             self.quantize(pl_module)
             # the optimizer (rebuilt by the pruning for the sliced weights) takes the quantizers' parameters (LSQ)
             trainer.strategy.setup_optimizers(trainer)
@@ -410,6 +411,20 @@ class QuantizationCallback(L.Callback):
         for key in ("val_acc_before", "val_acc_after"):
             if state_dict.get(key) is not None and getattr(self, key) is None:
                 setattr(self, key, state_dict[key])
+
+
+_STRUCTURED_QAT_RELOAD = (
+    "prune.structured with quant.mode=qat: a checkpoint of such a run is not loaded into train.py again (resume or "
+    "ckpt_path=): its quantized layers have the pruned sizes, which no model has before it loads; export it "
+    "(python -m adls_lightning.export ckpt=...), or fine-tune it with init_ckpt= and without quant="
+)
+
+
+def _refuse_quantized_state(
+    module: torch.nn.Module, state_dict: Mapping[str, Any], prefix: str, *args: Any
+) -> None:
+    if any("_quantizer." in key for key in state_dict):
+        raise ConfigError(_STRUCTURED_QAT_RELOAD)
 
 
 def _as_float(value: Any) -> float | None:

@@ -52,8 +52,10 @@ CASES = {
     "smoothquant": ["quant=int8_scaled", "quant.smoothquant.alpha=0.5", "quant.calibration.batches=2"],
     "lsq": ["quant=int8_lsq", "quant.calibration.batches=2"],
     "structured_int8": ["prune=structured_0.5", "quant=int8_scaled", "prune.distill=true"],
+    # a LoRA run (merged before it is quantized): its evaluated model is the merged, quantized one
+    "gptq_lora": ["quant=w4_gptq", "quant.gptq.batches=2"],
 }
-PTQ = ("gptq", "ptq_calibrated", "smoothquant_ptq")
+PTQ = ("gptq", "ptq_calibrated", "smoothquant_ptq", "gptq_lora")
 
 
 class RecordTestLogits(L.Callback):
@@ -103,7 +105,9 @@ def exported(request, tmp_path_factory, tiny_imdb_dir, cache_dir, fine_tuned):
     out = tmp_path_factory.mktemp(case)
     monkeypatch = pytest.MonkeyPatch()
     try:
-        overrides = [*SHORT_RUN, *NO_LORA, f"init_ckpt={fine_tuned}", *FROM_FINE_TUNED, *CASES[case]]
+        # LoRA runs start from the random tiny model (their logits still tell), the others from the fine-tuned one
+        start = [] if case.endswith("_lora") else [*NO_LORA, f"init_ckpt={fine_tuned}", *FROM_FINE_TUNED]
+        overrides = [*SHORT_RUN, *start, *CASES[case]]
         metrics, recorder = recorded_run(out / "run", overrides, tiny_imdb_dir, cache_dir, monkeypatch)
     finally:
         monkeypatch.undo()
@@ -124,7 +128,7 @@ def test_ptq_runs_save_their_evaluated_model_with_the_record(exported):
     # 14 linear layers in tiny_random (2 x 6 in the encoder, the pooler, the classifier), all quantized
     assert quantization is not None and quantization.applied and len(quantization.layers) == 14
     assert quantization.mode == ("ptq" if case in PTQ else "qat")
-    assert quantization.gptq == (case == "gptq")
+    assert quantization.gptq == case.startswith("gptq")
     assert quantization.lsq == (case == "lsq")
     # SmoothQuant's paper scope: query/key/value and the FFN input of each of the 2 layers (LayerNorm-fed)
     assert len(quantization.smoothed) == (8 if case.startswith("smoothquant") else 0)
@@ -293,3 +297,15 @@ def test_int8_graph_carries_the_run_codes_and_scales(exported, tmp_path):
     for inputs, expected in zip(recorder.batches, recorder.logits, strict=True):
         logits = onnx_logits(session, inputs)
         np.testing.assert_allclose(logits, expected.numpy(), rtol=1e-4, atol=1e-3, err_msg=case)
+
+
+@pytest.mark.parametrize("exported", ["structured_int8"], indirect=True)
+def test_structured_qat_checkpoint_is_not_resumed(exported, tiny_imdb_dir, cache_dir):
+    """Its quantized layers have the pruned sizes, which no model has before the checkpoint loads: one line, not
+    a shape mismatch deep in the load."""
+    _, run, _, _, _, _ = exported
+    overrides = [*SHORT_RUN, *NO_LORA, *CASES["structured_int8"], "ckpt_path=last", "trainer.max_epochs=2"]
+    with pytest.raises(
+        ConfigError, match=r"^prune.structured with quant.mode=qat: a checkpoint of such a run"
+    ):
+        train_run(run, overrides, tiny_imdb_dir, cache_dir)
