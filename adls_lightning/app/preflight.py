@@ -46,8 +46,9 @@ def _get(cfg: Mapping, dotted: str, default: Any = None) -> Any:
 
 # Precisions every Lightning 2.x accepts: checked without importing Lightning, which takes seconds and the
 # pre-flight check otherwise does without; any other value is looked up in Lightning's own type.
-# `auto` is this project's own (adls_lightning.precision): resolved per run before the trainer is built.
-COMMON_PRECISIONS = ("auto", "32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
+COMMON_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true", "64-true")
+# This project's own value (adls_lightning.precision): resolved per run before the trainer is built.
+AUTO_PRECISION = "auto"
 
 
 def _precision_values() -> tuple:
@@ -60,7 +61,12 @@ def _precision_values() -> tuple:
 def validate_trainer(trainer: Mapping) -> None:
     """``trainer.precision`` among Lightning's values and ``trainer.accelerator`` present on this machine."""
     precision = trainer.get("precision")
-    if precision is not None and precision not in COMMON_PRECISIONS and precision not in _precision_values():
+    if (
+        precision is not None
+        and precision != AUTO_PRECISION
+        and precision not in COMMON_PRECISIONS
+        and precision not in _precision_values()
+    ):
         raise ConfigError(
             f"trainer.precision={precision!r}: must be one of auto, "
             + ", ".join(dict.fromkeys(str(v) for v in _precision_values()))
