@@ -300,23 +300,28 @@ def _gemm_calls(shape: LinearShape, rows: int, backend: str) -> list[Callable[[]
     return calls
 
 
+def best_call_seconds(calls: dict[str, list[Callable[[], object]]], repeats: int) -> dict[str, list[float]]:
+    """The best time of each call of each named list over ``repeats`` rounds, after one warm-up call each, the
+    lists alternating within each round so load from other processes falls on all alike."""
+    best = {name: [float("inf")] * len(name_calls) for name, name_calls in calls.items()}
+    for name_calls in calls.values():  # warm-up: first-touch pages, oneDNN's primitive cache
+        for call in name_calls:
+            call()
+    for _ in range(repeats):
+        for name, name_calls in calls.items():
+            for i, call in enumerate(name_calls):
+                start = time.perf_counter()
+                call()
+                best[name][i] = min(best[name][i], time.perf_counter() - start)
+    return best
+
+
 def measure(shapes: Counter[LinearShape], rows: int, repeats: int = 5) -> dict[str, float]:
     """Seconds per step of all the model's linear GEMMs on each backend (each shape x its count): the best of
-    ``repeats`` rounds per GEMM, the two backends alternating within each round, so load from other processes
-    falls on both alike."""
+    ``repeats`` rounds per GEMM, the two backends alternating within each round (:func:`best_call_seconds`)."""
     total = {"aten": 0.0, "onednn": 0.0}
     for shape, count in shapes.items():
-        calls = {backend: _gemm_calls(shape, rows, backend) for backend in total}
-        best = {backend: [float("inf")] * len(backend_calls) for backend, backend_calls in calls.items()}
-        for backend_calls in calls.values():  # warm-up: first-touch pages, oneDNN's primitive cache
-            for call in backend_calls:
-                call()
-        for _ in range(repeats):
-            for backend, backend_calls in calls.items():
-                for i, call in enumerate(backend_calls):
-                    start = time.perf_counter()
-                    call()
-                    best[backend][i] = min(best[backend][i], time.perf_counter() - start)
+        best = best_call_seconds({backend: _gemm_calls(shape, rows, backend) for backend in total}, repeats)
         for backend in total:
             total[backend] += count * sum(best[backend])
     return total

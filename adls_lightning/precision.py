@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +42,7 @@ from adls_lightning.gemm import (
     _gemm_calls,
     _read_cache,
     _write_cache,
+    best_call_seconds,
     cpu_name,
     model_linear_shapes,
     native_bfloat16,
@@ -118,16 +118,7 @@ def measure(shapes: Counter[LinearShape], rows: int, repeats: int = 5) -> dict[s
     for shape, count in shapes.items():
         calls = {backend: _gemm_calls(shape, rows, backend) for backend in fp32_backends}
         calls["bf16"] = _bf16_calls(shape, rows)
-        best = {name: [float("inf")] * len(c) for name, c in calls.items()}
-        for name_calls in calls.values():  # warm-up: first-touch pages, oneDNN's primitive cache
-            for call in name_calls:
-                call()
-        for _ in range(repeats):
-            for name, name_calls in calls.items():
-                for i, call in enumerate(name_calls):
-                    start = time.perf_counter()
-                    call()
-                    best[name][i] = min(best[name][i], time.perf_counter() - start)
+        best = best_call_seconds(calls, repeats)
         total["fp32"] += count * min(sum(best[b]) for b in fp32_backends)
         total["bf16"] += count * sum(best["bf16"])
     return total

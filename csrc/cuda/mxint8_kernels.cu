@@ -310,11 +310,39 @@ __device__ __forceinline__ void store_block_sums(float (&sums)[kLinearColumns][k
   }
 }
 
-// in_features and group_size multiples of 16, x and mantissa 16-byte aligned: 128-bit loads throughout.
-template <FloatType T, int kRows>
+// `kWidth` consecutive weights of one output feature, decoded (they share one scale: kWidth divides the group size).
+template <int kWidth>
+__device__ __forceinline__ void decode_weights(const int8_t* __restrict__ codes, float step, float (&weight)[kWidth]) {
+  if constexpr (kWidth == kCodesPerChunk) {
+    Bytes<kCodesPerChunk> chunk;
+    *reinterpret_cast<int4*>(&chunk) = __ldg(reinterpret_cast<const int4*>(codes));
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) weight[i] = static_cast<float>(chunk.values[i]) * step;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) weight[i] = static_cast<float>(codes[i]) * step;
+  }
+}
+
+// `kWidth` consecutive values of x as float32.
+template <FloatType T, int kWidth>
+__device__ __forceinline__ void load_x(const typename Traits<T>::Storage* __restrict__ x, float (&values)[kWidth]) {
+  if constexpr (kWidth == kCodesPerChunk) {
+    load_x_chunk<T>(x, values);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) values[i] = Traits<T>::load(x[i]);
+  }
+}
+
+// kVectorized (in_features and group_size multiples of 16, x and mantissa 16-byte aligned): each thread takes
+// chunks of 16 input features, by 128-bit loads. Otherwise one input feature per thread and step, any shape and
+// alignment.
+template <FloatType T, int kRows, bool kVectorized>
 __global__ void __launch_bounds__(kMaxLinearThreads)
-    linear_vectorized_kernel(const typename Traits<T>::Storage* __restrict__ x,
-                             typename Traits<T>::Storage* __restrict__ out, LinearProblem p) {
+    linear_kernel(const typename Traits<T>::Storage* __restrict__ x, typename Traits<T>::Storage* __restrict__ out,
+                  LinearProblem p) {
+  constexpr int kWidth = kVectorized ? kCodesPerChunk : 1;
   __shared__ float partial[kMaxLinearThreads / kWarpSize * kLinearColumns * kRows];
   const int64_t first_column = static_cast<int64_t>(blockIdx.x) * kLinearColumns;
   const int64_t first_row = static_cast<int64_t>(blockIdx.y) * kRows;
@@ -326,71 +354,30 @@ __global__ void __launch_bounds__(kMaxLinearThreads)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) sums[c][r] = 0.0f;
   }
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * kCodesPerChunk;
-  for (int64_t k = static_cast<int64_t>(threadIdx.x) * kCodesPerChunk; k < p.in_features; k += stride) {
-    float weight[kLinearColumns][kCodesPerChunk];
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * kWidth;
+  for (int64_t k = static_cast<int64_t>(threadIdx.x) * kWidth; k < p.in_features; k += stride) {
+    float weight[kLinearColumns][kWidth];
 #pragma unroll
     for (int c = 0; c < kLinearColumns; ++c) {
       const int64_t column = first_column + c;
       if (column < p.out_features) {
-        Bytes<kCodesPerChunk> codes;
-        *reinterpret_cast<int4*>(&codes) = __ldg(reinterpret_cast<const int4*>(p.mantissa + column * p.in_features + k));
         const float step = element_scale(__ldg(p.scale + column * groups_per_row + k / p.group_size));
-#pragma unroll
-        for (int i = 0; i < kCodesPerChunk; ++i) weight[c][i] = static_cast<float>(codes.values[i]) * step;
+        decode_weights<kWidth>(p.mantissa + column * p.in_features + k, step, weight[c]);
       } else {
 #pragma unroll
-        for (int i = 0; i < kCodesPerChunk; ++i) weight[c][i] = 0.0f;
+        for (int i = 0; i < kWidth; ++i) weight[c][i] = 0.0f;
       }
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if (r < rows_here) {
-        float values[kCodesPerChunk];
-        load_x_chunk<T>(x + (first_row + r) * p.in_features + k, values);
+        float values[kWidth];
+        load_x<T, kWidth>(x + (first_row + r) * p.in_features + k, values);
 #pragma unroll
         for (int c = 0; c < kLinearColumns; ++c) {
 #pragma unroll
-          for (int i = 0; i < kCodesPerChunk; ++i) sums[c][r] = fmaf(values[i], weight[c][i], sums[c][r]);
+          for (int i = 0; i < kWidth; ++i) sums[c][r] = fmaf(values[i], weight[c][i], sums[c][r]);
         }
-      }
-    }
-  }
-  store_block_sums<T, kRows>(sums, partial, out, p, first_column, first_row, rows_here);
-}
-
-// Any in_features, group size and alignment: one input feature per thread and step.
-template <FloatType T, int kRows>
-__global__ void __launch_bounds__(kMaxLinearThreads)
-    linear_elementwise_kernel(const typename Traits<T>::Storage* __restrict__ x,
-                              typename Traits<T>::Storage* __restrict__ out, LinearProblem p) {
-  __shared__ float partial[kMaxLinearThreads / kWarpSize * kLinearColumns * kRows];
-  const int64_t first_column = static_cast<int64_t>(blockIdx.x) * kLinearColumns;
-  const int64_t first_row = static_cast<int64_t>(blockIdx.y) * kRows;
-  const int rows_here = static_cast<int>(min(static_cast<int64_t>(kRows), p.rows - first_row));
-  const int64_t groups_per_row = p.in_features / p.group_size;
-  float sums[kLinearColumns][kRows];
-#pragma unroll
-  for (int c = 0; c < kLinearColumns; ++c) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) sums[c][r] = 0.0f;
-  }
-  for (int64_t k = threadIdx.x; k < p.in_features; k += blockDim.x) {
-    float weight[kLinearColumns];
-#pragma unroll
-    for (int c = 0; c < kLinearColumns; ++c) {
-      const int64_t column = first_column + c;
-      weight[c] = column < p.out_features
-                      ? static_cast<float>(p.mantissa[column * p.in_features + k]) *
-                            element_scale(__ldg(p.scale + column * groups_per_row + k / p.group_size))
-                      : 0.0f;
-    }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (r < rows_here) {
-        const float value = Traits<T>::load(x[(first_row + r) * p.in_features + k]);
-#pragma unroll
-        for (int c = 0; c < kLinearColumns; ++c) sums[c][r] = fmaf(value, weight[c], sums[c][r]);
       }
     }
   }
@@ -412,10 +399,10 @@ void launch_linear_tiles(const void* x, void* out, const LinearProblem& p, bool 
   const auto* typed_x = static_cast<const Storage*>(x);
   auto* typed_out = static_cast<Storage*>(out);
   if (vectorized) {
-    linear_vectorized_kernel<T, kRows>
+    linear_kernel<T, kRows, true>
         <<<grid, linear_threads(p.in_features / kCodesPerChunk), 0, stream>>>(typed_x, typed_out, p);
   } else {
-    linear_elementwise_kernel<T, kRows><<<grid, linear_threads(p.in_features), 0, stream>>>(typed_x, typed_out, p);
+    linear_kernel<T, kRows, false><<<grid, linear_threads(p.in_features), 0, stream>>>(typed_x, typed_out, p);
   }
 }
 
