@@ -272,13 +272,20 @@ def light_state(
 
 
 def complete_light_state(
-    model: torch.nn.Module, checkpoint: Mapping[str, Any], path: str | Path, key: str, copy: bool = False
+    model: torch.nn.Module,
+    checkpoint: Mapping[str, Any],
+    path: str | Path,
+    key: str,
+    copy: bool = False,
+    base: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """The full state dict of ``checkpoint``: its ``state_dict`` as it is for a full checkpoint; for a light one
     (:data:`LIGHT_KEY`), completed with ``model``'s own tensors of the keys it left out, after checking that each
     is bit-identical to the one the run had. ``model`` must be built from the run's config and not yet changed
     (LoRA unmerged, nothing quantized or pruned: a light checkpoint comes from a run that changed none of its base).
     ``copy``: clone the completed tensors (for a caller that changes the model before loading the state).
+    ``base``: the frozen base's tensors as built, by state-dict key, for a model that has changed since (LoRA merged
+    by a compression callback before the checkpoint loads); default: ``model``'s own.
 
     Raises:
         ConfigError: ``KEY=PATH: a light checkpoint ...`` naming the first key this model lacks or holds another
@@ -288,7 +295,7 @@ def complete_light_state(
     light = checkpoint.get(LIGHT_KEY)
     if not light:
         return state
-    own = model.state_dict()
+    own = model.state_dict() if base is None else base
     digests = light["digests"]
     what = (
         f"{key}={path}: a light checkpoint (LoRA adapters and trained heads; its {light['omitted']} frozen base "

@@ -170,6 +170,7 @@ class SequenceClassifier(LightningModule):
         self.light_base = source if lora is not None and light_checkpoints else None
         # the frozen tensors as built: what a save finds unchanged, a fresh build of the same config gives again
         self._base_digests = frozen_base_digests(self) if self.light_base else {}
+        self._base_before_merge: dict[str, torch.Tensor] | None = None
         self._init_state = self._light_init_state() if init_ckpt else None
 
     def _light_init_state(self) -> dict | None:
@@ -209,7 +210,13 @@ class SequenceClassifier(LightningModule):
         resume (``ckpt_path``) and the test of the best checkpoint."""
         if checkpoint.get(LIGHT_KEY):
             path = (self._trainer.ckpt_path if self._trainer is not None else None) or "checkpoint"
-            checkpoint["state_dict"] = complete_light_state(self, checkpoint, path, "ckpt_path")
+            checkpoint["state_dict"] = complete_light_state(
+                self,
+                checkpoint,
+                path,
+                "ckpt_path",
+                base=self._base_before_merge if self.lora_merged else None,
+            )
 
     def forward(self, input_ids, attention_mask=None, labels=None, token_type_ids=None):
         # token_type_ids only for pairs (single texts leave them out: all zeros is the models' default)
@@ -245,6 +252,14 @@ class SequenceClassifier(LightningModule):
 
     def merge_lora(self) -> int:
         """Fold the LoRA adapters into the base weights now (idempotent); returns the adapter parameters merged."""
+        if self.light_base and not self.lora_merged and isinstance(self.model, PeftModel):
+            # a light checkpoint loaded after the merge (a PTQ evaluation of a fine-tuned run) is completed from the
+            # base as built: the merge changes the adapted layers' weights in place (kept as copies), not the rest
+            self._base_before_merge = {
+                k: v.clone() if ".base_layer." in k else v
+                for k, v in self.state_dict().items()
+                if k in self._base_digests
+            }
         merged = merge_lora_into_base(self)
         self.lora_merged = self.lora_merged or merged > 0
         return merged

@@ -202,6 +202,23 @@ def test_evaluating_a_light_checkpoint_and_into_another_base(
         build(compose_cfg(_light(other)).model, "model", _convert_="partial", init_ckpt=str(ckpt))
 
 
+def test_ptq_evaluation_of_a_light_checkpoint(tmp_path, tiny_imdb_dir, cache_dir, base_dir, light_run):
+    """PTQ of a fine-tuned run's best checkpoint (train=false ckpt_path=...): the quantization callback merges LoRA
+    before Lightning loads the checkpoint, which is then completed from the base as it was built; its scores equal
+    those of the same PTQ started from init_ckpt= (completed before any merge)."""
+    ckpt = next((light_run / "checkpoints").glob("best*.ckpt"))
+    ptq = ["quant=int8_scaled", "quant.mode=ptq", "train=false"]
+    metrics = {}
+    for how in ("ckpt_path", "init_ckpt"):
+        out = tmp_path / how
+        proc = run_train(tiny_imdb_dir, cache_dir, out, *_light(base_dir), *ptq, f"{how}={ckpt}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        metrics[how] = json.loads((out / "metrics.json").read_text())
+    assert {"test/acc", "test/loss"} <= metrics["ckpt_path"].keys()
+    for key in ("test/acc", "test/loss"):
+        assert metrics["ckpt_path"][key] == pytest.approx(metrics["init_ckpt"][key], abs=1e-6), key
+
+
 def test_a_light_checkpoint_exports_and_evaluates_to_the_runs_test_metric(tmp_path, light_run):
     """The export completes a light checkpoint from the base its run's record names (the user's next step after a
     `make train`): format=hf, then export.evaluate prints the run's own test/acc."""
