@@ -502,3 +502,23 @@ def layer_problem(out: int, features: int, tokens: int, seed: int = 0) -> tuple[
     mixing = torch.randn(features, features, generator=generator) * torch.linspace(2, 0.05, features)
     x = torch.randn(tokens, features, generator=generator) @ mixing
     return weight, x
+
+
+# -- number formats ---------------------------------------------------------------------------------------------------
+
+#: one valid parameter set per registered number format (block sizes divide the tiny models' 16-wide heads and rows)
+FORMAT_PARAMS = {
+    "integer": {"width": 8, "frac_width": 4},
+    "minifloat_ieee": {"width": 8, "exponent_width": 4, "exponent_bias": 7},
+    "minifloat_denorm": {"width": 8, "exponent_width": 4, "exponent_bias": 7},
+    "log": {"width": 8},
+    "block_fp": {"width": 7, "exponent_width": 8, "exponent_bias": 127, "block_size": 16},
+    "block_minifloat": {"width": 8, "exponent_width": 4, "exponent_bias_width": 8, "block_size": 16},
+    "block_log": {"width": 8, "exponent_bias_width": 4, "block_size": 16},
+    "binary": {},
+    "binary_scaling": {},
+    "binary_residual": {"levels": 2},
+    "ternary": {},
+    "mxint8": {},
+    "scaled_integer": {"width": 8},
+}

@@ -18,6 +18,7 @@ from torch.nn.utils import parametrize
 from adls_lightning import precision
 from adls_lightning.errors import ConfigError
 from adls_lightning.gemm import LinearShape, cpu_name
+from tests.helpers import FORMAT_PARAMS
 
 AVX2_FLAGS = "fpu sse sse2 avx avx2 fma"
 AVX512_BF16_FLAGS = "fpu sse avx2 fma avx512f avx512_vnni avx512_bf16"
@@ -301,21 +302,6 @@ def test_mxint8_packed_linear_on_an_fp32_input_under_autocast():
     _check_close_to_fp32(build, torch.randn(3, 64))
 
 
-QUANT_FORMATS = {
-    "integer": {"width": 8, "frac_width": 4},
-    "minifloat_ieee": {"width": 8, "exponent_width": 4, "exponent_bias": 7},
-    "minifloat_denorm": {"width": 8, "exponent_width": 4, "exponent_bias": 7},
-    "log": {"width": 8},
-    "block_fp": {"width": 7, "exponent_width": 8, "exponent_bias": 127, "block_size": 16},
-    "block_minifloat": {"width": 8, "exponent_width": 4, "exponent_bias_width": 8, "block_size": 16},
-    "block_log": {"width": 8, "exponent_bias_width": 4, "block_size": 16},
-    "binary": {},
-    "binary_scaling": {},
-    "binary_residual": {"levels": 2},
-    "ternary": {},
-    "mxint8": {},
-    "scaled_integer": {"width": 8},
-}
 # formats whose output is a coarse sign/level function of the input: a bf16-rounded input flips a few levels, so
 # their whole-layer error against fp32 is larger than a fine grid's (still far from a broken op's)
 COARSE = {"binary", "binary_scaling", "binary_residual", "ternary", "log", "block_log"}
@@ -324,18 +310,18 @@ COARSE = {"binary", "binary_scaling", "binary_residual", "ternary", "log", "bloc
 def test_every_quantization_format_is_checked_under_autocast():
     from adls_lightning.quant import QUANTIZERS
 
-    assert set(QUANTIZERS) == set(QUANT_FORMATS)
+    assert set(QUANTIZERS) == set(FORMAT_PARAMS)
 
 
-@pytest.mark.parametrize("name", sorted(QUANT_FORMATS))
+@pytest.mark.parametrize("name", sorted(FORMAT_PARAMS))
 def test_quantized_linear_under_bf16_autocast(name):
     from adls_lightning.quant import make_quantizer
     from adls_lightning.quant.linear import QuantLinear
 
     def build():
         first = nn.Linear(64, 64)
-        weight_q = make_quantizer(name, **QUANT_FORMATS[name])
-        input_q = make_quantizer(name, **QUANT_FORMATS[name])
+        weight_q = make_quantizer(name, **FORMAT_PARAMS[name])
+        input_q = make_quantizer(name, **FORMAT_PARAMS[name])
         for q, shape in ((weight_q, (32, 64)), (input_q, None)):
             q.bind(shape)
         return nn.Sequential(first, QuantLinear(nn.Linear(64, 32), input_q, weight_q), nn.Linear(32, 8))
@@ -394,7 +380,7 @@ def test_movement_scores_accumulate_in_fp32_under_autocast():
     assert _relative_error(scores[True], scores[False]) < BF16_TOLERANCE
 
 
-@pytest.mark.parametrize("name", sorted(QUANT_FORMATS))
+@pytest.mark.parametrize("name", sorted(FORMAT_PARAMS))
 def test_quantizer_of_a_bf16_tensor_is_its_fp32_value_quantized(name):
     # the precise property behind the layer test: a bf16 activation is quantized as its (exact) fp32 value, and
     # the result comes back in bf16 rounded once; the straight-through gradient passes the same elements
@@ -405,7 +391,7 @@ def test_quantizer_of_a_bf16_tensor_is_its_fp32_value_quantized(name):
     grads = {}
     for dtype in (torch.bfloat16, torch.float32):
         torch.manual_seed(0)
-        q = make_quantizer(name, **QUANT_FORMATS[name])
+        q = make_quantizer(name, **FORMAT_PARAMS[name])
         q.bind(None)
         leaf = x.to(dtype).detach().clone().requires_grad_(True)
         out = q(leaf)

@@ -17,6 +17,7 @@ import torch
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.quant import QUANTIZERS, make_quantizer
+from tests.helpers import FORMAT_PARAMS
 
 NAN, INF = float("nan"), float("inf")
 
@@ -298,37 +299,22 @@ def test_mxint8_is_the_projects_format_definition():
 # --------------------------------------------------------------------------------------------------
 # Properties every format must have
 # --------------------------------------------------------------------------------------------------
-PRESET_PARAMS = {
-    "integer": {"width": 8, "frac_width": 4},
-    "minifloat_ieee": {"width": 8, "exponent_width": 4, "exponent_bias": 7},
-    "minifloat_denorm": {"width": 8, "exponent_width": 4, "exponent_bias": 7},
-    "log": {"width": 8},
-    "block_fp": {"width": 7, "exponent_width": 8, "exponent_bias": 127, "block_size": 16},
-    "block_minifloat": {"width": 8, "exponent_width": 4, "exponent_bias_width": 8, "block_size": 16},
-    "block_log": {"width": 8, "exponent_bias_width": 4, "block_size": 16},
-    "binary": {},
-    "binary_scaling": {},
-    "binary_residual": {"levels": 2},
-    "ternary": {},
-    "mxint8": {},
-    "scaled_integer": {"width": 8},
-}
 CANNOT_REPRESENT_ZERO = {name for name, cls in QUANTIZERS.items() if not cls.zero_representable}
 
 
 def test_every_registered_format_is_tested():
-    assert set(PRESET_PARAMS) == set(QUANTIZERS)
+    assert set(FORMAT_PARAMS) == set(QUANTIZERS)
 
 
 def _quantizer(name):
-    q = make_quantizer(name, **PRESET_PARAMS[name])
+    q = make_quantizer(name, **FORMAT_PARAMS[name])
     if name == "binary_residual":  # fixed, decreasing scales so idempotence is well defined
         q.scales.data = torch.tensor([0.5, 0.25])
         q.initialized.fill_(True)
     return q
 
 
-@pytest.mark.parametrize("name", sorted(PRESET_PARAMS))
+@pytest.mark.parametrize("name", sorted(FORMAT_PARAMS))
 def test_idempotent(name):
     q = _quantizer(name)
     x = torch.randn(6, 64) * 3
@@ -340,7 +326,7 @@ def test_idempotent(name):
         assert torch.equal(q(once), once)
 
 
-@pytest.mark.parametrize("name", sorted(PRESET_PARAMS))
+@pytest.mark.parametrize("name", sorted(FORMAT_PARAMS))
 def test_any_rank_and_shape(name):
     """1-D, 2-D and 3-D inputs quantize like their rows (blocks run along the last dimension)."""
     q = _quantizer(name)
@@ -357,7 +343,7 @@ def test_any_rank_and_shape(name):
     assert torch.equal(rows, out3)
 
 
-@pytest.mark.parametrize("name", sorted(PRESET_PARAMS))
+@pytest.mark.parametrize("name", sorted(FORMAT_PARAMS))
 def test_zero_maps_to_zero_where_representable(name):
     q = _quantizer(name)
     x = torch.randn(4, 64)
@@ -374,7 +360,7 @@ def test_zero_maps_to_zero_where_representable(name):
         assert torch.all(out[1] == 0)
 
 
-@pytest.mark.parametrize("name", sorted(PRESET_PARAMS))
+@pytest.mark.parametrize("name", sorted(FORMAT_PARAMS))
 def test_nan_and_inf(name):
     """Documented rules: NaN stays NaN; elementwise formats saturate inf to their max; block and
     statistics-based formats turn the block (row, tensor) holding a non-finite value into NaN."""
@@ -387,7 +373,7 @@ def test_nan_and_inf(name):
     out = q(x)
     assert torch.isnan(out[0, 5])
     if name in ("block_fp", "block_minifloat", "block_log", "mxint8"):
-        block = PRESET_PARAMS[name].get("block_size", 32)
+        block = FORMAT_PARAMS[name].get("block_size", 32)
         for row, col in ((0, 5), (1, 7), (2, 9)) if name == "mxint8" else ((0, 5),):
             start = col // block * block
             assert torch.isnan(out[row, start : start + block]).all()
@@ -435,7 +421,7 @@ CLIPPING = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(PRESET_PARAMS))
+@pytest.mark.parametrize("name", sorted(FORMAT_PARAMS))
 def test_gradient_flows(name):
     q = _quantizer(name)
     x = (torch.randn(4, 64) * 0.5).requires_grad_(True)
@@ -496,7 +482,7 @@ def test_binary_residual_scales_are_learned_and_initialised_from_data():
 
 def test_low_precision_inputs_keep_their_dtype():
     x = torch.randn(4, 64)
-    for name in PRESET_PARAMS:
+    for name in FORMAT_PARAMS:
         q = _quantizer(name)
         out = q(x.bfloat16())
         assert out.dtype == torch.bfloat16, name

@@ -18,24 +18,8 @@ from adls_lightning.quant.points import (
     quantized_points,
 )
 from adls_lightning.quant.scaled import ScaledIntegerQuantizer
-from tests.helpers import build_module, train_run
+from tests.helpers import FORMAT_PARAMS, build_module, train_run
 
-#: one valid parameter set per registered format (block sizes divide the tiny model's 16-wide heads and rows)
-FORMAT_PARAMS = {
-    "integer": {"width": 8, "frac_width": 4},
-    "minifloat_ieee": {"width": 8, "exponent_width": 4, "exponent_bias": 7},
-    "minifloat_denorm": {"width": 8, "exponent_width": 4, "exponent_bias": 7},
-    "log": {"width": 8},
-    "block_fp": {"width": 7, "exponent_width": 8, "exponent_bias": 127, "block_size": 16},
-    "block_minifloat": {"width": 8, "exponent_width": 4, "exponent_bias_width": 8, "block_size": 16},
-    "block_log": {"width": 8, "exponent_bias_width": 4, "block_size": 16},
-    "binary": {},
-    "binary_scaling": {},
-    "binary_residual": {"levels": 2},
-    "ternary": {},
-    "mxint8": {},
-    "scaled_integer": {"width": 8},
-}
 #: formats whose straight-through mask passes |x| <= 1 only (and ternary's sparse codes): on every operand of every
 #: point of a random model no gradient survives the chain, so only its finiteness is checked for them
 SIGN_FORMATS = ("binary", "binary_scaling", "binary_residual", "ternary")
