@@ -365,31 +365,51 @@ def _slowest_plausible(shapes: Counter[LinearShape], rows: int, reference: float
     return PLAUSIBLE_SLOWDOWN * seconds / (reference * 1e9)
 
 
-def untrustworthy(
-    runs: list[dict[str, float]], references: list[float], shapes: Counter[LinearShape], rows: int
+def repeats_untrustworthy(
+    runs: list[dict[str, float]],
+    references: list[float],
+    faster: Callable[[dict[str, float]], str],
+    default: str,
+    what: str,
+    check_spread: bool = True,
 ) -> str | None:
-    """Why repeated measurements (``runs``: seconds per backend, each a :func:`measure`) with the reference GEMM's
-    rates taken around them (``references``, GFLOP/s) cannot be trusted; None when they can."""
+    """Why repeated measurements (``runs``: seconds per option, each one round) with the reference GEMM's rates
+    taken around them (``references``, GFLOP/s) cannot be trusted; None when they can. The checks every ``auto``
+    choice makes: the reference GEMM at a plausible rate, positive times, repeats within :data:`MAX_SPREAD` of
+    each other (``check_spread``), and every repeat agreeing when the best times pick another option than
+    ``default`` (``faster`` names the option a set of times picks; ``what`` is said in the message)."""
     slowest_reference = min(references)
     if not slowest_reference >= REFERENCE_FLOOR_GFLOPS:
         return (
             f"the reference GEMM ran at {slowest_reference:.1f} GFLOP/s, below the {REFERENCE_FLOOR_GFLOPS:g} "
             "GFLOP/s any CPU core computes it at: the CPU is busy with other work"
         )
-    for backend in runs[0]:
-        times = [run[backend] for run in runs]
+    for name in runs[0]:
+        times = [run[name] for run in runs]
         if not all(t > 0 for t in times):
-            return f"{backend} measured {min(times):g} s, not a time"
-        if max(times) > MAX_SPREAD * min(times):
+            return f"{name} measured {min(times):g} s, not a time"
+        if check_spread and max(times) > MAX_SPREAD * min(times):
             return (
-                f"{backend}'s {len(times)} measurements spread {max(times) / min(times):.2f}x, more than "
+                f"{name}'s {len(times)} measurements spread {max(times) / min(times):.2f}x, more than "
                 f"{MAX_SPREAD:g}x: other work took the CPU in between"
             )
+    best = {name: min(run[name] for run in runs) for name in runs[0]}
+    # the other option only when every repeat says so: where the two are level the repeats fall on both sides of
+    # the margin, and the default is then a safe answer to cache
+    if faster(best) != default and any(faster(run) == default for run in runs):
+        return f"the {len(runs)} measurements disagree on whether {what} is faster"
+    return None
+
+
+def untrustworthy(
+    runs: list[dict[str, float]], references: list[float], shapes: Counter[LinearShape], rows: int
+) -> str | None:
+    """Why repeated measurements (``runs``: seconds per backend, each a :func:`measure`) with the reference GEMM's
+    rates taken around them (``references``, GFLOP/s) cannot be trusted; None when they can."""
+    why = repeats_untrustworthy(runs, references, _faster, "aten", "oneDNN")
+    if why is not None:
+        return why
     best = {backend: min(run[backend] for run in runs) for backend in runs[0]}
-    # oneDNN only when every repeat says so: on a CPU where the two are level the repeats fall on both sides of
-    # MARGIN, and aten (the default, never slower than itself) is then a safe answer to cache
-    if _faster(best) == "onednn" and any(_faster(run) == "aten" for run in runs):
-        return f"the {len(runs)} measurements disagree on whether oneDNN is faster"
     limit = _slowest_plausible(shapes, rows, max(references))
     flops = _flops(shapes, rows)
     for backend, seconds in best.items():

@@ -32,9 +32,7 @@ import torch.nn.functional as F
 from adls_lightning.errors import ConfigError
 from adls_lightning.gemm import (
     BFLOAT16_FLAGS,
-    MAX_SPREAD,
     MEASUREMENTS,
-    REFERENCE_FLOOR_GFLOPS,
     TIMING_ROWS,
     LinearShape,
     _cpuinfo_field,
@@ -48,6 +46,7 @@ from adls_lightning.gemm import (
     native_bfloat16,
     onednn_available,
     reference_gflops,
+    repeats_untrustworthy,
 )
 
 log = logging.getLogger(__name__)
@@ -140,30 +139,7 @@ def untrustworthy(runs: list[dict[str, float]], references: list[float]) -> str 
     """Why repeated measurements (``runs``, each a :func:`measure`) with the reference GEMM's rates around them
     cannot be trusted (the checks of :func:`adls_lightning.gemm.untrustworthy`, the spread's waived where the
     answer is :func:`_decisive`); None when they can."""
-    slowest_reference = min(references)
-    if not slowest_reference >= REFERENCE_FLOOR_GFLOPS:
-        return (
-            f"the reference GEMM ran at {slowest_reference:.1f} GFLOP/s, below the {REFERENCE_FLOOR_GFLOPS:g} "
-            "GFLOP/s any CPU core computes it at: the CPU is busy with other work"
-        )
-    for name in runs[0]:
-        times = [run[name] for run in runs]
-        if not all(t > 0 for t in times):
-            return f"{name} measured {min(times):g} s, not a time"
-    if _decisive(runs):
-        return None
-    for name in runs[0]:
-        times = [run[name] for run in runs]
-        if max(times) > MAX_SPREAD * min(times):
-            return (
-                f"{name}'s {len(times)} measurements spread {max(times) / min(times):.2f}x, more than "
-                f"{MAX_SPREAD:g}x: other work took the CPU in between"
-            )
-    best = {name: min(run[name] for run in runs) for name in runs[0]}
-    # bf16 only when every repeat says so; fp32 (the default) is the safe answer to cache when they disagree
-    if _faster(best) == BF16 and any(_faster(run) == FP32 for run in runs):
-        return f"the {len(runs)} measurements disagree on whether bf16 is faster"
-    return None
+    return repeats_untrustworthy(runs, references, _faster, FP32, "bf16", check_spread=not _decisive(runs))
 
 
 def choose(
