@@ -365,6 +365,20 @@ def _slowest_plausible(shapes: Counter[LinearShape], rows: int, reference: float
     return PLAUSIBLE_SLOWDOWN * seconds / (reference * 1e9)
 
 
+def timed_repeats(
+    shapes: Counter[LinearShape],
+    rows: int,
+    measure_fn: Callable[[Counter[LinearShape], int], dict[str, float]],
+    reference_fn: Callable[[], float],
+) -> tuple[list[dict[str, float]], list[float], dict[str, float]]:
+    """:data:`MEASUREMENTS` runs of ``measure_fn`` between two of the reference GEMM (what an ``auto`` choice
+    judges them by, :func:`repeats_untrustworthy`): (the runs, the reference rates, the best time of each option)."""
+    references = [reference_fn()]
+    runs = [measure_fn(shapes, rows) for _ in range(MEASUREMENTS)]
+    references.append(reference_fn())
+    return runs, references, {name: min(run[name] for run in runs) for name in runs[0]}
+
+
 def repeats_untrustworthy(
     runs: list[dict[str, float]],
     references: list[float],
@@ -469,10 +483,7 @@ def choose(
         # looked up here, not bound as defaults: tests (and callers) replace the module's timings
         measure_fn = measure_fn or measure
         reference_fn = reference_fn or reference_gflops
-        references = [reference_fn()]
-        runs = [measure_fn(shapes, rows) for _ in range(MEASUREMENTS)]
-        references.append(reference_fn())
-        times = {backend: min(run[backend] for run in runs) for backend in runs[0]}
+        runs, references, times = timed_repeats(shapes, rows, measure_fn, reference_fn)
         why = untrustworthy(runs, references, shapes, rows)
         if why is not None:
             log.warning(

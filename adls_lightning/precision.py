@@ -47,6 +47,7 @@ from adls_lightning.gemm import (
     onednn_available,
     reference_gflops,
     repeats_untrustworthy,
+    timed_repeats,
 )
 
 log = logging.getLogger(__name__)
@@ -192,10 +193,7 @@ def choose(
     if not (isinstance(times, dict) and {"fp32", "bf16"} <= times.keys()):
         measure_fn = measure_fn or measure
         reference_fn = reference_fn or reference_gflops
-        references = [reference_fn()]
-        runs = [measure_fn(shapes, rows) for _ in range(MEASUREMENTS)]
-        references.append(reference_fn())
-        times = {name: min(run[name] for run in runs) for name in runs[0]}
+        runs, references, times = timed_repeats(shapes, rows, measure_fn, reference_fn)
         why = untrustworthy(runs, references)
         if why is not None:
             log.warning(

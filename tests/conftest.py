@@ -22,7 +22,15 @@ from omegaconf import DictConfig, open_dict
 from transformers import BertForSequenceClassification
 
 from adls_lightning.models import build_from_config
-from tests.helpers import PG_PASSWORD, TINY_OVERRIDES, compose_config, free_port, make_reviews, pg_bin
+from tests.helpers import (
+    PG_PASSWORD,
+    TINY_OVERRIDES,
+    compose_config,
+    free_port,
+    make_reviews,
+    pg_bin,
+    train_run,
+)
 from tests.toy_sweeper import APP, CONFIG
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,3 +167,13 @@ def postgres():
     finally:
         subprocess.run([*pg_ctl, "-m", "immediate", "stop"], capture_output=True)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def fine_tuned(tmp_path_factory, tiny_imdb_dir, cache_dir) -> Path:
+    """A tiny model fine-tuned in full (no LoRA) until it separates the keyword reviews: the start of the export
+    tests' compressed runs (tests/test_export_compressed.py, tests/test_compression_record.py)."""
+    out = tmp_path_factory.mktemp("fine_tuned")
+    overrides = ["model/lora=none", "model.optimizer.lr=1e-3", "trainer.max_epochs=4"]
+    assert train_run(out, overrides, tiny_imdb_dir, cache_dir)["test/acc"] >= 0.9
+    return next((out / "checkpoints").glob("best-*.ckpt"))

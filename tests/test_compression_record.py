@@ -89,15 +89,6 @@ def run_checkpoint(run: Path) -> Path:
     return compressed if compressed.is_file() else next((run / "checkpoints").glob("best-*.ckpt"))
 
 
-@pytest.fixture(scope="module")
-def fine_tuned(tmp_path_factory, tiny_imdb_dir, cache_dir) -> Path:
-    """A tiny model fine-tuned in full until it separates the keyword reviews (as tests/test_export_compressed.py)."""
-    out = tmp_path_factory.mktemp("fine_tuned")
-    overrides = [*NO_LORA, "model.optimizer.lr=1e-3", "trainer.max_epochs=4"]
-    assert train_run(out, overrides, tiny_imdb_dir, cache_dir)["test/acc"] >= 0.9
-    return next((out / "checkpoints").glob("best-*.ckpt"))
-
-
 @pytest.fixture(scope="module", params=list(CASES))
 def exported(request, tmp_path_factory, tiny_imdb_dir, cache_dir, fine_tuned):
     """(case, the run folder, its metrics, its recorded test logits, the exported folder, export's stdout)."""
