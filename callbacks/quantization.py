@@ -167,13 +167,6 @@ class QuantizationCallback(L.Callback):
             # quantized after the fit: a recipe that cannot fit the model's layers (a group size that does not
             # divide a layer's input size) is refused now, before any training step or checkpoint
             check_recipe_fits(getattr(pl_module, "model", pl_module), self.recipe, key=self.recipe.key)
-            if getattr(pl_module, "light_base", None) is not None:
-                # the evaluation merges LoRA before the best checkpoint loads (merge_lora_before_compress): a light
-                # checkpoint (adapters only) completes from an unmerged base only, so this run writes full ones
-                pl_module.light_base = None
-                log.info(
-                    "PTQ of a LoRA model: full checkpoints (the evaluation loads them into the merged model)"
-                )
             return
         if self.mode == "ptq":
             # The in-memory weights' full-precision score, in case no checkpoint is loaded (the

@@ -219,6 +219,25 @@ def test_ptq_evaluation_of_a_light_checkpoint(tmp_path, tiny_imdb_dir, cache_dir
         assert metrics["ckpt_path"][key] == pytest.approx(metrics["init_ckpt"][key], abs=1e-6), key
 
 
+def test_a_ptq_run_of_a_light_base_keeps_light_checkpoints(tmp_path, tiny_imdb_dir, cache_dir, base_dir):
+    """A PTQ run trains at full precision (light checkpoints) and quantizes for its evaluation, after merging LoRA:
+    its test of the best checkpoint scores as the same PTQ started from that checkpoint (init_ckpt=)."""
+    ptq = ["quant=int8_scaled", "quant.mode=ptq"]
+    out = tmp_path / "ptq"
+    proc = run_train(tiny_imdb_dir, cache_dir, out, *_light(base_dir), *ptq, "trainer.max_epochs=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    best = next((out / "checkpoints").glob("best*.ckpt"))
+    assert read_checkpoint(best, "ckpt").get(LIGHT_KEY)
+    again = tmp_path / "again"
+    proc = run_train(
+        tiny_imdb_dir, cache_dir, again, *_light(base_dir), *ptq, "train=false", f"init_ckpt={best}"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trained, evaluated = (json.loads((d / "metrics.json").read_text()) for d in (out, again))
+    for key in ("test/acc", "test/loss"):
+        assert trained[key] == pytest.approx(evaluated[key], abs=1e-6), key
+
+
 def test_a_light_checkpoint_exports_and_evaluates_to_the_runs_test_metric(tmp_path, light_run):
     """The export completes a light checkpoint from the base its run's record names (the user's next step after a
     `make train`): format=hf, then export.evaluate prints the run's own test/acc."""
