@@ -153,7 +153,8 @@ CASES = [
     Case("search-seed-text", ("seed=abc",), "seed", script="search.py"),
     Case("search-merged-lr-nan", ("model.merged_lr=nan",), "model.merged_lr", script="search.py"),
     Case("search-typo", ("hydra.sweeper.ntrials=3",), "hydra.sweeper.ntrials", script="search.py"),
-    Case("search-space-empty", ("search.nas.hidden_size=[]",), "hidden_size", script="search.py"),
+    # options added with issues 58-59: light checkpoints, the metrics, the precision (a study's best-k, a sweeper
+    # setting: tests/test_search_sweeper.py)
     Case(
         "search-space-negative",
         ("search.nas.num_hidden_layers=[-2,4]",),

@@ -217,6 +217,7 @@ def test_grid_sampler_runs_the_explicit_grid_once(toy, tmp_path):
         (["hydra.sweeper.storage=nosuchdb://x"], "hydra.sweeper.storage=nosuchdb://x: cannot be opened"),
         (["hydra/sweeper/sampler=nosuch"], "Could not find 'hydra/sweeper/sampler/nosuch'"),
         (["hydra.sweeper.direction=up"], "hydra.sweeper.direction=up: must be maximize or minimize"),
+        (["hydra.sweeper.keep_checkpoints=-1"], "hydra.sweeper.keep_checkpoints=-1: must be a whole number"),
     ],
 )
 def test_bad_input_fails_with_one_line(toy, tmp_path, overrides, message):
