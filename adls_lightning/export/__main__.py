@@ -5,7 +5,16 @@ Options: ``group_size=32``, ``exclude=classifier`` (comma-separated module names
 ``pack_embeddings=false`` (also pack the word embeddings), ``int8=false`` (``format=onnx`` only: ``true`` also
 writes ONNX Runtime's dynamic int8 model; ``scaled`` writes instead the int8 graph of a ``quant=int8_scaled`` run
 with the run's own weight codes and calibrated activation scales, :mod:`adls_lightning.export.int8`),
-``overwrite=false`` (allow a non-empty ``out``); ``--help``: this text.
+``int4=false`` (``format=onnx`` only: ``true`` writes instead ``model_int4.onnx``, the 4-bit weights of a
+``quant=w4_gptq`` run as ONNX Runtime's ``MatMulNBits`` with the run's own codes and group steps,
+:mod:`adls_lightning.export.int4`), ``overwrite=false`` (allow a non-empty ``out``); ``--help``: this text.
+
+Every export checks itself (:mod:`adls_lightning.export.selfcheck`): ``export.json`` in the folder and a short
+table give the artifact's label agreement with the run's own model on held rows, the largest logit difference,
+and its speedup over torch eager fp32 of the run's uncompressed architecture per batch size, with what it is
+worth (mask-only pruning, not faster, no runtime for the format). ``check=full`` (default), ``agreement`` (no
+timing) or ``none``; ``check_rows=200`` (held rows of the run's test split), ``check_threads=1``,
+``check_tokens=128``, ``check_batches=1,8``, ``check_rounds=5``.
 The model, its data and its compression are the run's own: the overrides Hydra recorded next to the checkpoint
 (``<run>/.hydra/overrides.yaml``, for a checkpoint in ``<run>/checkpoints/``); every other ``key=value`` is a
 Hydra override of ``conf/train.yaml`` on top of them (without a run record: on top of the MiniLM + LoRA of
@@ -20,6 +29,7 @@ Runtime logits miss PyTorch's: one line, exit code 1 (the file is kept for inspe
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import sys
@@ -46,6 +56,8 @@ from adls_lightning.export.compressed import (
     split_options,
 )
 from adls_lightning.export.folder import task_inputs, write_config
+from adls_lightning.export.selfcheck import OPTIONS as CHECK_OPTIONS
+from adls_lightning.export.selfcheck import CheckSettings, self_check
 from adls_lightning.logs import configure_tool
 from adls_lightning.tool_options import HelpRequested, check_writable
 
@@ -59,7 +71,9 @@ OPTIONS = {
     "exclude": "classifier",
     "pack_embeddings": "false",
     "int8": "false",
+    "int4": "false",
     "overwrite": "false",
+    **CHECK_OPTIONS,
 }
 FORMATS = ("mxint8", "hf", "onnx")
 # the state keys of a linear layer pruned through torch.nn.utils.parametrize (adls_lightning.prune.WeightMask)
@@ -110,6 +124,12 @@ def check_options(options: dict[str, str | None]) -> dict:
             f"int8={options['int8']}: only with format=onnx (ONNX Runtime's int8); format={options['format']} "
             "takes int8=false"
         )
+    int4 = flag_option(options, "int4")
+    if int4 and (options["format"] != "onnx" or int8):
+        raise ConfigError(
+            f"int4={options['int4']}: only with format=onnx and int8=false (one graph: ONNX Runtime's MatMulNBits); "
+            f"format={options['format']} int8={options['int8']} takes int4=false"
+        )
     return {
         "ckpt": ckpt,
         "out": out,
@@ -118,6 +138,8 @@ def check_options(options: dict[str, str | None]) -> dict:
         "exclude": exclude,
         "pack_embeddings": flag_option(options, "pack_embeddings"),
         "int8": int8,
+        "int4": int4,
+        "check": CheckSettings.from_options(options),
     }
 
 
@@ -312,6 +334,9 @@ def export(options: dict, overrides: Sequence[str]) -> None:
     if options["format"] == "onnx" and options["int8"] == "scaled":
         export_scaled_int8(options, overrides)
         return
+    if options["int4"]:
+        export_int4(options, overrides)
+        return
     loaded = load_checkpoint_model(options["ckpt"], overrides, options=list(OPTIONS))
     model, recipe = loaded.model, loaded.recipe
     if options["format"] != "hf":
@@ -360,6 +385,64 @@ def export(options: dict, overrides: Sequence[str]) -> None:
         )
     if loaded.note:
         print(f"note: {loaded.note}")
+    artifact = out
+    if options["format"] == "onnx":
+        from adls_lightning.export import onnx as onnx_export
+
+        # int8=true: the dynamic int8 graph is the one asked for; model.onnx is the float reference beside it
+        artifact = out / (onnx_export.ONNX_INT8_FILE if options["int8"] else onnx_export.ONNX_FILE)
+    check_export(
+        options,
+        overrides,
+        loaded,
+        artifact,
+        runs_formats=options["format"] == "mxint8",
+    )
+
+
+def run_model(options: dict, overrides: Sequence[str], loaded: LoadedRun):
+    """The run's own model as it evaluated it (fake-quantized, with its activation quantizers and pruning): the
+    reference of the self-check. A run that quantized nothing evaluated the exported float model itself."""
+    if loaded.recipe.baked.get("quantized_layers"):
+        model = load_checkpoint_model(
+            options["ckpt"], overrides, keep_quantized=True, options=list(OPTIONS)
+        ).model
+    else:
+        model = loaded.model
+    if loaded.recipe.activation_prune:
+        from adls_lightning.prune import Pruner
+
+        model = copy.deepcopy(model)
+        Pruner(weight=None, key=RECIPE_FILE, **loaded.recipe.activation_prune).attach_activation(model)
+    return model.eval()
+
+
+def check_export(
+    options: dict,
+    overrides: Sequence[str],
+    loaded: LoadedRun,
+    artifact: Path,
+    reference=None,
+    runs_formats: bool = False,
+) -> None:
+    """The export's self-check (:func:`adls_lightning.export.selfcheck.self_check`) of ``artifact`` against the
+    run's model (``reference``, else :func:`run_model`)."""
+    from adls_lightning.prune.structured import CONFIG_ATTRIBUTE
+
+    settings: CheckSettings = options["check"]
+    if settings.mode == "none":
+        return
+    reference = run_model(options, overrides, loaded) if reference is None else reference
+    self_check(
+        options["out"],
+        artifact,
+        reference,
+        loaded.config,
+        settings,
+        mask_pruned=loaded.recipe.baked.get("pruned_layers", 0),
+        structured=bool(getattr(reference.config, CONFIG_ATTRIBUTE, None)),
+        runs_formats=runs_formats,
+    )
 
 
 def check_exclude(model, exclude: Sequence[str]) -> None:
@@ -421,6 +504,46 @@ def export_scaled_int8(options: dict, overrides: Sequence[str]) -> None:
         f"tokens: {check.describe()} (tolerance {int8_export.INT8_ATOL:g} + {int8_export.INT8_RTOL:g}·|logit|)"
         f"{' (tokenizer included)' if tokenizer_saved else ''}"
     )
+    check_export(options, overrides, loaded, path, reference=model, runs_formats=True)
+
+
+def export_int4(options: dict, overrides: Sequence[str]) -> None:
+    """``format=onnx int4=true``: :data:`~adls_lightning.export.int4.INT4_FILE` of a 4-bit weight run, checked in
+    ONNX Runtime against the fake-quantized model; every refusal comes before anything is written."""
+    from adls_lightning.export import int4 as int4_export
+    from adls_lightning.export import onnx as onnx_export
+
+    loaded = load_checkpoint_model(options["ckpt"], overrides, keep_quantized=True, options=list(OPTIONS))
+    model = loaded.model
+    if loaded.recipe.activation_prune:
+        raise ConfigError(
+            "int4=true: the run prunes input activations, which the int4 graph does not carry; valid: override "
+            "prune.activation=null"
+        )
+    layers = int4_export.nbits_layers(model)  # refuses what the graph cannot carry before anything is written
+    if not layers:
+        raise ConfigError(
+            "int4=true: the run quantizes no linear layer; pass its quant=w4_gptq overrides (a float checkpoint: "
+            "quant=w4_gptq quant.gptq=null for round to nearest)"
+        )
+    out: Path = options["out"]
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / int4_export.INT4_FILE
+    int4_export.export_int4_graph(model, path)
+    check = int4_export.check_int4(path, model)
+    loaded.recipe.baked["quantized_layers"] = len(layers)
+    write_config(model.config, out, loaded.inputs)
+    loaded.recipe.write(out, {})
+    tokenizer_saved = save_tokenizer(loaded.tokenizer, out)
+    blocks = sorted({layer.block_size for layer in layers.values()})
+    print(
+        f"exported onnx int4=true to {out}: {path.name} {path.stat().st_size / 1e6:.1f} MB, {len(layers)} linear "
+        f"layers as MatMulNBits (4-bit codes and the run's steps, blocks of {'/'.join(map(str, blocks))} inputs, "
+        f"float inputs); ONNX Runtime vs the fake-quantized PyTorch model on {onnx_export.SAMPLE_ROWS}×"
+        f"{onnx_export.SAMPLE_TOKENS} tokens: {check.describe()} (tolerance {int4_export.INT4_ATOL:g} + "
+        f"{int4_export.INT4_RTOL:g}·|logit|){' (tokenizer included)' if tokenizer_saved else ''}"
+    )
+    check_export(options, overrides, loaded, path, reference=model, runs_formats=True)
 
 
 def refuse_compression_beyond_weights(loaded: LoadedRun, format: str) -> None:

@@ -1,0 +1,353 @@
+"""Every export checks itself and says what it is worth: :data:`EXPORT_JSON` in the folder, and a short table.
+
+The export command calls :func:`self_check` on what it wrote, read back from disk as ``adls-predict`` and
+``adls-evaluate`` read it (:func:`adls_lightning.export.folder.load_folder`):
+
+* **agreement** and **max_logit_diff**: the artifact against the run's own model (fake-quantized, pruned, with its
+  activation quantizers: what the run evaluated) on held rows: the first ``check_rows`` rows of the run's test
+  split (or, when the run's data are not at hand, random token ids, and ``held`` says so). ``agreement`` is the
+  share of those rows on which both give the same label.
+* **speedup** per batch size (``{"1": x, "8": y}``): torch eager fp32 of the same run's *uncompressed* architecture
+  (the model as built by the run's ``model=`` config, LoRA merged, no pruning or quantization) divided by the
+  artifact's time, at ``check_threads`` threads (1) and ``check_tokens`` tokens (128), in ``check_rounds``
+  interleaved rounds (baseline, artifact, baseline, ...: load on the machine hits both alike); the medians are
+  compared. The CPU and the load average are written beside them.
+
+What the numbers say is written too (``verdict``): mask-only pruning (the zeros are stored and multiplied at full
+size), an artifact that is not faster (speedup below :data:`FASTER_AT` at some batch size), and a weight format with
+no runtime here (minifloat, block formats, log, binary: the folder holds the fake-quantized weights as float), each
+with the method that would be faster.
+
+``check=full`` (the default) does both, ``check=agreement`` skips the timing, ``check=none`` writes no
+``export.json`` (the export's own exactness checks still run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from adls_lightning.errors import ConfigError
+
+EXPORT_JSON = "export.json"
+CHECK_MODES = ("full", "agreement", "none")
+#: the export command's options of the check, with their defaults
+OPTIONS = {
+    "check": "full",
+    "check_rows": "200",
+    "check_threads": "1",
+    "check_tokens": "128",
+    "check_batches": "1,8",
+    "check_rounds": "5",
+}
+#: below this speedup at any batch size an artifact is named "not faster" (timing noise under load is ~5 %)
+FASTER_AT = 1.1
+#: weight formats with a runtime here, and the export that runs them
+RUNTIMES = {
+    "scaled_integer 8-bit": "format=onnx int8=scaled (ONNX Runtime int8)",
+    "scaled_integer 4-bit": "format=onnx int4=true (ONNX Runtime MatMulNBits)",
+    "mxint8": "format=mxint8 (the packed MXINT8 kernels)",
+}
+FASTER_METHODS = (
+    "structured pruning (prune=structured_0.5, then format=onnx) or int8 ONNX (quant=int8_scaled, then format=onnx "
+    "int8=scaled)"
+)
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """How :func:`self_check` measures (the export command's ``check*`` options)."""
+
+    mode: str = "full"
+    rows: int = 200
+    threads: int = 1
+    tokens: int = 128
+    batches: tuple[int, ...] = (1, 8)
+    rounds: int = 5
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> CheckSettings:
+        """The settings of ``options`` (the command's strings).
+
+        Raises:
+            ConfigError: naming the first bad key and what would be valid.
+        """
+        mode = str(options.get("check", "full"))
+        if mode not in CHECK_MODES:
+            raise ConfigError(f"check={mode}: must be one of {', '.join(CHECK_MODES)}")
+
+        def positive(key: str) -> int:
+            value = str(options.get(key, OPTIONS[key]))
+            try:
+                number = int(value)
+            except ValueError:
+                number = 0
+            if number <= 0:
+                raise ConfigError(f"{key}={value}: must be a positive integer, e.g. {OPTIONS[key]}")
+            return number
+
+        text = str(options.get("check_batches", OPTIONS["check_batches"]))
+        try:
+            batches = tuple(int(b) for b in text.split(","))
+        except ValueError:
+            batches = ()
+        if not batches or min(batches) <= 0:
+            raise ConfigError(
+                f"check_batches={text}: must be positive batch sizes separated by commas, e.g. 1,8"
+            )
+        return cls(
+            mode,
+            positive("check_rows"),
+            positive("check_threads"),
+            positive("check_tokens"),
+            batches,
+            positive("check_rounds"),
+        )
+
+
+def uncompressed_model(cfg: Any) -> nn.Module:
+    """Torch eager fp32 of the run's architecture as its ``model=`` config builds it (LoRA merged; no pruning,
+    no quantization): the baseline of the speedup."""
+    from adls_lightning.build import build
+    from adls_lightning.lora import merge_lora
+
+    data = build(cfg.data, "data")
+    module = build(cfg.model, "model", _convert_="partial", **data.task.model_overrides())
+    merge_lora(module)
+    return module.model.float().eval()
+
+
+def held_batches(
+    cfg: Any, rows: int, vocab_size: int, tokens: int
+) -> tuple[list[dict[str, torch.Tensor]], str]:
+    """The first ``rows`` rows of the run's test split as batches of model inputs, and where they came from; when
+    the run's data cannot be built here (not found, offline), ``rows`` rows of random token ids."""
+    from adls_lightning.build import build
+
+    try:
+        data = build(cfg.data, "data")
+        data.setup("test")
+        batches, taken = [], 0
+        for batch in data.test_dataloader():
+            keep = min(rows - taken, len(batch["input_ids"]))
+            batches.append({key: batch[key][:keep] for key in MODEL_INPUTS if key in batch})
+            taken += keep
+            if taken >= rows:
+                break
+        if taken:
+            return batches, f"the first {taken} rows of the run's test split"
+        reason = "its test split is empty"
+    except (ConfigError, OSError) as error:
+        reason = " ".join(str(error).split())[:160]
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab_size, (rows, tokens), generator=generator)
+    batches = [{"input_ids": part, "attention_mask": torch.ones_like(part)} for part in ids.split(32)]
+    return batches, f"{rows} rows of random token ids ({tokens} tokens; the run's data: {reason})"
+
+
+@torch.inference_mode()
+def agreement(artifact: nn.Module, reference: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> dict:
+    """Label agreement and the largest logit difference of ``artifact`` vs ``reference`` on ``batches``."""
+    same = total = 0
+    largest = 0.0
+    for batch in batches:
+        expected = reference(**batch).logits.float()
+        actual = artifact(**batch).logits.float()
+        same += int((expected.argmax(-1) == actual.argmax(-1)).sum())
+        total += len(expected)
+        largest = max(largest, float((expected - actual).abs().max()))
+    return {"agreement": same / total, "max_logit_diff": largest, "rows": total}
+
+
+@torch.inference_mode()
+def speedups(
+    baseline: nn.Module, load_artifact: Callable[[], nn.Module], settings: CheckSettings, vocab_size: int
+) -> dict:
+    """Per batch size: the baseline's and the artifact's median time of one batch of ``settings.tokens`` tokens
+    at ``settings.threads`` threads, over interleaved rounds, and their ratio."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(settings.threads)
+    try:
+        artifact = load_artifact()  # an ONNX Runtime session takes torch's thread count when it is made
+        measured = {}
+        for batch in settings.batches:
+            generator = torch.Generator().manual_seed(batch)
+            ids = torch.randint(0, vocab_size, (batch, settings.tokens), generator=generator)
+            inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            times: dict[str, list[float]] = {"baseline": [], "artifact": []}
+            models = {"baseline": baseline, "artifact": artifact}
+            for model in models.values():
+                model(**inputs)  # warm-up: first-call allocations and kernel choices
+            for _ in range(settings.rounds):
+                for name, model in models.items():
+                    start = time.perf_counter()
+                    model(**inputs)
+                    times[name].append(time.perf_counter() - start)
+            base, art = statistics.median(times["baseline"]), statistics.median(times["artifact"])
+            measured[str(batch)] = {
+                "speedup": base / art,
+                "baseline_ms": base * 1e3,
+                "artifact_ms": art * 1e3,
+            }
+    finally:
+        torch.set_num_threads(saved)
+    return measured
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def weight_formats(model: nn.Module) -> list[str]:
+    """The weight formats of ``model``'s quantized layers, e.g. ``scaled_integer 4-bit``, ``minifloat_ieee``."""
+    from adls_lightning.quant.linear import QuantLinear
+
+    found: list[str] = []
+    for module in model.modules():
+        quantizer = module.weight_quantizer if isinstance(module, QuantLinear) else None
+        quantizer = getattr(quantizer, "inner", quantizer)  # SmoothQuant's wrapper
+        if quantizer is None:
+            continue
+        name = getattr(quantizer, "format_name", type(quantizer).__name__)
+        if name == "scaled_integer":
+            name = f"scaled_integer {quantizer.width}-bit"
+        if name not in found:
+            found.append(name)
+    return found
+
+
+def verdict(
+    result: dict, formats: Sequence[str], mask_pruned: int, structured: bool, runs_formats: bool
+) -> list[str]:
+    """What the artifact is worth, in lines: mask-only pruning, not faster, formats with no runtime here.
+
+    ``runs_formats``: the artifact executes the run's weight format (an int8 or int4 graph, a packed folder)
+    rather than its values as float."""
+    notes = []
+    if mask_pruned and not structured:
+        notes.append(
+            f"mask-only pruning: {mask_pruned} layers hold zeros stored and multiplied at full size (no smaller, no "
+            "faster); faster: structured pruning (prune=structured_0.5) or int8 ONNX (format=onnx int8=scaled)"
+        )
+    if not runs_formats:
+        for name in formats:
+            if name in RUNTIMES:
+                notes.append(f"{name} weights run as float here; their runtime: {RUNTIMES[name]}")
+            else:
+                notes.append(
+                    f"{name}: no runtime here for this format; this folder holds the fake-quantized weights as "
+                    "float (format=hf), which computes the run's values at fp32 cost"
+                )
+    slow = {
+        batch: m["speedup"] for batch, m in (result.get("speed") or {}).items() if m["speedup"] < FASTER_AT
+    }
+    if slow:
+        shown = ", ".join(f"{s:.2f}x at batch {b}" for b, s in slow.items())
+        notes.append(f"not faster than torch eager fp32 ({shown}); faster: {FASTER_METHODS}")
+    return notes
+
+
+def self_check(
+    out: Path,
+    artifact_path: Path,
+    reference: nn.Module,
+    cfg: Any,
+    settings: CheckSettings,
+    *,
+    mask_pruned: int = 0,
+    structured: bool = False,
+    runs_formats: bool = False,
+) -> dict | None:
+    """Check the export in ``out`` (the artifact at ``artifact_path``: the folder, or its ``.onnx`` file) against
+    ``reference`` (the run's model as it evaluated it), write :data:`EXPORT_JSON` and print the table; returns
+    what was written (None with ``check=none``)."""
+    from adls_lightning.export.compressed import ExportRecipe
+    from adls_lightning.export.folder import load_folder
+
+    if settings.mode == "none":
+        return None
+    recipe = ExportRecipe.read(out)
+
+    def load() -> nn.Module:
+        return load_folder(artifact_path, recipe)
+
+    vocab = int(reference.config.vocab_size)
+    batches, held = held_batches(cfg, settings.rows, vocab, settings.tokens)
+    result: dict[str, Any] = {"artifact": artifact_path.name if artifact_path != out else "."}
+    result.update(agreement(load(), reference.eval(), batches))
+    result["held"] = held
+    if settings.mode == "full":
+        baseline = uncompressed_model(cfg)
+        speed = speedups(baseline, load, settings, vocab)
+        result["speedup"] = {batch: round(m["speedup"], 3) for batch, m in speed.items()}
+        result["speed"] = {
+            batch: {key: round(value, 3) for key, value in m.items()} for batch, m in speed.items()
+        }
+        result["timing"] = {
+            "baseline": "torch eager fp32 of the run's uncompressed architecture",
+            "threads": settings.threads,
+            "tokens": settings.tokens,
+            "rounds": settings.rounds,
+            "cpu": cpu_name(),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+            "torch": torch.__version__,
+        }
+    else:
+        result["speedup"] = None
+    result["verdict"] = verdict(result, weight_formats(reference), mask_pruned, structured, runs_formats)
+    (out / EXPORT_JSON).write_text(json.dumps(result, indent=1) + "\n")
+    print(describe(result))
+    return result
+
+
+def describe(result: dict) -> str:
+    """The short table the export prints: agreement, logit difference, and per batch size the speedup."""
+    lines = [
+        f"self-check ({EXPORT_JSON}): {result['artifact']} vs the run's own model on {result['held']}",
+        f"  agreement {result['agreement']:.4f} ({result['rows']} rows), max |Δlogit| {result['max_logit_diff']:.3g}",
+    ]
+    if result.get("speed"):
+        timing = result["timing"]
+        lines.append(
+            f"  {'batch':>5}  {'fp32 eager ms':>13}  {'artifact ms':>11}  {'speedup':>7}   ({timing['threads']} thread(s), "
+            f"{timing['tokens']} tokens, {timing['rounds']} rounds; {timing['cpu']}, load {timing['load_average'][0]})"
+        )
+        for batch, m in result["speed"].items():
+            lines.append(
+                f"  {batch:>5}  {m['baseline_ms']:>13.2f}  {m['artifact_ms']:>11.2f}  {m['speedup']:>6.2f}x"
+            )
+    lines += [f"  note: {note}" for note in result["verdict"]]
+    return "\n".join(lines)
+
+
+__all__ = [
+    "CHECK_MODES",
+    "EXPORT_JSON",
+    "FASTER_AT",
+    "OPTIONS",
+    "CheckSettings",
+    "agreement",
+    "describe",
+    "held_batches",
+    "self_check",
+    "speedups",
+    "uncompressed_model",
+    "verdict",
+]
