@@ -17,9 +17,11 @@ anything heavy, and a refused file should not cost torch's import (seconds).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,19 +67,56 @@ def check_checkpoint_file(path: str | Path, key: str) -> None:
         )
 
 
+#: The checkpoints read within :func:`reading_once` (None outside it): file identity -> checkpoint.
+_read_once: dict[tuple, dict[str, Any]] | None = None
+
+
+@contextlib.contextmanager
+def reading_once() -> Iterator[None]:
+    """Within this block, each checkpoint file is read once: the pre-flight check, the run's shape checks and the
+    model's initial weights (``init_ckpt``) share one mapped read of it (``read_checkpoint(..., mmap=True)``)
+    instead of reading it three times. A file changed in between (another size, inode or modification time) is
+    read again; the reads are dropped when the block ends."""
+    global _read_once
+    outer, _read_once = _read_once, {} if _read_once is None else _read_once
+    try:
+        yield
+    finally:
+        _read_once = outer
+
+
+def _identity(path: str | Path) -> tuple:
+    info = os.stat(path)
+    return (os.path.realpath(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
 def read_checkpoint(path: str | Path, key: str, mmap: bool = False) -> dict[str, Any]:
     """Load a Lightning checkpoint onto the CPU.
 
-    ``mmap``: map the tensors' bytes instead of reading them; what is checked is the same (the whole archive's
-    structure is unpickled), for a caller that needs no weights (the pre-flight check, before the run reads it).
+    ``mmap``: map the tensors' bytes instead of reading them (copy-on-write: the file never changes); what is
+    checked is the same (the whole archive's structure is unpickled). Within :func:`reading_once`, a mapped read
+    of a file already read is the same checkpoint again (a new dict, and a new ``state_dict`` dict, over the same
+    tensors).
 
     Raises:
         ConfigError: ``KEY=PATH: <what is wrong>`` for a missing, empty, non-checkpoint, truncated or
             non-Lightning file.
     """
+    check_checkpoint_file(path, key)
+    if not mmap or _read_once is None:
+        return _read(path, key, mmap)
+    identity = _identity(path)
+    if identity not in _read_once:
+        _read_once[identity] = _read(path, key, mmap=True)
+    checkpoint = dict(_read_once[identity])
+    if isinstance(checkpoint.get("state_dict"), Mapping):
+        checkpoint["state_dict"] = dict(checkpoint["state_dict"])
+    return checkpoint
+
+
+def _read(path: str | Path, key: str, mmap: bool) -> dict[str, Any]:
     import torch
 
-    check_checkpoint_file(path, key)
     try:
         # Lightning checkpoints hold plain containers and tensors (hyper-parameters are saved as dicts), so the
         # safe loader suffices and a hostile file cannot run code while being read.

@@ -185,7 +185,7 @@ class SequenceClassifier(LightningModule):
         if self.init_ckpt and not self._init_loaded:
             state = self._init_state
             if state is None:
-                state = read_checkpoint(self.init_ckpt, "init_ckpt")["state_dict"]
+                state = read_checkpoint(self.init_ckpt, "init_ckpt", mmap=True)["state_dict"]
             self._init_state = None
             if self.init_head == "new":  # this model's own fresh head in place of the checkpoint's
                 own_head = {k: v for k, v in self.state_dict().items() if is_task_head_key(k)}

@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 
 from adls_lightning.app.preflight import exit_with, preflight
 from adls_lightning.build import hydra_execution_whitelist
+from adls_lightning.checkpoints import reading_once
 from adls_lightning.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -28,13 +29,14 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 def run_training(cfg: DictConfig) -> float | None:
     """Hydra task of ``train``: fit, validate and test one configuration; returns ``optimized_metric``."""
+    from adls_lightning.app.preflight import composition_checked
     from adls_lightning.app.training import one_line_errors, run  # imported late: `--help` stays fast
 
     _configure_logs()
     with one_line_errors():
         if cfg.get("init_from_study") is not None:
             check_from_command_line(cfg)
-        metrics = run(cfg)
+        metrics = run(cfg, checked=composition_checked())
     return metrics.get(cfg.get("optimized_metric"))
 
 
@@ -82,7 +84,7 @@ def entry_point(task: Callable[[DictConfig], Any], config_dir: Path, config_name
         config_name=config_name,
         execution_whitelist=hydra_execution_whitelist(),
     )(task)
-    checked_main = preflight(hydra_main, config_dir, config_name)
+    checked_main = preflight(hydra_main)
 
     def main() -> Any:
         from adls_lightning.search.storage import mask_command_line
@@ -102,7 +104,9 @@ def entry_point(task: Callable[[DictConfig], Any], config_dir: Path, config_name
                 sys.argv[1:] = expand_command_line(sys.argv[1:], name_study=config_name == "search")
             except ConfigError as err:
                 exit_with(str(err))
-        return checked_main()
+        # the pre-flight check, the run's checks and the model read each checkpoint file once, mapped
+        with reading_once():
+            return checked_main()
 
     return main
 

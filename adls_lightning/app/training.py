@@ -109,14 +109,17 @@ def _float_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def run(cfg: DictConfig) -> dict[str, float]:
+def run(cfg: DictConfig, checked: bool = False) -> dict[str, float]:
     """Fit, then validate and test the best checkpoint; write ``metrics.json`` into ``cfg.paths.output_dir``.
+
+    ``checked``: the entry point's pre-flight already checked this config's values
+    (:func:`~adls_lightning.app.preflight.check_config`), so they are not checked again.
 
     Returns:
         The recorded metrics (``val/acc``, ``test/acc``, ``params/trainable``, ... and callbacks' reports).
     """
     with held_log_file() as release_log:
-        datamodule, model, callbacks, loggers, trainer, ckpt_path = _checked_objects(cfg)
+        datamodule, model, callbacks, loggers, trainer, ckpt_path = _checked_objects(cfg, checked)
         # Every check passed: only now does anything land in the run folder (DDP: rank zero writes it).
         if trainer.is_global_zero:
             write_run_record(Path(cfg.paths.output_dir), cfg)
@@ -126,14 +129,15 @@ def run(cfg: DictConfig) -> dict[str, float]:
         return _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_path)
 
 
-def _checked_objects(cfg: DictConfig) -> tuple:
+def _checked_objects(cfg: DictConfig, checked: bool = False) -> tuple:
     """Validate and build everything a run needs, writing nothing: model, checkpoints, trainer, then the data.
 
     The cheap checks come first: the data module is built without reading its splits (its task, which shapes the
     model, is known from its definition, or from the training file's labels alone), the model with its LoRA wrapping
     is built and checked, then the trainer; only then are the splits tokenized (minutes on a whole data set).
     """
-    validate_run_config(OmegaConf.to_container(cfg, resolve=True))
+    if not checked:  # a search's trial (its sampled values), or a config no entry point checked
+        validate_run_config(OmegaConf.to_container(cfg, resolve=True))
     output_dir = Path(cfg.paths.output_dir)
     check_output_dir(output_dir, cfg)
     if cfg.get("seed") is not None:
@@ -152,7 +156,7 @@ def _checked_objects(cfg: DictConfig) -> tuple:
     model = build(cfg.model, "model", _convert_="partial", **init, **task.model_overrides())
     check_max_length(model, cfg.data.get("max_length"))
     if init:
-        state = read_checkpoint(init["init_ckpt"], "init_ckpt")["state_dict"]
+        state = read_checkpoint(init["init_ckpt"], "init_ckpt", mmap=True)["state_dict"]
         if init_head == "new":  # the head is not loaded: another task's checkpoint is a start for this one
             state = without_task_head(state)
         else:
@@ -187,7 +191,7 @@ def _checked_objects(cfg: DictConfig) -> tuple:
         )
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), trainer)
     if ckpt_path is not None and ckpt_path != "best":
-        checkpoint = read_checkpoint(ckpt_path, "ckpt_path")
+        checkpoint = read_checkpoint(ckpt_path, "ckpt_path", mmap=True)
         if cfg.get("train", True) and "loops" not in checkpoint:
             raise ConfigError(
                 f"ckpt_path={ckpt_path}: holds model weights only (save_weights_only), no training state to "
