@@ -4,11 +4,12 @@ The model is the pretrained MiniLM classifier (``model=minilm``'s backbone, offl
 fine-tuned weights' values). Its cost table (:mod:`adls_lightning.search.cost`) is measured (or read from the
 cache in ``--cache-dir``), then ``--configs`` random assignments are drawn: each group of layers (query/key/value
 of one attention, a feed-forward pair, each other layer) takes one of its choices uniformly (fp32, bf16, int8,
-MXINT8 packed, and for feed-forward pairs structured widths 75 % / 50 %). Each assignment is built as one PyTorch
-eager model with every layer in its runtime (:func:`~adls_lightning.search.cost.apply_assignment`); the fp32 model
-and all assignments are then timed in interleaved rounds (one forward of each per round; the median per model), so
+MXINT8 packed, and for feed-forward pairs structured widths 75 % / 50 %). Each assignment is exported as a mixed
+folder (:func:`~adls_lightning.export.mixed_save.save_mixed`: every layer's weights in its format) and reloaded from the
+folder alone (:func:`~adls_lightning.export.mixed.load_mixed`, what ``adls-evaluate`` and ``adls-predict`` run),
+checked to give the in-memory mix's logits exactly; the fp32 model and all reloaded assignments are then timed in interleaved rounds (one forward of each per round; the median per model), so
 load from other processes falls on all of them alike. Printed: the CPU model and flags, the table's lines, and per
-assignment its layer counts, predicted and measured ms, and the error.
+assignment its layer counts, its weights file's size, predicted and measured ms, and the error.
 
     python benchmarks/bench_cost_model.py                                  # 10 assignments, batch 8 x 128, 1 thread
     python benchmarks/bench_cost_model.py --configs 20 --rounds 9 --batch 1
@@ -19,11 +20,15 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from adls_lightning.export import WEIGHTS_FILE, folder_bytes
+from adls_lightning.export.mixed import load_mixed
+from adls_lightning.export.mixed_save import save_mixed
 from adls_lightning.gemm import cpu_name
 from adls_lightning.models import load_pretrained
 from adls_lightning.search import budget, cost
@@ -52,6 +57,11 @@ def main() -> None:
         "--table-rounds", type=int, default=7, help="timing rounds of the cost table's layers"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--export-dir",
+        default=None,
+        help="where the mixed folders are written (default: a new temporary folder)",
+    )
     parser.add_argument("--cache-dir", default=str(ROOT / ".cache"), help="the cost table's cache folder")
     args = parser.parse_args()
 
@@ -69,8 +79,26 @@ def main() -> None:
     groups = budget.layer_groups(table.layers)
     rng = random.Random(args.seed)
     assignments = [random_assignment(table, groups, rng) for _ in range(args.configs)]
+    # each assignment exported as a mixed folder (adls_lightning/export/mixed.py) and run from the folder alone:
+    # the model timed is the one load_mixed rebuilds from disk, checked to compute what the in-memory mix computes
+    export_root = (
+        Path(args.export_dir) if args.export_dir else Path(tempfile.mkdtemp(prefix="bench_cost_model_"))
+    )
     models = {"fp32": model}
-    models.update({f"c{i}": cost.apply_assignment(model, a) for i, a in enumerate(assignments)})
+    check = cost.model_inputs(model, 2, 16)
+    for i, assignment in enumerate(assignments):
+        folder = export_root / f"c{i}"
+        written = save_mixed(model, assignment, folder)
+        reloaded = load_mixed(folder)
+        with torch.inference_mode():
+            same = torch.equal(written(**check).logits, reloaded(**check).logits)
+        if not same:
+            raise SystemExit(f"{folder}: the reloaded export does not compute what the mixed model computes")
+        models[f"c{i}"] = reloaded
+    sizes = {f"c{i}": folder_bytes(export_root / f"c{i}", [WEIGHTS_FILE]) for i in range(len(assignments))}
+    print(
+        f"(exported {len(assignments)} folders under {export_root}, each reloaded from disk; logits identical)"
+    )
     start = time.perf_counter()
     with cost.torch_threads(args.threads):
         calls = {name: cost.model_call(m, args.batch, args.tokens) for name, m in models.items()}
@@ -89,12 +117,13 @@ def main() -> None:
     )
     print()
     print(
-        "| config | fp32 / bf16 / int8 / mxint8 / w75 / w50 layers | predicted ms | measured ms | error | wall ms |"
+        "| config | fp32 / bf16 / int8 / mxint8 / w75 / w50 layers | weights MB | predicted ms | measured ms (from "
+        "the folder) | error | wall ms |"
     )
-    print("|---|---|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|")
     fp32_pred = table.fp32_predicted_ms
     print(
-        f"| fp32 | {len(table.layers)} / 0 / 0 / 0 / 0 / 0 | {fp32_pred:.1f} | {measured['fp32']:.1f} | "
+        f"| fp32 | {len(table.layers)} / 0 / 0 / 0 / 0 / 0 | {table.model_bytes({}) / 1e6:.1f} | {fp32_pred:.1f} | {measured['fp32']:.1f} | "
         f"{100 * (fp32_pred - measured['fp32']) / measured['fp32']:+.1f}% | {wall['fp32']:.1f} |"
     )
     errors = []
@@ -105,7 +134,7 @@ def main() -> None:
         error = 100 * (predicted - got) / got
         errors.append(abs(error))
         print(
-            f"| c{i} | {' / '.join(map(str, counts))} | {predicted:.1f} ({fp32_pred / predicted:.2f}x) | "
+            f"| c{i} | {' / '.join(map(str, counts))} | {sizes[f'c{i}'] / 1e6:.1f} | {predicted:.1f} ({fp32_pred / predicted:.2f}x) | "
             f"{got:.1f} ({measured['fp32'] / got:.2f}x) | {error:+.1f}% | {wall[f'c{i}']:.1f} |"
         )
     print()

@@ -205,6 +205,25 @@ def test_command_chooses_within_the_budget_and_writes_what_it_measured(float_ckp
         assert len(qkv) == 1
     assert 0.0 <= result["test/acc"] <= 1.0 and result["measured_ms"] > 0
     assert f"{result['predicted_ms']:.2f} ms" in stdout and "wrote" in stdout
+    # out= is an export folder: adls-evaluate scores it from the folder alone as the command scored it
+    from adls_lightning.export.evaluate import main as evaluate_main
+
+    code, evaluated, stderr = call(evaluate_main, str(out))
+    assert code == 0, stderr
+    assert f"test accuracy {result['test/acc']:.4f}" in evaluated, evaluated
+    # and the same assignment given back (assignment=budget.json) exports the same model
+    again = tmp_path / "again"
+    code, stdout, stderr = call(
+        main, f"ckpt={float_ckpt}", f"assignment={out / 'budget.json'}", "batch=2", "tokens=16", "rounds=3",
+        f"out={again}",
+    )  # fmt: skip
+    assert code == 0, stderr
+    repeated = json.loads((again / "budget.json").read_text())
+    assert repeated["assignment"] == assignment and repeated["predicted_ms"] == pytest.approx(
+        result["predicted_ms"]
+    )
+    assert repeated["test/acc"] == pytest.approx(result["test/acc"])
+    assert (again / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
 
 
 def _shape_of(name: str, latency_ms: dict) -> LayerShape:
@@ -242,6 +261,8 @@ def test_command_refuses_a_budget_no_assignment_meets_in_one_line(float_ckpt, tm
         (("latency=0.5", "bytes=0.5"), "error: latency= or bytes=: give exactly one budget"),
         (("latency=0.5", "batch=0"), "error: batch=0: must be a positive integer"),
         (("latency=0.5", "out=OUT_FILE"), "error: out="),
+        (("assignment=nowhere.json",), "error: assignment=nowhere.json: no such file; valid: deployed"),
+        (("assignment=deployed", "latency=0.5"), "error: latency= or bytes=: give exactly one budget"),
     ],
 )
 def test_command_refuses_bad_options_in_one_line(float_ckpt, tmp_path, args, expected):

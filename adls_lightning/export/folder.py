@@ -144,6 +144,13 @@ def check_folder(path: Path, usage: str = "an exported folder") -> ExportFolder:
     onnx = _onnx_export(path, usage)
     if onnx is not None:
         return onnx
+    # a per-layer mixed export (issue 60: adls-budget out=, adls_lightning/export/mixed.py): format=hf's files
+    # checked as below, its layers' choices here; kind "mixed"
+    from adls_lightning.export.mixed import MIXED_CONFIG_FILE, read_mixed_config
+
+    mixed = path.is_dir() and (path / MIXED_CONFIG_FILE).is_file()
+    if mixed:
+        read_mixed_config(path)
     if (path / CONFIG_FILE).is_file():
         config = read_json(path / CONFIG_FILE)
         missing = [
@@ -156,7 +163,7 @@ def check_folder(path: Path, usage: str = "an exported folder") -> ExportFolder:
             read_json(path / HF_CONFIG_FILE)
     elif (path / HF_CONFIG_FILE).is_file():
         read_json(path / HF_CONFIG_FILE)
-        kind = "hf"
+        kind = "mixed" if mixed else "hf"
     else:
         raise ConfigError(
             f"{path}: no {CONFIG_FILE}, {HF_CONFIG_FILE} or *.onnx; valid: folders written by "
@@ -212,6 +219,10 @@ def load_folder(path: Path, recipe: ExportRecipe | None = None, usage: str = "an
             model = OnnxClassifier(export.onnx_file)
         elif export.kind == "mxint8":
             model = load_packed(folder)
+        elif export.kind == "mixed":  # issue 60: each linear layer in its own runtime (export/mixed.py)
+            from adls_lightning.export.mixed import load_mixed
+
+            model = load_mixed(folder)
         else:
             from adls_lightning.prune.structured import load_pretrained_structured
 

@@ -568,7 +568,7 @@ def table_json(table: CostTable) -> dict:
 
 def deployed_choice(module: nn.Module) -> str | None:
     """The runtime choice a trained layer deploys as: a fake-quantized layer (QuantLinear) whose weight format has
-    a runtime here -- ``integer`` of at most 8 bits: ``int8``; ``mxint8``: ``mxint8``; a 16-bit minifloat with
+    a runtime here -- ``integer`` or ``scaled_integer`` of at most 8 bits: ``int8``; ``mxint8``: ``mxint8``; a 16-bit minifloat with
     bfloat16's 8 exponent bits: ``bf16`` -- else None (no runtime: it deploys as fp32, and is counted as
     unpriced). A plain linear: ``fp32``."""
     quantizer = getattr(module, "weight_quantizer", None)
@@ -576,7 +576,7 @@ def deployed_choice(module: nn.Module) -> str | None:
         return "fp32"
     name = getattr(quantizer, "format_name", "")
     width = getattr(quantizer, "width", None)
-    if name == "integer" and width is not None and width <= 8:
+    if name in ("integer", "scaled_integer") and width is not None and width <= 8:
         return "int8"
     if name == "mxint8":
         return "mxint8"
