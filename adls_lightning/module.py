@@ -24,6 +24,8 @@ from adls_lightning.errors import ConfigError, require_choice
 from adls_lightning.lora import check_lora_targets
 from adls_lightning.lora import merge_lora as merge_lora_into_base
 from adls_lightning.models import is_task_head_key, set_attn_implementation, without_task_head
+from adls_lightning.precision import bf16_inference_model
+from adls_lightning.precision import eval_precision as resolve_eval_precision
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,10 @@ class SequenceClassifier(LightningModule):
             97 MB) and completes the rest from the freshly built model when loaded
             (:func:`~adls_lightning.checkpoints.light_state`); ``false`` writes full checkpoints. A run that changes
             its base (merged LoRA, quantized or pruned base weights, an unfrozen base) writes full ones regardless.
+        eval_precision: how validation and test compute (:func:`adls_lightning.precision.eval_precision`):
+            ``auto`` casts the weights to bfloat16 once per evaluation pass where the run's ``trainer.precision``
+            resolved to bf16 on a CPU (a bf16 copy: training keeps its fp32 weights), else evaluates as the trainer
+            computes; ``bf16`` always casts; ``32-true`` evaluates in fp32 with autocast off (docs/precision.md).
     """
 
     def __init__(
@@ -110,6 +116,7 @@ class SequenceClassifier(LightningModule):
         metrics: Sequence[str] = ("acc", "f1"),
         test_splits: Sequence[str] = ("test",),
         light_checkpoints: bool = True,
+        eval_precision: str = "auto",
     ) -> None:
         super().__init__()
         if attn_implementation is not None:
@@ -172,6 +179,11 @@ class SequenceClassifier(LightningModule):
         self._base_digests = frozen_base_digests(self) if self.light_base else {}
         self._base_before_merge: dict[str, torch.Tensor] | None = None
         self._init_state = self._light_init_state() if init_ckpt else None
+        resolve_eval_precision(eval_precision, "32-true")  # checked now, resolved against the trainer's later
+        self.eval_precision = eval_precision
+        #: the model an evaluation pass runs (a bf16 copy, or self.model with autocast off); None: self(**batch)
+        self._eval_model: torch.nn.Module | None = None
+        self._eval_logged = False
 
     def _light_init_state(self) -> dict | None:
         """A light ``init_ckpt``'s state, completed now from the base as built: by :meth:`setup` the compression
@@ -236,8 +248,50 @@ class SequenceClassifier(LightningModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=size)
         return loss
 
+    def _start_evaluation(self) -> None:
+        """Resolve :attr:`eval_precision` against the trainer's precision and, for ``bf16``, cast the weights once
+        for this pass (after the callbacks' own ``on_*_start``: the copy has what they changed)."""
+        trainer_precision = str(self.trainer.precision)
+        how = resolve_eval_precision(self.eval_precision, trainer_precision, self.device.type == "cpu")
+        self._eval_model = (
+            bf16_inference_model(self.model) if how == "bf16" else self.model if how == "32-true" else None
+        )
+        if not self._eval_logged:
+            self._eval_logged = True
+            log.info(
+                "Evaluation: %s (model.eval_precision=%s, trainer.precision=%s)",
+                {"bf16": "weights cast to bf16 once per pass", "32-true": "fp32, autocast off"}.get(
+                    how, f"as the trainer computes ({trainer_precision})"
+                ),
+                self.eval_precision,
+                trainer_precision,
+            )
+
+    def on_validation_start(self) -> None:
+        self._start_evaluation()
+
+    def on_test_start(self) -> None:
+        self._start_evaluation()
+
+    def on_validation_end(self) -> None:
+        self._eval_model = None
+
+    def on_test_end(self) -> None:
+        self._eval_model = None
+
     def _eval_step(self, batch, metrics: MetricCollection) -> None:
-        out = self(**batch)
+        if self._eval_model is None:
+            out = self(**batch)
+        else:  # its own precision: no autocast of a bf16-cast model or of an fp32 evaluation
+            with torch.autocast(self.device.type, enabled=False):
+                pair = {} if "token_type_ids" not in batch else {"token_type_ids": batch["token_type_ids"]}
+                out = self._eval_model(
+                    input_ids=batch["input_ids"],
+                    attention_mask=batch.get("attention_mask"),
+                    labels=batch["labels"],
+                    **pair,
+                )
+            out.logits, out.loss = out.logits.float(), out.loss.float()
         metrics.update(self.predictions(out.logits), batch["labels"])
         prefix = metrics.prefix
         size = batch["labels"].shape[0]

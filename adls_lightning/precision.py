@@ -226,3 +226,114 @@ def choose(
         " ".join(bfloat16_flags(flags)),
     )
     return choice
+
+
+# --- Inference in bfloat16: weights cast once -------------------------------------------------------------------
+
+#: ``model.eval_precision``: ``auto`` = bfloat16 weights where the run's resolved ``trainer.precision`` is a
+#: bfloat16 one on a CPU (which ``trainer.precision=auto`` takes only where the CPU measures bf16 faster), else as
+#: the trainer computes; ``bf16`` = bfloat16 weights whatever the trainer; ``32-true`` = fp32, autocast off.
+EVAL_PRECISIONS = (AUTO, "bf16", FP32)
+#: packages whose layers compute in whatever dtype their parameters have; layers of any other package (this
+#: project's quantizers, MXINT8 packed layers, pruning masks) keep fp32 and get casts at their edge
+_DTYPE_AGNOSTIC_PACKAGES = ("torch.", "transformers.", "peft.")
+
+
+def eval_precision(value: str, trainer_precision: str | int, on_cpu: bool = True) -> str:
+    """How an evaluation computes: ``bf16`` (weights cast to bfloat16 once, autocast off), ``32-true`` (fp32,
+    autocast off) or ``trainer`` (as the trainer's precision does: fp32 under ``32-true``, autocast per call
+    under ``bf16-mixed`` on a GPU). ``value`` is ``model.eval_precision`` (:data:`EVAL_PRECISIONS`); ``auto``
+    follows ``trainer_precision`` as resolved for the run (:func:`choose`: bf16 only where the CPU measured it
+    faster on this model's shapes), so the decision is measured once, for training and evaluation alike."""
+    if value not in EVAL_PRECISIONS:
+        raise ConfigError(f"model.eval_precision={value!r}: must be one of {', '.join(EVAL_PRECISIONS)}")
+    if value != AUTO:
+        return value
+    return "bf16" if on_cpu and str(trainer_precision).startswith("bf16") else "trainer"
+
+
+def _keeps_fp32(module: torch.nn.Module) -> bool:
+    """A layer from outside :data:`_DTYPE_AGNOSTIC_PACKAGES` holding floating-point tensors: its own kernels and
+    fake quantization assume fp32 (a bfloat16 weight would round before it is quantized)."""
+    if type(module).__module__.startswith(_DTYPE_AGNOSTIC_PACKAGES):
+        return False
+    tensors = [*module.parameters(), *module.buffers()]
+    return any(t.is_floating_point() for t in tensors)
+
+
+def _fp32_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The outermost :func:`_keeps_fp32` layers of ``model`` (their insides stay as they are)."""
+    found: list[torch.nn.Module] = []
+
+    def walk(module: torch.nn.Module) -> None:
+        if _keeps_fp32(module):
+            found.append(module)
+            return
+        for child in module.children():
+            walk(child)
+
+    walk(model)
+    return found
+
+
+def _cast_floats(value: object, source: torch.dtype, target: torch.dtype) -> object:
+    """``value`` with every ``source`` tensor in it (tuples, lists, dicts) cast to ``target``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(target) if value.dtype == source else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_cast_floats(v, source, target) for v in value)
+    if isinstance(value, dict):
+        return {k: _cast_floats(v, source, target) for k, v in value.items()}
+    return value
+
+
+def _fp32_edge(module: torch.nn.Module) -> None:
+    """bfloat16 inputs enter ``module`` as fp32, its fp32 outputs leave as bfloat16."""
+
+    def enter(_module, args, kwargs):
+        return _cast_floats(args, torch.bfloat16, torch.float32), _cast_floats(
+            kwargs, torch.bfloat16, torch.float32
+        )
+
+    def leave(_module, _args, output):
+        return _cast_floats(output, torch.float32, torch.bfloat16)
+
+    module.register_forward_pre_hook(enter, with_kwargs=True)
+    module.register_forward_hook(leave)
+
+
+def bf16_inference_model(model: torch.nn.Module, copy: bool = True) -> torch.nn.Module:
+    """``model`` for inference with its weights cast to bfloat16 once (not autocast's cast of every weight on every
+    call): the parameters of torch's, Hugging Face's and PEFT's layers (linear, embedding, layer norm, LoRA) become
+    bfloat16, so activations flow in bfloat16 end to end. This project's own layers (quantizers, MXINT8 packed
+    linears, pruning masks: :func:`_keeps_fp32`) keep their fp32 tensors and compute as in fp32, their inputs cast
+    up and outputs down at their edge. Buffers keep their dtype (rotary frequencies and the like are meant fp32).
+
+    ``copy=True`` returns a new module (the model's fp32 weights untouched, none of them duplicated in fp32:
+    a training run evaluates on it and trains on); ``copy=False`` casts ``model`` itself (an exported model loaded
+    only to be evaluated). The result has no gradients. Run it with autocast off."""
+    keep = {id(t) for layer in _fp32_layers(model) for t in layer.parameters()}
+    cast = {
+        id(p): torch.nn.Parameter(p.detach().to(torch.bfloat16), requires_grad=False)
+        for p in model.parameters()
+        if p.is_floating_point() and id(p) not in keep
+    }
+    if copy:
+        import copy as copying
+
+        result = copying.deepcopy(model, memo=dict(cast))
+        for module in result.modules():
+            # a module compiled in place (``nn.Module.compile``) would copy a compiled call bound to the original
+            # module, running its fp32 weights: the copy runs eager
+            if getattr(module, "_compiled_call_impl", None) is not None:
+                module._compiled_call_impl = None
+    else:
+        for module in model.modules():
+            for p in list(module.parameters(recurse=False)):
+                if id(p) in cast:
+                    p.data = cast[id(p)].data
+                    p.requires_grad_(False)
+        result = model
+    for layer in _fp32_layers(result):
+        _fp32_edge(layer)
+    return result.requires_grad_(False).eval()

@@ -1,0 +1,187 @@
+"""Inference with the weights cast to bfloat16 once (adls_lightning.precision.bf16_inference_model and
+``model.eval_precision``): the labels and logits of the cast model against the fp32 model's, this project's layers
+kept fp32 at their edge, the training weights untouched, and a run's evaluation through train.py's path."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from torch import nn
+from torch.nn.utils import parametrize
+
+from adls_lightning import precision
+from adls_lightning.errors import ConfigError
+from tests.helpers import FORMAT_PARAMS, train_run
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).norm() / b.norm())
+
+
+# bf16 keeps 8 significant bits; two layers of a tiny BERT end to end stay within a few per cent of fp32
+BF16_TOLERANCE = 0.05
+
+
+@pytest.mark.parametrize(
+    ("value", "trainer_precision", "on_cpu", "expected"),
+    [
+        ("auto", "bf16-mixed", True, "bf16"),  # trainer.precision=auto took bf16 on this CPU
+        ("auto", "bf16-true", True, "bf16"),
+        ("auto", "32-true", True, "trainer"),  # auto kept fp32 (AVX2, or measured no faster): unchanged
+        ("auto", "bf16-mixed", False, "trainer"),  # a GPU preset keeps its autocast
+        ("bf16", "32-true", True, "bf16"),
+        ("32-true", "bf16-mixed", True, "32-true"),
+    ],
+)
+def test_eval_precision_follows_the_trainers_resolved_precision(value, trainer_precision, on_cpu, expected):
+    assert precision.eval_precision(value, trainer_precision, on_cpu) == expected
+
+
+def test_bad_eval_precision_is_one_line_listing_the_valid_values():
+    with pytest.raises(ConfigError, match=r"model.eval_precision='fp16': must be one of auto, bf16, 32-true"):
+        precision.eval_precision("fp16", "32-true")
+
+
+def _lora_bert(tiny_bert):
+    model = tiny_bert(seed=0)
+    config = LoraConfig(
+        r=4, target_modules=["query", "value"], modules_to_save=["classifier"], init_lora_weights=False
+    )
+    return get_peft_model(model, config).eval()
+
+
+def test_cast_model_predicts_the_fp32_labels_within_bf16_tolerance(tiny_bert):
+    model = _lora_bert(tiny_bert)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.randint(0, 100, (64, 24), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[::3, 16:] = 0  # some padded rows
+    with torch.inference_mode():
+        reference = model(input_ids=ids, attention_mask=mask).logits
+        cast = precision.bf16_inference_model(model)
+        logits = cast(input_ids=ids, attention_mask=mask).logits
+    # the weights are bfloat16 (LoRA adapters and the saved head included), once, in the copy only
+    dtypes = {name: p.dtype for name, p in cast.named_parameters()}
+    assert set(dtypes.values()) == {torch.bfloat16}, dtypes
+    assert any(".lora_A." in name for name in dtypes) and any("classifier" in name for name in dtypes)
+    assert logits.dtype == torch.bfloat16
+    for key, value in model.state_dict().items():  # the fp32 model is untouched: training goes on with it
+        assert value.dtype == before[key].dtype and torch.equal(value, before[key]), key
+    assert _relative_error(logits, reference) < BF16_TOLERANCE
+    # labels agree wherever fp32's margin exceeds the largest logit error bf16 made
+    error = float((logits.float() - reference).abs().max())
+    margin = (reference[:, 0] - reference[:, 1]).abs()
+    decided = margin > 2 * error
+    assert decided.sum() >= 32  # enough rows for the comparison to mean something
+    assert torch.equal(logits.argmax(-1)[decided], reference.argmax(-1)[decided])
+
+
+def test_in_place_cast_of_an_evaluation_only_model(tiny_bert):
+    model = tiny_bert(seed=2)
+    ids = torch.randint(0, 100, (8, 16), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        reference = model(input_ids=ids).logits
+        same = precision.bf16_inference_model(model, copy=False)
+        logits = model(input_ids=ids).logits
+    assert same is model and model.bert.encoder.layer[0].attention.self.query.weight.dtype == torch.bfloat16
+    assert _relative_error(logits, reference) < BF16_TOLERANCE
+
+
+def _custom_layers():
+    """A model with each of this project's own layers between plain linears: a fake-quantized linear (int8),
+    an MXINT8 packed linear, a pruning mask (torch parametrization)."""
+    from adls_lightning.mxint8.qlinear import QLinearPacked
+    from adls_lightning.prune.masks import WeightMask
+    from adls_lightning.quant import make_quantizer
+    from adls_lightning.quant.linear import QuantLinear
+
+    torch.manual_seed(0)
+    name = "integer" if "integer" in FORMAT_PARAMS else sorted(FORMAT_PARAMS)[0]
+    weight_q, input_q = (make_quantizer(name, **FORMAT_PARAMS[name]) for _ in range(2))
+    weight_q.bind((64, 64))
+    input_q.bind(None)
+    pruned = nn.Linear(64, 64)
+    parametrize.register_parametrization(pruned, "weight", WeightMask(torch.rand(64, 64) > 0.5))
+    return nn.Sequential(
+        nn.Linear(32, 64),
+        QuantLinear(nn.Linear(64, 64), input_q, weight_q),
+        nn.GELU(),
+        QLinearPacked.from_linear(nn.Linear(64, 64)),
+        pruned,
+        nn.LayerNorm(64),
+        nn.Linear(64, 8),
+    ).eval()
+
+
+def test_custom_layers_keep_fp32_and_cast_at_their_edge():
+    model = _custom_layers()
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        reference = model(x)
+        cast = precision.bf16_inference_model(model)
+        out = cast(x.bfloat16())
+    quantized, packed, pruned = cast[1], cast[3], cast[4]
+    # the plain layers are bfloat16 (the pruned linear's bias too: torch's parametrized class), the project's own
+    # layers keep every floating tensor fp32 (the quantized linear's weight is quantized from fp32, not bf16)
+    assert cast[0].weight.dtype == cast[5].weight.dtype == cast[6].weight.dtype == torch.bfloat16
+    for layer in (quantized, packed):
+        floats = [t for t in [*layer.parameters(), *layer.buffers()] if t.is_floating_point()]
+        assert floats and all(t.dtype == torch.float32 for t in floats), type(layer).__name__
+    assert pruned.parametrizations.weight[0].mask.dtype == model[4].parametrizations.weight[0].mask.dtype
+    # the masked weight is still exactly zero where pruned, in bf16
+    assert torch.all(pruned.weight[~model[4].parametrizations.weight[0].mask.bool()] == 0)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+    assert _relative_error(out, reference) < 0.08  # the quantizer's rounding decisions flipped by bf16 inputs
+
+
+def test_compiled_in_place_model_is_copied_to_run_eager():
+    model = nn.Sequential(nn.Linear(8, 8)).eval()
+    model.compile()  # nn.Module.compile: a compiled call bound to the fp32 module
+    cast = precision.bf16_inference_model(model)
+    assert cast._compiled_call_impl is None
+    with torch.inference_mode():
+        assert cast(torch.randn(2, 8).bfloat16()).dtype == torch.bfloat16
+
+
+# --- a run's evaluation (train.py's path) ------------------------------------------------------------------------
+
+
+def test_run_evaluates_with_bf16_weights_and_keeps_training_fp32(tmp_path, tiny_imdb_dir, cache_dir, caplog):
+    """trainer.precision=bf16-mixed (what auto takes on a bf16 CPU) with the default eval_precision=auto: validation
+    and test run the bf16 copy, logged once; the saved weights stay fp32."""
+    with caplog.at_level(logging.INFO, logger="adls_lightning.module"):
+        train_run(
+            tmp_path, ["trainer.precision=bf16-mixed", "trainer.max_epochs=2"], tiny_imdb_dir, cache_dir
+        )
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Evaluation:")]
+    assert lines == [
+        "Evaluation: weights cast to bf16 once per pass (model.eval_precision=auto, trainer.precision=bf16-mixed)"
+    ]
+    for ckpt in (tmp_path / "checkpoints").glob("*.ckpt"):
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+        floats = {k: v.dtype for k, v in state.items() if v.is_floating_point()}
+        assert floats and set(floats.values()) == {torch.float32}, (ckpt, floats)
+
+
+def test_bf16_evaluation_of_a_checkpoint_matches_fp32(fine_tuned, tmp_path, tiny_imdb_dir, cache_dir):
+    """train=false on a fine-tuned checkpoint (it separates the reviews): the bf16-cast evaluation's test/acc is
+    the fp32 evaluation's within a review or two of 200."""
+    common = ["train=false", f"ckpt_path={fine_tuned}", "model/lora=none"]
+    runs = {
+        value: train_run(
+            tmp_path / value,
+            [*common, "trainer.precision=bf16-mixed", f"model.eval_precision={value}"],
+            tiny_imdb_dir,
+            cache_dir,
+        )
+        for value in ("auto", "32-true")
+    }
+    assert runs["32-true"]["test/acc"] >= 0.9  # a working model: the comparison means something
+    assert abs(runs["auto"]["test/acc"] - runs["32-true"]["test/acc"]) <= 0.01
+    assert (
+        abs(runs["auto"]["test/loss"] - runs["32-true"]["test/loss"]) <= 0.05 * runs["32-true"]["test/loss"]
+    )
