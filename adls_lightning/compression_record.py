@@ -162,12 +162,14 @@ def quantization_record(
     quantized (all those the recipe gives a format, when the model is not quantized yet), SmoothQuant's wrapped
     layers, LSQ."""
     from adls_lightning.quant.linear import QuantLinear
+    from adls_lightning.quant.points import find_points
     from adls_lightning.quant.smoothquant import Smoothed
     from adls_lightning.quant.transform import find_linear_layers
 
     layers = find_linear_layers(model)
     quantized = {layer.name: layer.module for layer in layers if isinstance(layer.module, QuantLinear)}
-    recipes = recipe.for_layers([layer.name for layer in layers])
+    # per-name entries may name encoder points (quant/points.py) as well as linear layers
+    recipes = recipe.for_layers([layer.name for layer in layers], [p.name for p in find_points(model)])
     names = list(quantized) if quantized else [name for name, entry in recipes.items() if entry is not None]
     entries = {}
     for name in names:

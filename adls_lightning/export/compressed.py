@@ -40,6 +40,7 @@ from adls_lightning.layers import swap_module
 from adls_lightning.prune import Pruner, lab_pruning_specs
 from adls_lightning.quant import QuantRecipe, quantize_model, to_recipe
 from adls_lightning.quant.linear import QuantLinear
+from adls_lightning.quant.points import find_points
 from adls_lightning.quant.smoothquant import Smoothed
 from adls_lightning.quant.transform import find_linear_layers
 
@@ -231,7 +232,8 @@ def bake_quantized_layers(model: nn.Module, recipe: QuantRecipe) -> BakedLayers:
     quantizers computed (the values the run multiplied with), in place; the activation formats are returned for
     :data:`RECIPE_FILE` (what :func:`apply_recipe` puts back)."""
     layers = find_linear_layers(model)
-    recipes = recipe.for_layers([layer.name for layer in layers])
+    # per-name entries may name encoder points (quant/points.py) as well as linear layers
+    recipes = recipe.for_layers([layer.name for layer in layers], [p.name for p in find_points(model)])
     baked = BakedLayers()
     for layer in layers:
         if not isinstance(layer.module, QuantLinear):

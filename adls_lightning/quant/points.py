@@ -412,6 +412,31 @@ def find_points(model: nn.Module) -> list[Point]:
     return points
 
 
+def point_dimension_problem(
+    point: Point, quantizers: Mapping[str, Quantizer | None]
+) -> tuple[str, str] | None:
+    """The first operand of ``point`` whose quantizer cannot tile the dimension the model fixes for it, and why
+    (None when every one can): the head size of Q·Kᵀ (P·V's runs along the sequence, known only at run time), the
+    width of a LayerNorm."""
+    sizes: dict[str, int] = {}
+    if point.name.endswith("qk_matmul"):
+        config = point.module.config
+        head = (
+            getattr(point.module, "attention_head_size", None)
+            or config.hidden_size // config.num_attention_heads
+        )
+        sizes = {"data_in": head, "weight": head}
+    elif point.kind == "layer_norm":
+        width = int(point.module.weight.shape[-1]) if point.module.weight is not None else 0
+        sizes = dict.fromkeys(("data_in", "weight", "bias", "data_out"), width)
+    for operand, size in sizes.items():
+        quantizer = quantizers.get(operand)
+        problem = quantizer.check_last_dim(size) if quantizer is not None and size else None
+        if problem:
+            return operand, f"{problem} (point {point.name}: last dimension {size})"
+    return None
+
+
 def install(
     model: nn.Module,
     point: Point,
@@ -509,6 +534,7 @@ __all__ = [
     "QuantResidualOutput",
     "QuantSoftmax",
     "find_points",
+    "point_dimension_problem",
     "remove_points",
     "quantized_points",
 ]

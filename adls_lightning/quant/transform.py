@@ -31,6 +31,7 @@ from adls_lightning.quant.points import (
     find_points,
     ibert_input_problem,
     model_family,
+    point_dimension_problem,
     quantized_points,
     why_unsupported,
 )
@@ -194,24 +195,10 @@ def _plan_points(model: nn.Module, recipe: QuantRecipe, points: list[Point]) -> 
 
 
 def _check_point_dims(point: Point, quantizers: dict[str, Quantizer | None], where: str) -> None:
-    """Block and group sizes against the dimensions a point's operands are blocked along that the model fixes: the
-    head size of Q·Kᵀ (P·V's runs along the sequence, known only at run time), the width of a LayerNorm."""
-    sizes: dict[str, int] = {}
-    if point.name.endswith("qk_matmul"):
-        config = point.module.config
-        head = (
-            getattr(point.module, "attention_head_size", None)
-            or config.hidden_size // config.num_attention_heads
-        )
-        sizes = {"data_in": head, "weight": head, "data_out": 0}
-    elif point.kind == "layer_norm":
-        width = int(point.module.weight.shape[-1]) if point.module.weight is not None else 0
-        sizes = dict.fromkeys(("data_in", "weight", "bias", "data_out"), width)
-    for operand, size in sizes.items():
-        quantizer = quantizers.get(operand)
-        problem = quantizer.check_last_dim(size) if quantizer is not None and size else None
-        if problem:
-            raise ConfigError(f"{where}.{operand}: {problem} (point {point.name}: last dimension {size})")
+    """Block and group sizes against the dimensions a point's operands are blocked along that the model fixes."""
+    found = point_dimension_problem(point, quantizers)
+    if found:
+        raise ConfigError(f"{where}.{found[0]}: {found[1]}")
 
 
 def _key(recipe: LayerRecipe, where: str, operand: str, param: str) -> str:

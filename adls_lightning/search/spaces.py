@@ -114,8 +114,13 @@ def _precision_formats(precision: str | None, formats: list[str]) -> list[str]:
     return [f for f in (FULL_PRECISION, precision) if f in formats]
 
 
+#: ``search_space.points`` value searching every point kind of the model's family.
+ALL_POINTS = "all"
+
+
 class MixedPrecisionSpace:
-    """Lab 3's mixed-precision space: per linear layer a number format and that format's widths.
+    """Lab 3's mixed-precision space: per linear layer (and, with ``points``, per encoder point: attention's Q·Kᵀ
+    and P·V, softmax, GELU, LayerNorm, residual adds) a number format and that format's widths.
 
     Parameters (Optuna names): ``<layer>/format`` (only when more than one format is used), then for a
     quantized layer ``<layer>/<format>.<parameter>`` for each parameter of the format (e.g. ``width``,
@@ -129,6 +134,11 @@ class MixedPrecisionSpace:
     ``++quant.config.layers.classifier={data_in: {format: integer, params: {width: 8}}, weight: ..., bias: ...}``;
     full-precision layers get none (they fall to the recipe's ``default``, no quantization).
 
+    A searched point (:mod:`adls_lightning.quant.points`) is one more name with the same parameters
+    (``bert.encoder.layer.0.attention.self.softmax/format``...) and an entry under ``target.layers`` by its name;
+    its format's slots apply to the operands its kind has (a matmul's ``data_in`` and ``weight``, a LayerNorm's
+    ``data_in``, γ and β, a softmax's, GELU's or add's ``data_in``: both summands).
+
     Args:
         backbone: the model being quantized (``${model.backbone}``: built once in the sweeper, cached in-process);
             its linear layers, named as the quantization config names them, are the searched layers.
@@ -141,6 +151,8 @@ class MixedPrecisionSpace:
         plugins: modules to import first, so the formats they register can be searched (``quant.plugins``).
         precision: ``search.precision``, used when ``use`` is None: a format name searches ``[fp32, <format>]``
             (one curve of Lab 3), ``all`` (or None) every format of ``formats``.
+        points: the point kinds searched beside the linear layers (chop's keys: ``matmul``/``bmm``, ``softmax``,
+            ``gelu``, ``layer_norm``, ``add``), or ``all`` for every kind the model's family has; None = none.
     """
 
     def __init__(
@@ -152,6 +164,7 @@ class MixedPrecisionSpace:
         target: str = "quant.config",
         plugins: Sequence[str] | None = None,
         precision: str | None = None,
+        points: Sequence[str] | str | None = None,
     ) -> None:
         from adls_lightning.quant.linear import SLOTS
         from adls_lightning.quant.quantizers import QUANTIZERS
@@ -192,6 +205,8 @@ class MixedPrecisionSpace:
                 f"hydra.sweeper.search_space.layers={layers}: matches no linear layer (e.g. {next(iter(linears))})"
             )
         self.linears = {n: m for n, m in linears.items() if n in self.layers}
+        #: the searched points by name (searched after the linear layers, in module order)
+        self.points = _searched_points(backbone, points)
         self.target = target
 
     def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
@@ -220,4 +235,58 @@ class MixedPrecisionSpace:
             overrides[f"++{self.target}.layers.{layer}"] = {
                 slot: {"format": fmt, "params": values} for slot in slots
             }
+        for name, point in self.points.items():
+            entry = self._sample_point(trial, name, point)
+            if entry:
+                overrides[f"++{self.target}.layers.{name}"] = entry
         return overrides
+
+    def _sample_point(self, trial: optuna.Trial, name: str, point: Any) -> dict[str, Any] | None:
+        """One point's sampled entry (None: full precision); an impossible one prunes the trial."""
+        from adls_lightning.quant.points import KIND_OPERANDS, point_dimension_problem
+        from adls_lightning.quant.quantizers import QUANTIZERS
+        from adls_lightning.quant.recipe import OperandRecipe
+
+        fmt = trial.suggest_categorical(f"{name}/format", self.use) if len(self.use) > 1 else self.use[0]
+        if fmt == FULL_PRECISION:
+            return None
+        params, slots = self.formats[fmt]
+        values = {p: trial.suggest_categorical(f"{name}/{fmt}.{p}", choices) for p, choices in params.items()}
+        try:
+            operand = OperandRecipe(fmt, values)
+        except ConfigError as err:
+            raise optuna.TrialPruned(f"rejected {name}: {fmt} {err}") from None
+        slots = [s for s in (slots if params else QUANTIZERS[fmt].slots) if s in KIND_OPERANDS[point.kind]]
+        if not slots:  # e.g. a format quantizing only weights, on a softmax: nothing to quantize there
+            return None
+        found = point_dimension_problem(point, dict.fromkeys(slots, operand.build()))
+        if found:
+            raise optuna.TrialPruned(f"rejected {name}: {fmt} {found[0]}: {found[1]}")
+        return {slot: {"format": fmt, "params": values} for slot in slots}
+
+
+def _searched_points(backbone: nn.Module, kinds: Sequence[str] | str | None) -> dict[str, Any]:
+    """The points of ``backbone`` of the searched ``kinds`` by name (``bmm`` = ``matmul``; ``all`` = every kind the
+    model's family has).
+
+    Raises:
+        ConfigError: an unknown kind, or one the model's family has no points of.
+    """
+    from adls_lightning.quant.points import FAMILY_KINDS, KIND_KEYS, find_points, why_unsupported
+
+    if kinds is None:
+        return {}
+    found = find_points(backbone)
+    family = found[0].family if found else "unknown"
+    if kinds == ALL_POINTS:
+        kinds = list(FAMILY_KINDS.get(family, ()))
+        if not kinds:
+            raise ConfigError(
+                f"hydra.sweeper.search_space.points=all: the model (family {family!r}) has no points"
+            )
+    kinds = _check_choices("points", kinds, KIND_KEYS)
+    wanted = {"matmul" if kind == "bmm" else kind for kind in kinds}
+    for kind in sorted(wanted):
+        if not any(p.kind == kind for p in found) or kind not in FAMILY_KINDS.get(family, ()):
+            raise ConfigError(f"hydra.sweeper.search_space.points: {why_unsupported(family, kind)}")
+    return {p.name: p for p in found if p.kind in wanted}
