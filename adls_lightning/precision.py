@@ -337,3 +337,26 @@ def bf16_inference_model(model: torch.nn.Module, copy: bool = True) -> torch.nn.
     for layer in _fp32_layers(result):
         _fp32_edge(layer)
     return result.requires_grad_(False).eval()
+
+
+def inference_model(
+    model: torch.nn.Module,
+    eval_value: str,
+    trainer_value: str,
+    rows: int,
+    cache_dir: str | os.PathLike | None = None,
+) -> torch.nn.Module:
+    """An evaluation-only model (an exported folder's) as a run would evaluate it: ``trainer_value`` resolved by
+    :func:`choose` (``auto``: measured, or read from the cache, on this model's shapes), then ``eval_value``
+    (``model.eval_precision``) by :func:`eval_precision`; ``bf16`` casts ``model`` in place
+    (:func:`bf16_inference_model`), anything else leaves it fp32. Logs one line saying which."""
+    how = eval_precision(eval_value, choose(trainer_value, model, rows, cache_dir))
+    if how != "bf16":
+        log.info("Inference: fp32 (model.eval_precision=%s, trainer.precision=%s)", eval_value, trainer_value)
+        return model
+    log.info(
+        "Inference: weights cast to bf16 once (model.eval_precision=%s, trainer.precision=%s)",
+        eval_value,
+        trainer_value,
+    )
+    return bf16_inference_model(model, copy=False)

@@ -5,6 +5,7 @@ kept fp32 at their edge, the training weights untouched, and a run's evaluation 
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
@@ -185,3 +186,32 @@ def test_bf16_evaluation_of_a_checkpoint_matches_fp32(fine_tuned, tmp_path, tiny
     assert (
         abs(runs["auto"]["test/loss"] - runs["32-true"]["test/loss"]) <= 0.05 * runs["32-true"]["test/loss"]
     )
+
+
+def test_exported_folder_evaluates_in_bf16_where_the_run_would(fine_tuned, tmp_path, caplog):
+    """adls-evaluate on an HF export: trainer.precision=bf16-mixed (auto's choice on a bf16 CPU) casts the loaded
+    weights once and says so; its accuracy is the fp32 evaluation's (model.eval_precision=32-true) within a review."""
+    from adls_lightning.export import evaluate as export_evaluate
+    from adls_lightning.export.__main__ import main as export_main
+    from tests.helpers import call
+
+    code, _, stderr = call(export_main, f"ckpt={fine_tuned}", f"out={tmp_path / 'hf'}", "format=hf")
+    assert code == 0, stderr[-3000:]
+    accuracies = {}
+    for value in ("auto", "32-true"):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="adls_lightning.precision"):
+            code, stdout, stderr = call(
+                export_evaluate.main,
+                str(tmp_path / "hf"),
+                "trainer.precision=bf16-mixed",
+                f"model.eval_precision={value}",
+            )
+        assert code == 0, stderr[-3000:]
+        [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Inference:")]
+        assert line.startswith(
+            "Inference: weights cast to bf16 once" if value == "auto" else "Inference: fp32"
+        )
+        accuracies[value] = float(re.search(r"test accuracy ([0-9.]+) on (\d+) reviews", stdout).group(1))
+    assert accuracies["32-true"] >= 0.9
+    assert abs(accuracies["auto"] - accuracies["32-true"]) <= 0.01

@@ -38,6 +38,7 @@ from adls_lightning.export.folder import ExportFolder, OnnxClassifier, load_fold
 from adls_lightning.gemm import batch_rows, gemm_for
 from adls_lightning.gemm import validate as validate_gemm
 from adls_lightning.logs import configure_tool
+from adls_lightning.precision import inference_model
 from adls_lightning.tool_options import run_tool, split_options
 
 #: the batch keys a sequence classifier takes (token types: sentence pairs of the families that use them)
@@ -103,6 +104,12 @@ def evaluate_folders(argv: Sequence[str]) -> None:
     first = None
     rows, cache_dir = batch_rows(cfg.data), cfg.paths.get("cache_dir")
     for folder, model in zip(folders, models, strict=True):
+        if not isinstance(
+            model, OnnxClassifier
+        ):  # issue 59: bf16 weights where the run's evaluation would use them
+            model = inference_model(
+                model, cfg.model.get("eval_precision", "auto"), cfg.trainer.precision, rows, cache_dir
+            )
         # ONNX Runtime runs its own kernels: runtime.gemm picks PyTorch's
         gemm = (
             contextlib.nullcontext()
