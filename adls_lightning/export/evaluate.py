@@ -104,9 +104,8 @@ def evaluate_folders(argv: Sequence[str]) -> None:
     first = None
     rows, cache_dir = batch_rows(cfg.data), cfg.paths.get("cache_dir")
     for folder, model in zip(folders, models, strict=True):
-        if not isinstance(
-            model, OnnxClassifier
-        ):  # issue 59: bf16 weights where the run's evaluation would use them
+        # issue 59: bf16 weights where the run's own evaluation would use them (ONNX Runtime keeps its graph's)
+        if not isinstance(model, OnnxClassifier):
             model = inference_model(
                 model, cfg.model.get("eval_precision", "auto"), cfg.trainer.precision, rows, cache_dir
             )
