@@ -109,7 +109,10 @@ def test_lora_export_matches_the_merged_model_at_other_shapes(lora_export):
         "attention_mask": ["batch", "sequence"],
         "logits": ["batch", 2],
     }
-    summary = stdout.strip().splitlines()
+    # the export's line, then its self-check's table (tests/test_export_selfcheck.py)
+    summary, check = stdout.split("self-check", 1)
+    summary = summary.strip().splitlines()
+    assert "agreement" in check and "speedup" in check
     assert (
         len(summary) == 1
         and f"opset {onnx_export.ONNX_OPSET}" in summary[0]

@@ -4,8 +4,8 @@ The export command calls :func:`self_check` on what it wrote, read back from dis
 ``adls-evaluate`` read it (:func:`adls_lightning.export.folder.load_folder`):
 
 * **agreement** and **max_logit_diff**: the artifact against the run's own model (fake-quantized, pruned, with its
-  activation quantizers: what the run evaluated) on held rows: the first ``check_rows`` rows of the run's test
-  split (or, when the run's data are not at hand, random token ids, and ``held`` says so). ``agreement`` is the
+  activation quantizers: what the run evaluated) on held rows: ``check_rows`` rows of the run's test split (its
+  stratified subset of that size when it is larger; or, when the run's data are not at hand, random token ids, and ``held`` says so). ``agreement`` is the
   share of those rows on which both give the same label.
 * **speedup** per batch size (``{"1": x, "8": y}``): torch eager fp32 of the same run's *uncompressed* architecture
   (the model as built by the run's ``model=`` config, LoRA merged, no pruning or quantization) divided by the
@@ -24,6 +24,7 @@ with the method that would be faster.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import platform
@@ -131,12 +132,18 @@ def uncompressed_model(cfg: Any) -> nn.Module:
 def held_batches(
     cfg: Any, rows: int, vocab_size: int, tokens: int
 ) -> tuple[list[dict[str, torch.Tensor]], str]:
-    """The first ``rows`` rows of the run's test split as batches of model inputs, and where they came from; when
-    the run's data cannot be built here (not found, offline), ``rows`` rows of random token ids."""
+    """``rows`` rows of the run's test split as batches of model inputs (all of it when it is no larger; else its
+    seeded stratified subset of ``rows``, as ``data.test_size=rows`` draws it), and where they came from; when the
+    run's data cannot be built here (not found, offline), ``rows`` rows of random token ids."""
     from adls_lightning.build import build
 
+    data_cfg = copy.deepcopy(cfg.data)
+    if "test_size" in data_cfg and (data_cfg.test_size is None or int(data_cfg.test_size) > rows):
+        data_cfg.test_size = (
+            rows  # the split's stratified subset of that size: no more rows tokenized than held
+        )
     try:
-        data = build(cfg.data, "data")
+        data = build(data_cfg, "data")
         data.setup("test")
         batches, taken = [], 0
         for batch in data.test_dataloader():
@@ -146,7 +153,7 @@ def held_batches(
             if taken >= rows:
                 break
         if taken:
-            return batches, f"the first {taken} rows of the run's test split"
+            return batches, f"{taken} rows of the run's test split"
         reason = "its test split is empty"
     except (ConfigError, OSError) as error:
         reason = " ".join(str(error).split())[:160]
