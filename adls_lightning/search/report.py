@@ -3,7 +3,11 @@ out=DIR [study=NAME]`` writes ``DIR/index.html``, one self-contained page (opens
 
 It holds Optuna's own plotly figures (optimisation history, parameter importances, parallel coordinates, and the
 Pareto front of a two-objective study), a sortable table of every trial with the overrides its job ran with, and
-the command line that re-runs the best trial as a single training run. For a live view of a study, Optuna's web UI
+the command line that re-runs the best trial as a single training run. A study priced by the cost model
+(``search/objective=acc_latency`` or ``acc_bytes``) also gets each Pareto point's export command (``adls-budget
+assignment=deployed``: the trial's model with each layer in its runtime, written to the trial's ``export/`` folder
+and timed there), that export's measured speed beside the predicted one once the command has run, and the
+best-accuracy trial under latency budgets of 0.5, 0.7 and 0.9 x fp32. For a live view of a study, Optuna's web UI
 serves the same storage: ``optuna-dashboard sqlite:///outputs/search/NAME/NAME.db`` (docs/search.md).
 
 Bad input (an unknown option, an ``out`` that cannot be written, a storage that is damaged or holds no such
@@ -156,6 +160,128 @@ def trial_rows(study: optuna.Study) -> tuple[list[str], list[list[Any]]]:
     return columns, rows
 
 
+#: objectives priced by the cost model (search/objective=acc_latency, acc_bytes): their Pareto points get exports
+COST_METRICS = ("cost/latency_ms", "cost/model_bytes")
+#: latency budgets (x the fp32 model's predicted latency) whose best-accuracy trial the page names
+LATENCY_BUDGETS = (0.5, 0.7, 0.9)
+#: where a point's export command writes (inside the trial's folder), and what it measures there
+EXPORT_DIR = "export"
+EXPORT_RESULT = "budget.json"
+
+
+def trial_checkpoint(folder: Path) -> Path | None:
+    """The checkpoint a trial's model is exported from: a PTQ run's ``compressed.ckpt``, else its best one."""
+    checkpoints = folder / "checkpoints"
+    for pattern in ("compressed.ckpt", "best*.ckpt", "last.ckpt"):
+        found = sorted(checkpoints.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+def cost_settings(folder: Path) -> dict[str, int]:
+    """The batch, tokens and threads the trial's cost report priced at (its ``callbacks.cost_model``)."""
+    settings = {"batch": 8, "tokens": 128, "threads": 1}
+    record = folder / ".hydra" / "config.yaml"
+    if record.is_file():
+        node = ((yaml.safe_load(record.read_text()) or {}).get("callbacks") or {}).get("cost_model") or {}
+        settings.update({k: int(node[k]) for k in settings if isinstance(node.get(k), int)})
+    return settings
+
+
+def export_command(folder: Path) -> str | None:
+    """``adls-budget`` exporting the trial's model as it deploys (each layer in the runtime its format has here) to
+    ``<trial>/export`` and measuring it there; None without a checkpoint."""
+    ckpt = trial_checkpoint(folder)
+    if ckpt is None:
+        return None
+    settings = " ".join(f"{k}={v}" for k, v in cost_settings(folder).items())
+    out = folder / EXPORT_DIR
+    return (
+        f"adls-budget {shell_word(f'ckpt={ckpt}')} assignment=deployed {settings} {shell_word(f'out={out}')}"
+    )
+
+
+def measured_export(folder: Path) -> dict[str, Any] | None:
+    """What the export command measured (its ``budget.json``), or None before it ran."""
+    import json
+
+    record = folder / EXPORT_DIR / EXPORT_RESULT
+    try:
+        return json.loads(record.read_text()) if record.is_file() else None
+    except ValueError:
+        return None
+
+
+def cost_section(page: Page, study: optuna.Study, best: Sequence[FrozenTrial]) -> None:
+    """For a study priced by the cost model: each Pareto point's predicted cost, its commands (retrain; export and
+    measure), the export's measured speed beside the prediction once the command ran, and the best-accuracy
+    trial under each latency budget."""
+    names = metric_names(study)
+    cost = next(name for name in names if name in COST_METRICS)
+    accuracy = next(name for name in names if name != cost)
+    page.heading(f"Pareto points as deployed ({accuracy} against {cost})")
+    page.paragraph(
+        "Each point's model exported with each linear layer in the runtime its format has on this machine "
+        f"(adls-budget assignment=deployed, written to the trial's {EXPORT_DIR}/ folder), then reloaded from the "
+        "folder and timed against the fp32 model. The measured columns fill in once the command has run; "
+        "regenerate the page."
+    )
+    columns = [
+        "trial",
+        accuracy,
+        "test acc",
+        cost,
+        "predicted x fp32",
+        "measured ms (export)",
+        "measured x fp32",
+        "prediction error",
+        "export test acc",
+        "export command",
+        "retrain command",
+    ]
+    rows = []
+    for t in sorted(best, key=lambda t: t.values[names.index(cost)]):
+        folder = Path(t.user_attrs.get("output_dir", ""))
+        metrics = t.user_attrs.get("metrics", {})
+        measured = measured_export(folder)
+        overrides = trial_overrides(t)
+        rows.append(
+            [
+                t.number,
+                t.values[names.index(accuracy)],
+                metrics.get("test/acc"),
+                t.values[names.index(cost)],
+                metrics.get("cost/latency_x_fp32"),
+                measured.get("measured_ms") if measured else None,
+                measured.get("measured_x_fp32") if measured else None,
+                f"{measured['prediction_error_pct']:+.1f}%" if measured else None,
+                measured.get(f"test/{measured.get('metric')}") if measured else None,
+                export_command(folder) or "(no checkpoint)",
+                rerun_command(overrides) if overrides is not None else "(folder gone)",
+            ]
+        )
+    page.table(columns, rows, table_id="pareto_exports")
+    if cost != "cost/latency_ms":
+        return
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    for ratio in LATENCY_BUDGETS:
+        within = [
+            t for t in complete if t.user_attrs.get("metrics", {}).get("cost/latency_x_fp32", 0) >= 1 / ratio
+        ]
+        if not within:
+            page.paragraph(f"Latency budget {ratio:g} x fp32: no trial's predicted latency meets it.")
+            continue
+        top = max(within, key=lambda t: (t.values[names.index(accuracy)], -t.values[names.index(cost)]))
+        command = export_command(Path(top.user_attrs.get("output_dir", "")))
+        page.paragraph(
+            f"Latency budget {ratio:g} x fp32: best {accuracy} {top.values[names.index(accuracy)]:.4f} is trial "
+            f"{top.number} (predicted {top.values[names.index(cost)]:.1f} ms, "
+            f"{top.user_attrs['metrics']['cost/latency_x_fp32']:.2f}x fp32); export and measure it:"
+        )
+        page.code(command or "(no checkpoint in its folder)")
+
+
 def study_page(study: optuna.Study, shown_storage: str) -> Page:
     names = metric_names(study)
     trials = study.get_trials(deepcopy=False)
@@ -185,6 +311,8 @@ def study_page(study: optuna.Study, shown_storage: str) -> Page:
         else:
             page.paragraph("Re-run it as one training run (from the project's folder):")
             page.code(rerun_command(overrides))
+    if best and len(names) == 2 and any(name in COST_METRICS for name in names):
+        cost_section(page, study, best)
     for title, figure in study_figures(study):
         page.heading(title)
         page.figure(figure)
