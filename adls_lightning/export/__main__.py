@@ -50,6 +50,7 @@ from adls_lightning.export.compressed import (
     bake_quantized_layers,
     flag_option,
     merge_overrides,
+    override_key,
     record_compression,
     run_compression,
     run_overrides,
@@ -209,7 +210,10 @@ def compose_train_config(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Hydra's version_base deprecation: not the user's concern here
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-                return compose("train", overrides=list(overrides), return_hydra_config=return_hydra_config)
+                # a search.py trial's run (its overrides choose a search= space) composes search.yaml, as its
+                # re-run command does (issue 60: exporting a Pareto point of a study)
+                config = "search" if any(override_key(o) == "search" for o in overrides) else "train"
+                return compose(config, overrides=list(overrides), return_hydra_config=return_hydra_config)
     except (HydraException, OmegaConfBaseException) as error:
         first = str(error).splitlines()[0]
         unknown = re.match(r"Could not override '([^']+)'", first)
@@ -254,6 +258,9 @@ def load_checkpoint_model(
     compression = run_compression(cfg) if record is None else record_compression(record, ckpt)
     # a light checkpoint (LoRA adapters and trained heads) is completed from the base the model was just built from
     state = dict(complete_light_state(module, checkpoint, ckpt, "ckpt"))
+    # a checkpoint written during an evaluation pass (a PTQ run's compressed.ckpt) holds the module's evaluation
+    # copy (model.eval_precision: LitClassifier._eval_model), which is not the model's state (issue 60)
+    state = {key: value for key, value in state.items() if not key.startswith("_eval_model.")}
     del checkpoint
     quantized = fake_quantized_key(state, set(module.state_dict()))
     if quantized is not None and compression.quant is None:
