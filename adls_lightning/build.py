@@ -8,6 +8,7 @@ naming the config key and the target, anything outside :data:`ALLOWED_TARGETS`. 
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import importlib
 import inspect
@@ -17,14 +18,13 @@ from typing import Any
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, read_write
 
 from adls_lightning.errors import ConfigError
 
 # Python packages whose callables a config may name in `_target_`: the project's and its libraries'.
 ALLOWED_TARGETS = (
     "adls_lightning.*",
-    "callbacks.*",
     "hydra_plugins.adls_optuna_sweeper.*",
     "hydra_plugins.hydra_optuna_sweeper.*",
     "lightning.*",
@@ -48,6 +48,55 @@ LOGGING_CLASSES = ("logging.*",)
 # A researcher's own package (a search space, a format) is allowed from the environment, never from a config:
 # a config that could widen the list could also run anything. Comma-separated patterns, e.g. "mylab.*".
 EXTRA_TARGETS_ENV = "ADLS_EXTRA_TARGETS"
+
+
+# What a ``_target_`` of an earlier release is called now: the project's callbacks were a top-level package
+# ``callbacks`` (a name that can clash in a user's environment) before they moved into the library's package. Configs
+# recorded by earlier runs still name them so (a run folder's ``.hydra/config.yaml``, a study's stored settings, a
+# Hydra ``--experimental-rerun``); :func:`current_target` reads them as today's names wherever a target is checked,
+# resolved or built.
+RENAMED_TARGET_PREFIXES = {"callbacks.": "adls_lightning.callbacks."}
+
+
+def current_target(target: Any) -> Any:
+    """``target`` under today's name (``callbacks.pruning.PruningCallback`` ->
+    ``adls_lightning.callbacks.pruning.PruningCallback``); anything else unchanged."""
+    if isinstance(target, str):
+        for old, new in RENAMED_TARGET_PREFIXES.items():
+            if target.startswith(old):
+                return new + target.removeprefix(old)
+    return target
+
+
+def upgrade_targets(node: Any) -> Any:
+    """Rename, in place, every ``_target_`` below ``node`` (a config, a dict, a list) that :func:`current_target`
+    renames; returns ``node``. A read-only config is opened for the rename only."""
+    plain = (
+        OmegaConf.to_container(node, resolve=False) if isinstance(node, (DictConfig, ListConfig)) else node
+    )
+    renames = list(_renamed_targets(plain, ()))
+    if not renames:
+        return node
+    with read_write(node) if isinstance(node, (DictConfig, ListConfig)) else contextlib.nullcontext():
+        for path, target in renames:
+            parent = node
+            for step in path[:-1]:
+                parent = parent[step]
+            parent[path[-1]] = target
+    return node
+
+
+def _renamed_targets(node: Any, path: tuple) -> Iterator[tuple[tuple, str]]:
+    if isinstance(node, Mapping):
+        for name, value in node.items():
+            if name == "_target_":
+                if current_target(value) != value:
+                    yield (*path, name), current_target(value)
+            else:
+                yield from _renamed_targets(value, (*path, name))
+    elif isinstance(node, Sequence) and not isinstance(node, (str, bytes)):
+        for index, value in enumerate(node):
+            yield from _renamed_targets(value, (*path, index))
 
 
 def allowed_targets() -> tuple[str, ...]:
@@ -88,6 +137,7 @@ def check_targets(node: Any, key: str) -> None:
 
 
 def _refuse(where: str, target: Any, allowed: Sequence[str]) -> None:
+    target = current_target(target)
     if not isinstance(target, str) or not any(fnmatch.fnmatchcase(target, p) for p in allowed):
         raise ConfigError(
             f"{where}={target}: not an allowed target (a config may only build objects from "
@@ -135,8 +185,8 @@ def check_config_targets(cfg: Any) -> None:
 
 def resolve_target(target: str) -> Any:
     """The object a dotted ``_target_`` names, found as Hydra finds it: the longest importable module prefix, then
-    attributes. None when it names nothing."""
-    parts = target.split(".")
+    attributes (a target of an earlier release by its :func:`current_target`). None when it names nothing."""
+    parts = current_target(target).split(".")
     for split in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:split]))
@@ -181,8 +231,10 @@ def check_resolved_target(where: str, target: Any) -> None:
 def build(node: Any, key: str, **kwargs: Any) -> Any:
     """``hydra.utils.instantiate(node, **kwargs)`` after :func:`check_targets`; ``key`` is the node's config key.
 
-    Hydra's own execution whitelist is kept as a second guard for targets reached through interpolation.
+    Hydra's own execution whitelist is kept as a second guard for targets reached through interpolation. A target
+    of an earlier release (a recorded config's ``callbacks.X``) is renamed in ``node`` first (:func:`upgrade_targets`).
     """
+    upgrade_targets(node)
     check_targets(node, key)
     for where, target in iter_targets(node, key):
         check_resolved_target(where, target)

@@ -3,7 +3,7 @@
 ``quant.config=lab.toml``, ``prune.config=lab.toml`` and ``compress.quant=lab.toml`` all come through
 :func:`load_lab_config`: a mapping is taken as it is, a file is parsed by its suffix, and a whole MASE config file
 gives its ``[passes.<pass>]`` table, and chop's ``"NA"`` is read as None. What the arguments mean is up to the pass (``adls_lightning.quant.mase`` for
-quantization, ``callbacks/pruning.py`` for pruning).
+quantization, ``adls_lightning/callbacks/pruning.py`` for pruning).
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ def quiet_progress_bars(transformers_too: bool = True) -> None:
     if is_terminal():
         return
     # Progress bars redrawn with carriage returns are one garbled line each in a file or a pipe; the project
-    # logs what it tokenizes and loads instead (and callbacks/progress.py prints timed progress lines).
+    # logs what it tokenizes and loads instead (and adls_lightning/callbacks/progress.py prints timed progress lines).
     import datasets
 
     datasets.disable_progress_bars()

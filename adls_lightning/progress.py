@@ -1,7 +1,7 @@
 """Progress as lines of text, for a console that is not a terminal (``nohup``, CI, a SLURM job's output file),
 where a redrawn bar shows nothing until it closes: :class:`StageClock` times one stage (an epoch of training, a
 validation, a test) and says when the next line is due; :func:`progress_line` writes it; :func:`trial_line` is
-the one line of a finished search trial. ``callbacks/progress.py`` is the Lightning glue.
+the one line of a finished search trial. ``adls_lightning/callbacks/progress.py`` is the Lightning glue.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The largest classes and functions of the project's packages, by lines (issue 57's "before and after" sizes).
 
-``python scripts/code_sizes.py [TOP]`` walks ``adls_lightning/``, ``callbacks/`` and ``hydra_plugins/`` with
+``python scripts/code_sizes.py [TOP]`` walks ``adls_lightning/`` and ``hydra_plugins/`` with
 ``ast`` and prints the ``TOP`` (default 10) largest classes and the ``TOP`` largest functions (methods and nested
 functions included), each as lines (``end_lineno - lineno + 1``, decorators excluded), ``path:line`` and
 qualified name.
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("adls_lightning", "callbacks", "hydra_plugins")
+PACKAGES = ("adls_lightning", "hydra_plugins")
 
 
 def definitions(path: Path) -> list[tuple[str, int, str, int]]:

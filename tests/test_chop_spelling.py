@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from adls_lightning.app.training import run
+from adls_lightning.callbacks.pruning import PruningCallback
 from adls_lightning.errors import ConfigError
 from adls_lightning.quant import quantize_model, quantized_layers
-from callbacks.pruning import PruningCallback
 from tests.helpers import LAYER_NAMES
 from tests.mase_examples import CHECKS, EXAMPLES, fixed_point, signs, toml_value
 

@@ -14,10 +14,10 @@ import torch
 
 from adls_lightning.app.training import run
 from adls_lightning.build import EXTRA_TARGETS_ENV, build
+from adls_lightning.callbacks.compression import CompressionCallback
 from adls_lightning.distill import Distiller, distillation_loss
 from adls_lightning.errors import ConfigError
 from adls_lightning.prune import is_weight_pruned
-from callbacks.compression import CompressionCallback
 from tests.helpers import kill_and_resume
 
 SMALL = ["data.train_size=64", "data.val_size=32", "data.test_size=32", "data.max_length=32"]

@@ -16,7 +16,7 @@ from tests.helpers import run_train
 # What the captured console of a run must never show (adverts, warnings nobody can act on, the HF load table).
 NOISE = ("💡", "litlogger", "anonymous setting", "FutureWarning", "LOAD REPORT", "LeafSpec", "TPU available")
 PROGRESS = re.compile(
-    r"\]\[callbacks\.progress\]\[INFO\] - (train|val|test)( epoch (\d+)/(\d+))? step (\d+)/(\d+) "
+    r"\]\[adls_lightning\.callbacks\.progress\]\[INFO\] - (train|val|test)( epoch (\d+)/(\d+))? step (\d+)/(\d+) "
 )
 
 
@@ -35,7 +35,7 @@ def test_tiny_run_prints_each_line_once_with_progress_lines(tiny_imdb_dir, cache
     # The W&B logger and the progress display as `make train` has them; output captured (not a terminal).
     # (the tiny runs' overrides drop the progress display: it comes back here, a line per batch)
     progress = [
-        "+callbacks.progress._target_=callbacks.progress.progress_bar",
+        "+callbacks.progress._target_=adls_lightning.callbacks.progress.progress_bar",
         "+callbacks.progress.interval_s=0",
     ]
     proc = run_train(tiny_imdb_dir, cache_dir, tmp_path / "run", "logger=wandb", *progress)
@@ -156,8 +156,8 @@ def test_trial_line_names_the_best_so_far():
 
 @pytest.mark.parametrize("interval", [-1, "often", True])
 def test_bad_progress_interval_is_refused(interval):
+    from adls_lightning.callbacks.progress import progress_bar
     from adls_lightning.errors import ConfigError
-    from callbacks.progress import progress_bar
 
     with pytest.raises(ConfigError, match=r"callbacks.rich_progress_bar.interval_s=.*: must be a number"):
         progress_bar(interval_s=interval)
@@ -167,12 +167,12 @@ def test_heartbeat_writes_lines_while_a_step_runs_longer_than_the_interval(caplo
     """A step that outlasts the interval still gets its line on time (the heartbeat thread), without metrics."""
     import time as real_time
 
-    from callbacks.progress import LineProgressBar
+    from adls_lightning.callbacks.progress import LineProgressBar
 
     bar = LineProgressBar(interval_s=0.2)
     bar._train = StageClock("train", 10, interval_s=0.2)
     bar._epoch = lambda: "1/1"  # no trainer attached in this unit test
-    with caplog.at_level(logging.INFO, logger="callbacks.progress"):
+    with caplog.at_level(logging.INFO, logger="adls_lightning.callbacks.progress"):
         from adls_lightning.progress import Heartbeat
 
         heartbeat = Heartbeat(0.05, bar._beat)
@@ -188,7 +188,7 @@ def test_a_new_stage_counts_the_interval_from_the_runs_last_line():
     that line, not one interval after its own start (the gap a user sees never exceeds the interval)."""
     import time as real_time
 
-    from callbacks.progress import LineProgressBar
+    from adls_lightning.callbacks.progress import LineProgressBar
 
     bar = LineProgressBar(interval_s=1.0)
     bar._line(bar._clock("train", 10), "1/1", {})  # training's last line, now

@@ -18,6 +18,9 @@ from hydra.utils import instantiate
 
 from adls_lightning.app.training import run
 from adls_lightning.build import build
+from adls_lightning.callbacks.compression import CompressionCallback
+from adls_lightning.callbacks.pruning import PruningCallback
+from adls_lightning.callbacks.quantization import QuantizationCallback
 from adls_lightning.errors import ConfigError
 from adls_lightning.prune import num_to_prune
 from adls_lightning.quant import (
@@ -28,9 +31,6 @@ from adls_lightning.quant import (
     quantized_layers,
     to_recipe,
 )
-from callbacks.compression import CompressionCallback
-from callbacks.pruning import PruningCallback
-from callbacks.quantization import QuantizationCallback
 from tests.helpers import LAYER_NAMES
 from tests.mase_examples import CHECKS, EXAMPLES, lab_toml
 

@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from adls_lightning.callbacks.mxint8_packed import MXInt8PackedEvaluation
 from adls_lightning.errors import ConfigError
 from adls_lightning.mxint8 import (
     FUSED_MAX_ROWS,
@@ -23,7 +24,6 @@ from adls_lightning.mxint8 import (
     quantize_reference,
     restore_layers,
 )
-from callbacks.mxint8_packed import MXInt8PackedEvaluation
 
 LORA_TARGETS = ["query", "key", "value", "output.dense", "intermediate.dense"]
 

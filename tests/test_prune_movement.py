@@ -16,6 +16,7 @@ from torch import nn
 
 from adls_lightning.app.training import run
 from adls_lightning.build import build
+from adls_lightning.callbacks.pruning import PruningCallback
 from adls_lightning.errors import ConfigError
 from adls_lightning.prune import (
     AdamMovementMask,
@@ -24,7 +25,6 @@ from adls_lightning.prune import (
     Pruner,
     WeightMask,
 )
-from callbacks.pruning import PruningCallback
 from tests.helpers import assert_one_line_error, kill_and_resume, run_train
 
 SMALL = ["data.train_size=64", "data.val_size=16", "data.test_size=16", "data.max_length=32"]
@@ -595,7 +595,7 @@ def test_progress_lines_follow_the_schedule(tiny_imdb_dir, cache_dir, tmp_path):
     """The progress display (a line per batch here) shows the schedule's sparsity rising to 0.9 and the scores'
     consistency beside the loss, as a person watching a movement run would want them."""
     progress = [
-        "+callbacks.progress._target_=callbacks.progress.progress_bar",
+        "+callbacks.progress._target_=adls_lightning.callbacks.progress.progress_bar",
         "+callbacks.progress.interval_s=0",
     ]
     out = tmp_path / "watched"
@@ -606,7 +606,7 @@ def test_progress_lines_follow_the_schedule(tiny_imdb_dir, cache_dir, tmp_path):
     lines = [
         line
         for line in (proc.stdout + proc.stderr).splitlines()
-        if "[callbacks.progress][INFO] - train " in line
+        if "[adls_lightning.callbacks.progress][INFO] - train " in line
     ]
     shown = [re.search(r"prune/scheduled_sparsity ([\d.]+)", line) for line in lines]
     sparsities = [float(match.group(1)) for match in shown if match]

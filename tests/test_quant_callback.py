@@ -13,9 +13,9 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from adls_lightning.app.training import run
+from adls_lightning.callbacks.quantization import QuantizationCallback
 from adls_lightning.errors import ConfigError
 from adls_lightning.quant import QUANTIZERS, QuantLinear, quantize_model, quantized_layers
-from callbacks.quantization import QuantizationCallback
 from tests.helpers import TINY_LINEARS
 
 ROOT = Path(__file__).resolve().parent.parent

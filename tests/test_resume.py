@@ -237,7 +237,7 @@ def test_last_checkpoint_keeps_the_state_key_of_the_plain_model_checkpoint(tmp_p
     # so a checkpoint written before LastCheckpoint replaced ModelCheckpoint still restores the callback's state
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from callbacks.last_checkpoint import LastCheckpoint
+    from adls_lightning.callbacks.last_checkpoint import LastCheckpoint
 
     args = {"dirpath": tmp_path, "save_top_k": 0, "save_last": True, "every_n_train_steps": 25}
     assert LastCheckpoint(**args).state_key == ModelCheckpoint(**args).state_key

@@ -288,7 +288,7 @@ class _LogsAccuracy(BoringModel):
 @pytest.mark.slow
 @pytest.mark.parametrize(("max_epochs", "pruned"), [(3, True), (1, False)])
 def test_pruning_callback_reports_to_the_stored_trial_and_prunes(tmp_path, max_epochs, pruned):
-    from callbacks.optuna_pruning import OptunaPruning
+    from adls_lightning.callbacks.optuna_pruning import OptunaPruning
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     study = optuna.create_study(study_name="s", storage=url, direction="maximize")

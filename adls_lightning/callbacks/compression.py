@@ -12,6 +12,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
+from adls_lightning.callbacks.pruning import PruningCallback, log_sparsity
+from adls_lightning.callbacks.trainer_control import forget_best_checkpoints, set_max_epochs, validate_mid_fit
 from adls_lightning.compression_record import merge_into, pruning_record, quantization_record
 from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
 from adls_lightning.distill import Distiller, check_distillation
@@ -27,8 +29,6 @@ from adls_lightning.quant import (
     to_recipe,
 )
 from adls_lightning.typed_settings import section
-from callbacks.pruning import PruningCallback, log_sparsity
-from callbacks.trainer_control import forget_best_checkpoints, set_max_epochs, validate_mid_fit
 
 PRUNE_KEYS = ("weight", "activation", "include", "exclude", "seed")
 

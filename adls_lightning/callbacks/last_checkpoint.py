@@ -1,7 +1,7 @@
 """``last.ckpt`` that is always the newest state of the fit: every N training steps, and when training ends.
 
 It calls three of ``ModelCheckpoint``'s protected methods (its "nothing new to save" test, its monitor candidates
-and its last-checkpoint save), as :mod:`callbacks.trainer_control` does for the Trainer, checked on the same
+and its last-checkpoint save), as :mod:`adls_lightning.callbacks.trainer_control` does for the Trainer, checked on the same
 Lightning version (``trainer_control.CHECKED_ON_LIGHTNING``); ``tests/test_resume.py`` is what fails when they change.
 """
 

@@ -14,6 +14,13 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from adls_lightning.callbacks.calibration import (
+    MODEL_INPUTS,
+    CalibrationSettings,
+    calibration_batches,
+    model_forward,
+)
+from adls_lightning.callbacks.trainer_control import forget_best_checkpoints
 from adls_lightning.compression_record import merge_into, pruning_record, structured_sizes
 from adls_lightning.distill import Distiller, check_distillation
 from adls_lightning.errors import ConfigError
@@ -33,8 +40,6 @@ from adls_lightning.prune.movement import ScheduleSettings
 from adls_lightning.prune.oneshot import SparseGPTConfig
 from adls_lightning.prune.structured import StructuredSettings
 from adls_lightning.typed_settings import section
-from callbacks.calibration import MODEL_INPUTS, CalibrationSettings, calibration_batches, model_forward
-from callbacks.trainer_control import forget_best_checkpoints
 
 
 def _process_mean(trainer: L.Trainer) -> Callable[[torch.Tensor], torch.Tensor] | None:

@@ -13,6 +13,8 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
+from adls_lightning.callbacks.calibration import CalibrationSettings, calibration_batches, model_forward
+from adls_lightning.callbacks.pruning import PruningCallback
 from adls_lightning.compression_record import COMPRESSED_CHECKPOINT, merge_into, quantization_record
 from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
 from adls_lightning.errors import ConfigError
@@ -31,8 +33,6 @@ from adls_lightning.quant.gptq import GPTQConfig, gptq_quantize, put_weights
 from adls_lightning.quant.smoothquant import Smoothed, SmoothQuantSettings, check_alpha, check_scope, smooth
 from adls_lightning.registry import import_plugins
 from adls_lightning.typed_settings import section
-from callbacks.calibration import CalibrationSettings, calibration_batches, model_forward
-from callbacks.pruning import PruningCallback
 
 log = logging.getLogger(__name__)
 

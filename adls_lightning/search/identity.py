@@ -23,6 +23,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from adls_lightning.build import current_target
 from adls_lightning.errors import ConfigError
 
 SETTINGS_ATTR = "search_settings"
@@ -133,6 +134,15 @@ def settings_difference(old: Mapping[str, str], new: Mapping[str, str], shown: i
     return "; ".join(parts)
 
 
+def current_settings(recorded: Mapping[str, str]) -> dict[str, str]:
+    """A study's recorded settings with each ``_target_`` under today's name
+    (:func:`~adls_lightning.build.current_target`): a study made before a rename resumes."""
+    return {
+        key: _plain(current_target(json.loads(value))) if key.endswith("._target_") else value
+        for key, value in recorded.items()
+    }
+
+
 def check_study_settings(
     stored: Mapping[str, Any], settings: Mapping[str, str], study_name: str, where: str
 ) -> bool:
@@ -148,7 +158,8 @@ def check_study_settings(
     recorded = stored.get(SETTINGS_ATTR)
     if recorded is None:
         return False
-    if dict(recorded) == dict(settings):
+    recorded = current_settings(recorded)
+    if recorded == dict(settings):
         return True
     raise ConfigError(
         f"hydra.sweeper.study_name={study_name}: the study in {where} was made by another search "
