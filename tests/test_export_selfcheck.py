@@ -92,7 +92,7 @@ def test_verdict_names_mask_only_pruning_slow_artifacts_and_formats_without_a_ru
         ("check_rows=0", "check_rows=0: must be a positive integer"),
         ("check_batches=1,x", "check_batches=1,x: must be positive batch sizes"),
         ("check_threads=-1", "check_threads=-1: must be a positive integer"),
-        ("int4=maybe", "int4=maybe: must be true or false"),
+        ("int4=maybe", "int4=maybe: must be true, false or int8_inputs"),
         ("int4=true", "int4=true: only with format=onnx and int8=false"),
     ],
 )
@@ -174,3 +174,23 @@ def test_agreement_of_a_tampered_folder_is_the_share_of_labels_it_keeps(gptq_run
     result = selfcheck.self_check(out, out, loaded.model, loaded.config, settings)
     assert result["rows"] == len(reference) and result["agreement"] == pytest.approx(expected)
     assert json.loads((out / selfcheck.EXPORT_JSON).read_text())["agreement"] == pytest.approx(expected)
+
+
+def test_int8_inputs_writes_accuracy_level_4_and_reports_its_agreement(gptq_run, tmp_path):
+    ckpt, recorder = gptq_run
+    out = tmp_path / "int4_int8"
+    code, stdout, stderr = call(
+        main, f"ckpt={ckpt}", f"out={out}", "format=onnx", "int4=int8_inputs", "check=agreement"
+    )
+    assert code == 0, stderr[-3000:]
+    nodes = [n for n in onnx.load(str(out / INT4_FILE)).graph.node if n.op_type == "MatMulNBits"]
+    levels = {helper.get_attribute_value(a) for n in nodes for a in n.attribute if a.name == "accuracy_level"}
+    assert len(nodes) == TINY_LINEARS and levels == {4}
+    # the kernel rounds each block of inputs to int8: no longer the float inputs' logits, but near them
+    session = onnx_session(out / INT4_FILE)
+    batch, logits = recorder.batches[0], recorder.logits[0]
+    feed = {"input_ids": batch["input_ids"].numpy(), "attention_mask": batch["attention_mask"].numpy()}
+    difference = np.abs(session.run(None, feed)[0] - logits.numpy()).max()
+    assert TIGHT < difference < 0.25
+    report = json.loads((out / selfcheck.EXPORT_JSON).read_text())
+    assert report["max_logit_diff"] >= difference - TIGHT and report["speedup"] is None

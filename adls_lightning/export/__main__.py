@@ -6,8 +6,9 @@ Options: ``group_size=32``, ``exclude=classifier`` (comma-separated module names
 writes ONNX Runtime's dynamic int8 model; ``scaled`` writes instead the int8 graph of a ``quant=int8_scaled`` run
 with the run's own weight codes and calibrated activation scales, :mod:`adls_lightning.export.int8`),
 ``int4=false`` (``format=onnx`` only: ``true`` writes instead ``model_int4.onnx``, the 4-bit weights of a
-``quant=w4_gptq`` run as ONNX Runtime's ``MatMulNBits`` with the run's own codes and group steps,
-:mod:`adls_lightning.export.int4`), ``overwrite=false`` (allow a non-empty ``out``); ``--help``: this text.
+``quant=w4_gptq`` run as ONNX Runtime's ``MatMulNBits`` with the run's own codes and group steps, float inputs;
+``int8_inputs``: the same, the kernel quantizing each block of inputs to int8; :mod:`adls_lightning.export.int4`),
+``overwrite=false`` (allow a non-empty ``out``); ``--help``: this text.
 
 Every export checks itself (:mod:`adls_lightning.export.selfcheck`): ``export.json`` in the folder and a short
 table give the artifact's label agreement with the run's own model on held rows, the largest logit difference,
@@ -125,7 +126,11 @@ def check_options(options: dict[str, str | None]) -> dict:
             f"int8={options['int8']}: only with format=onnx (ONNX Runtime's int8); format={options['format']} "
             "takes int8=false"
         )
-    int4 = flag_option(options, "int4")
+    int4: bool | str = "int8_inputs" if str(options["int4"]).lower() == "int8_inputs" else None
+    if int4 is None:
+        if str(options["int4"]).lower() not in FLAGS:
+            raise ConfigError(f"int4={options['int4']}: must be true, false or int8_inputs")
+        int4 = flag_option(options, "int4")
     if int4 and (options["format"] != "onnx" or int8):
         raise ConfigError(
             f"int4={options['int4']}: only with format=onnx and int8=false (one graph: ONNX Runtime's MatMulNBits); "
@@ -536,19 +541,21 @@ def export_int4(options: dict, overrides: Sequence[str]) -> None:
     out: Path = options["out"]
     out.mkdir(parents=True, exist_ok=True)
     path = out / int4_export.INT4_FILE
-    int4_export.export_int4_graph(model, path)
-    check = int4_export.check_int4(path, model)
+    accuracy = int4_export.INT8_INPUTS if options["int4"] == "int8_inputs" else 0
+    int4_export.export_int4_graph(model, path, accuracy)
+    check = int4_export.check_int4(path, model, accuracy)
     loaded.recipe.baked["quantized_layers"] = len(layers)
     write_config(model.config, out, loaded.inputs)
     loaded.recipe.write(out, {})
     tokenizer_saved = save_tokenizer(loaded.tokenizer, out)
     blocks = sorted({layer.block_size for layer in layers.values()})
     print(
-        f"exported onnx int4=true to {out}: {path.name} {path.stat().st_size / 1e6:.1f} MB, {len(layers)} linear "
-        f"layers as MatMulNBits (4-bit codes and the run's steps, blocks of {'/'.join(map(str, blocks))} inputs, "
-        f"float inputs); ONNX Runtime vs the fake-quantized PyTorch model on {onnx_export.SAMPLE_ROWS}×"
-        f"{onnx_export.SAMPLE_TOKENS} tokens: {check.describe()} (tolerance {int4_export.INT4_ATOL:g} + "
-        f"{int4_export.INT4_RTOL:g}·|logit|){' (tokenizer included)' if tokenizer_saved else ''}"
+        f"exported onnx int4={options['int4']} to {out}: {path.name} {path.stat().st_size / 1e6:.1f} MB, "
+        f"{len(layers)} linear layers as MatMulNBits (4-bit codes and the run's steps, blocks of "
+        f"{'/'.join(map(str, blocks))} inputs, "
+        f"{'inputs quantized to int8 per block by the kernel' if accuracy else 'float inputs'}); ONNX Runtime vs "
+        f"the fake-quantized PyTorch model on {onnx_export.SAMPLE_ROWS}×{onnx_export.SAMPLE_TOKENS} tokens: "
+        f"{check.describe()}{' (tokenizer included)' if tokenizer_saved else ''}"
     )
     check_export(options, overrides, loaded, path, reference=model, runs_formats=True)
 

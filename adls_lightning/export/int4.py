@@ -45,6 +45,13 @@ DEFAULT_ZERO = 2 ** (BITS - 1)
 INT4_ATOL = 1e-4
 INT4_RTOL = 1e-4
 CONTRIB_DOMAIN = "com.microsoft"
+#: ``MatMulNBits``'s ``accuracy_level`` of ``int4=int8_inputs``: each block of inputs quantized to int8 by the kernel
+#: (integer dot products, an approximation of the run's float inputs); ``int4=true`` writes 0, float inputs
+INT8_INPUTS = 4
+#: the int8-input graph vs the fake-quantized model: an input rounding per block and layer, of the order of the
+#: int8 graph's own (``adls_lightning.export.int8.INT8_ATOL``); the self-check's agreement says what it costs
+INT8_INPUTS_ATOL = 0.25
+INT8_INPUTS_RTOL = 0.1
 
 
 @dataclass
@@ -135,10 +142,11 @@ def pack_4bit(codes: np.ndarray, block_size: int) -> np.ndarray:
 
 
 def matmul_nbits_node(
-    name: str, source: str, output: str, layer: NBitsLayer, bias: str | None, graph
+    name: str, source: str, output: str, layer: NBitsLayer, bias: str | None, graph, accuracy_level: int = 0
 ) -> object:
     """The ``MatMulNBits`` node of ``layer`` reading ``source`` and writing ``output``; its initializers are added
-    to ``graph``."""
+    to ``graph``. ``accuracy_level``: 0 multiplies float inputs, :data:`INT8_INPUTS` lets the kernel quantize
+    each block of inputs to int8."""
     from onnx import helper, numpy_helper
 
     codes = layer.codes.numpy()
@@ -162,7 +170,7 @@ def matmul_nbits_node(
         N=n,
         bits=BITS,
         block_size=layer.block_size,
-        accuracy_level=0,
+        accuracy_level=accuracy_level,
     )
 
 
@@ -181,7 +189,11 @@ def _weight_keys(model: nn.Module) -> dict[bytes, tuple[str, bool]]:
 
 
 def nbits_graph(
-    fp32_path: Path, out_path: Path, float_model: nn.Module, layers: dict[str, NBitsLayer]
+    fp32_path: Path,
+    out_path: Path,
+    float_model: nn.Module,
+    layers: dict[str, NBitsLayer],
+    accuracy_level: int = 0,
 ) -> None:
     """Rewrite the fp32 graph of ``float_model`` (weights as the run quantized them): every ``MatMul`` / ``Gemm``
     whose weight is one of ``layers``' becomes their ``MatMulNBits``; the rest of the graph is unchanged."""
@@ -210,7 +222,9 @@ def nbits_graph(
         if transposed != (node.op_type == "MatMul") or (node.op_type == "Gemm" and not gemm_ok):
             raise ConfigError(f"int4=true: layer {name}: unexpected {node.op_type} layout {attributes}")
         bias = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] else None
-        nodes.append(matmul_nbits_node(name, node.input[0], node.output[0], layers[name], bias, graph))
+        nodes.append(
+            matmul_nbits_node(name, node.input[0], node.output[0], layers[name], bias, graph, accuracy_level)
+        )
         done.add(name)
     missing = sorted(set(layers) - done)
     if missing:
@@ -249,7 +263,9 @@ def baked_copy(fake_model: nn.Module) -> nn.Module:
     return model
 
 
-def export_int4_graph(fake_model: nn.Module, out_path: Path) -> dict[str, NBitsLayer]:
+def export_int4_graph(
+    fake_model: nn.Module, out_path: Path, accuracy_level: int = 0
+) -> dict[str, NBitsLayer]:
     """``out_path``: the ``MatMulNBits`` graph of ``fake_model`` (a fake-quantized Hugging Face classifier, eval
     mode); returns the layers written on the 4-bit grid."""
     from adls_lightning.export.onnx import export_onnx
@@ -264,19 +280,26 @@ def export_int4_graph(fake_model: nn.Module, out_path: Path) -> dict[str, NBitsL
     with tempfile.TemporaryDirectory() as tmp:
         fp32_path = Path(tmp) / "model.onnx"
         export_onnx(float_model, fp32_path)
-        nbits_graph(fp32_path, out_path, float_model, layers)
+        nbits_graph(fp32_path, out_path, float_model, layers, accuracy_level)
     return layers
 
 
-def check_int4(path: Path, fake_model: nn.Module):
+def check_int4(path: Path, fake_model: nn.Module, accuracy_level: int = 0):
     """ONNX Runtime's logits of ``path`` vs ``fake_model``'s on the export's sample batch.
 
     Raises:
-        ExportCheckError: a logit off by more than ``INT4_ATOL + INT4_RTOL·|logit|``.
+        ExportCheckError: a logit off by more than ``INT4_ATOL + INT4_RTOL·|logit|`` (with int8 inputs, the int8
+            graph's bound: :data:`INT8_INPUTS_ATOL`).
     """
     from adls_lightning.export import onnx as onnx_export
 
-    check, close = onnx_export.compare(path, fake_model, onnx_export.sample_inputs(fake_model))
+    inputs = onnx_export.sample_inputs(fake_model)
+    check, close = onnx_export.compare(path, fake_model, inputs)
+    if accuracy_level == INT8_INPUTS:
+        with torch.inference_mode():
+            expected = onnx_export.LogitsOnly(fake_model)(**inputs).numpy()
+        actual = onnx_export.onnx_logits(onnx_export.onnx_session(path), inputs)
+        close = bool(np.allclose(actual, expected, rtol=INT8_INPUTS_RTOL, atol=INT8_INPUTS_ATOL))
     if not close:
         raise onnx_export.ExportCheckError(
             f"{path}: ONNX Runtime MatMulNBits logits differ from the fake-quantized PyTorch model's by up to "
