@@ -1,0 +1,260 @@
+"""Which int8 runtime is fastest on this CPU kind, measured side by side on the model and cached (issue 59).
+
+The candidates run the same model's linear layers on int8 codes, each through another kernel library:
+
+* ``torch-dynamic``: ``torch.ao.quantization.quantize_dynamic`` of every ``nn.Linear`` (int8 weights, inputs
+  quantized per call) on torch's ``x86`` quantized engine (fbgemm / oneDNN, VNNI where the CPU has it);
+* ``ort-dynamic``: ONNX Runtime's dynamic int8 graph, as ``python -m adls_lightning.export format=onnx int8=true``
+  writes it (:func:`adls_lightning.export.onnx.quantize_int8`);
+* ``pt2e-x86-inductor``: torch's PT2E flow with the x86 inductor quantizer (static int8, calibrated on the timing
+  batch) compiled by inductor with freezing: oneDNN's int8 kernels, the route to AMX-INT8 on Xeons that have it.
+  It lives in ``torchao`` (``torchao.quantization.pt2e``; torch 2.13 no longer ships it): measured only where
+  ``torchao`` imports, otherwise left out and said so.
+
+:func:`measure` times them at one ``batch x tokens`` and thread count (interleaved rounds, the median kept: load
+from other processes falls on all alike); :func:`best_int8_runtime` returns the fastest for this CPU kind, reading
+``paths.cache_dir/int8_runtime.json`` (keyed by CPU model, its int8 flags, threads, torch and ONNX Runtime versions,
+shape) before measuring anything, as ``trainer.precision=auto`` caches its choice. ``benchmarks/bench_int8_runtimes.py``
+prints the table and records the answer where the int8 export can read it.
+
+Library code: no Lightning imports.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from adls_lightning.gemm import _read_cache, _write_cache, cpu_name
+from adls_lightning.precision import cpu_flags
+
+log = logging.getLogger(__name__)
+
+TORCH_DYNAMIC = "torch-dynamic"
+ORT_DYNAMIC = "ort-dynamic"
+PT2E = "pt2e-x86-inductor"
+RUNTIMES = (TORCH_DYNAMIC, ORT_DYNAMIC, PT2E)
+CACHE_FILE = "int8_runtime.json"
+#: the CPU flags that decide int8 matrix rates: VNNI dot products (AVX-512 / AVX) and AMX's int8 tiles
+INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx2")
+
+Runner = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def int8_flags(flags: str | None = None) -> list[str]:
+    """The flags among the CPU's (or ``flags``) that bear on int8 matrix products."""
+    present = set((cpu_flags() if flags is None else flags).split())
+    return [f for f in INT8_FLAGS if f in present]
+
+
+def cache_key(batch: int, tokens: int, flags: str | None = None) -> str:
+    """This CPU kind and run shape: model name, int8 flags, threads, torch and ONNX Runtime versions, batch x tokens."""
+    try:
+        import onnxruntime
+
+        ort = onnxruntime.__version__
+    except ImportError:
+        ort = "none"
+    return "|".join(
+        [
+            cpu_name(),
+            " ".join(int8_flags(flags)) or "no-int8-flags",
+            f"threads={torch.get_num_threads()}",
+            f"torch={torch.__version__}",
+            f"ort={ort}",
+            f"{batch}x{tokens}",
+        ]
+    )
+
+
+def _torch_dynamic(model: torch.nn.Module, inputs: dict[str, torch.Tensor], _work: Path) -> Runner:
+    torch.backends.quantized.engine = "x86"
+    quantized = torch.ao.quantization.quantize_dynamic(
+        copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8
+    ).eval()
+
+    def run(input_ids, attention_mask):
+        with torch.inference_mode():
+            return quantized(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    return run
+
+
+def _ort_dynamic(model: torch.nn.Module, _inputs: dict[str, torch.Tensor], work: Path) -> Runner:
+    from adls_lightning.export import onnx as onnx_export
+
+    fp32_path, int8_path = work / onnx_export.ONNX_FILE, work / onnx_export.ONNX_INT8_FILE
+    onnx_export.export_onnx(model, fp32_path)
+    onnx_export.quantize_int8(fp32_path, int8_path)
+    session = onnx_export.onnx_session(int8_path)
+
+    def run(input_ids, attention_mask):
+        logits = onnx_export.onnx_logits(session, {"input_ids": input_ids, "attention_mask": attention_mask})
+        return torch.from_numpy(logits)
+
+    return run
+
+
+def pt2e_available() -> str | None:
+    """None where torch's PT2E x86 inductor quantization imports, else why not (one line)."""
+    try:
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e  # noqa: F401
+        from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import X86InductorQuantizer  # noqa: F401
+    except ImportError as error:
+        return f"torchao's PT2E quantization does not import ({error}); pip install 'adls-lightning[int8]'"
+    return None
+
+
+def _pt2e(model: torch.nn.Module, inputs: dict[str, torch.Tensor], _work: Path) -> Runner:
+    import torch._inductor.config as inductor_config
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
+
+    class Logits(torch.nn.Module):  # a tensor out: what export and inductor take
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    args = (inputs["input_ids"], inputs["attention_mask"])
+    with torch.no_grad():
+        exported = torch.export.export(Logits(copy.deepcopy(model)).eval(), args).module()
+        quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+        prepared = prepare_pt2e(exported, quantizer)
+        prepared(*args)  # calibration: the timing batch
+        converted = convert_pt2e(prepared)
+        inductor_config.freezing = True  # weights as constants: the int8 weight packing happens at compile
+        compiled = torch.compile(converted)
+        compiled(*args)  # compiles now, not in the first timed round
+
+    def run(input_ids, attention_mask):
+        with torch.no_grad():
+            return compiled(input_ids, attention_mask)
+
+    return run
+
+
+BUILDERS: dict[str, Callable[[torch.nn.Module, dict[str, torch.Tensor], Path], Runner]] = {
+    TORCH_DYNAMIC: _torch_dynamic,
+    ORT_DYNAMIC: _ort_dynamic,
+    PT2E: _pt2e,
+}
+
+
+def sample_batch(batch: int, tokens: int, vocab_size: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random token ids without padding (every position computed), as the inference benchmarks time."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000 if vocab_size > 2000 else 1, vocab_size, (batch, tokens), generator=generator)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def time_runners(
+    runners: dict[str, Runner], inputs: dict[str, torch.Tensor], repeats: int = 5
+) -> dict[str, float]:
+    """Seconds per call of each runner: one warm-up each, then ``repeats`` rounds running each once in turn;
+    the median round kept."""
+    args = (inputs["input_ids"], inputs["attention_mask"])
+    for run in runners.values():
+        run(*args)
+    rounds: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, run in runners.items():
+            start = time.perf_counter()
+            run(*args)
+            rounds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(times) for name, times in rounds.items()}
+
+
+def build_runners(
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    runtimes: tuple[str, ...] = RUNTIMES,
+    skipped: dict[str, str] | None = None,
+    work: Path | None = None,
+) -> dict[str, Runner]:
+    """A runner per available runtime (``skipped`` collects why one is not: PT2E without torchao, a failed
+    export or compile, in one line each)."""
+    skipped = {} if skipped is None else skipped
+    work = Path(tempfile.mkdtemp(prefix="adls-int8-")) if work is None else work
+    runners = {}
+    for name in runtimes:
+        if name == PT2E and (why := pt2e_available()) is not None:
+            skipped[name] = why
+            continue
+        try:
+            runners[name] = BUILDERS[name](model.eval(), inputs, work)
+        except Exception as error:  # a runtime that cannot take this model is left out, with the reason
+            skipped[name] = (
+                f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+            )
+    return runners
+
+
+def measure(
+    model: torch.nn.Module, batch: int, tokens: int, repeats: int = 5, skipped: dict[str, str] | None = None
+) -> dict[str, float]:
+    """Seconds per ``batch x tokens`` forward of each available int8 runtime on ``model`` (:func:`time_runners`)."""
+    inputs = sample_batch(batch, tokens, model.config.vocab_size)
+    runners = build_runners(model, inputs, skipped=skipped)
+    return time_runners(runners, inputs, repeats)
+
+
+def best_int8_runtime(
+    cache_dir: str | os.PathLike | None,
+    model: torch.nn.Module | None = None,
+    batch: int = 8,
+    tokens: int = 128,
+    measure_fn: Callable[..., dict[str, float]] | None = None,
+    flags: str | None = None,
+) -> str | None:
+    """The fastest int8 runtime (one of :data:`RUNTIMES`) for this CPU kind at ``batch x tokens``: the cached
+    answer in ``cache_dir/int8_runtime.json`` if this CPU kind has one; else measured on ``model`` (by ``measure_fn``,
+    default :func:`measure`) and cached; None without a cached answer or a model to measure. Logs one line starting
+    ``int8 runtime:`` with every runtime's time."""
+    key = cache_key(batch, tokens, flags)
+    cache = Path(cache_dir) / CACHE_FILE if cache_dir is not None else None
+    entries = _read_cache(cache)
+    times = entries.get(key)
+    source = "cached"
+    if not (isinstance(times, dict) and times and set(times) <= set(RUNTIMES)):
+        if model is None:
+            return None
+        times = (measure_fn or measure)(model, batch, tokens)
+        if not times:
+            return None
+        source = "measured"
+        if cache is not None:
+            entries[key] = times
+            _write_cache(cache, entries)
+    best = min(times, key=times.get)
+    log.info(
+        "int8 runtime: %s (%s at %dx%d tokens, %d thread(s): %s; CPU %s, %s)",
+        best,
+        source,
+        batch,
+        tokens,
+        torch.get_num_threads(),
+        ", ".join(f"{name} {1e3 * t:.1f} ms" for name, t in sorted(times.items(), key=lambda kv: kv[1])),
+        cpu_name(),
+        " ".join(int8_flags(flags)) or "no int8 flags",
+    )
+    return best
+
+
+def record(cache_dir: str | os.PathLike, batch: int, tokens: int, times: dict[str, float]) -> str:
+    """Write measured ``times`` (seconds per call per runtime) as this CPU kind's answer; returns the fastest."""
+    cache = Path(cache_dir) / CACHE_FILE
+    entries = _read_cache(cache)
+    entries[cache_key(batch, tokens)] = {k: v for k, v in times.items() if k in RUNTIMES}
+    _write_cache(cache, entries)
+    return min(entries[cache_key(batch, tokens)], key=entries[cache_key(batch, tokens)].get)
