@@ -82,6 +82,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=256, help="held test rows every candidate is scored on")
     parser.add_argument("--calibration", type=int, default=32, help="validation rows of the sensitivities")
     parser.add_argument("--multiplier", type=int, default=5, help="NSGA-II evaluations per solver evaluation")
+    parser.add_argument(
+        "--trials",
+        type=int,
+        default=None,
+        help="NSGA-II's trials, instead of --multiplier x the solver's evaluations (printed as the multiple it is)",
+    )
     parser.add_argument("--population", type=int, default=10, help="NSGA-II's population per generation")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=128)
@@ -127,10 +133,11 @@ def main() -> None:
     calibration_rows = sum(int(b["input_ids"].shape[0]) for b in calibration)
     solver_rows = scored * calibration_rows + rows
     solver_evaluations = math.ceil(solver_rows / rows)
-    trials = args.multiplier * solver_evaluations
+    trials = args.trials or args.multiplier * solver_evaluations
     print(
         f"solver: {scored} group choices scored on {calibration_rows} rows + 1 evaluation = {solver_rows} rows "
-        f"forwarded = {solver_evaluations} evaluations of {rows} rows; {solver_seconds:.0f} s"
+        f"forwarded = {solver_evaluations} evaluations of {rows} rows; {solver_seconds:.0f} s; NSGA-II: {trials} "
+        f"trials = {trials / solver_evaluations:.1f}x the solver's evaluations"
     )
 
     # NSGA-II over the same per-group choices, scored the same way

@@ -4,6 +4,7 @@ share a choice, and a budget no assignment meets."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -275,3 +276,51 @@ def test_command_refuses_bad_options_in_one_line(float_ckpt, tmp_path, args, exp
     args = args if any(a.startswith("ckpt=") for a in args) or not args else (f"ckpt={float_ckpt}", *args)
     code, _, stderr = call(main, *args)
     assert code == 2 and stderr.strip().splitlines()[-1].startswith(expected), stderr
+
+
+@pytest.mark.slow
+def test_a_trials_export_command_exports_the_trial_as_it_deploys(search, tmp_path, cache_dir):
+    """The Pareto page's command for a search trial (adls-budget assignment=deployed): the trial's own formats,
+    each layer in its runtime: scaled_integer 8 -> int8, mxint8 -> mxint8, fp32 -> fp32."""
+    import json
+
+    from adls_lightning.export.mixed import MIXED_CONFIG_FILE
+    from adls_lightning.search.budget_tool import main
+    from adls_lightning.search.report import export_command
+    from tests.helpers import call, load_study, ok
+
+    ok(
+        search(
+            "search=mixed_precision",
+            "model=tiny_random",
+            "search/objective=acc_latency",
+            "hydra.sweeper.n_trials=1",
+            "train=false",
+            "quant.mode=ptq",
+            "quant.calibration.batches=1",
+            "hydra.sweeper.search_space.use=[fp32,scaled_integer,mxint8]",
+            "hydra.sweeper.search_space.formats={fp32:{},scaled_integer:{params:{width:[8]}},mxint8:{}}",
+            "search.name=deployed",
+            "callbacks.cost_model.batch=2",
+            "callbacks.cost_model.tokens=16",
+        )
+    )
+    study = load_study(tmp_path, "deployed-acc_latency-tpe")
+    trial = study.trials[0]
+    command = export_command(Path(trial.user_attrs["output_dir"]))
+    args = command.split()[1:]
+    assert args[1:] == ["assignment=deployed", "batch=2", "tokens=16", "threads=1", args[-1]]
+    code, stdout, stderr = call(main, *args, "rounds=2")
+    assert code == 0, stderr
+    out = Path(args[-1].removeprefix("out="))
+    layers = json.loads((out / MIXED_CONFIG_FILE).read_text())["layers"]
+    runtime = {"fp32": "fp32", "scaled_integer": "int8", "mxint8": "mxint8"}
+    expected = {
+        param.removesuffix("/format"): runtime[value]
+        for param, value in trial.params.items()
+        if param.endswith("/format")
+    }
+    assert {name: spec["choice"] for name, spec in layers.items()} == expected
+    result = json.loads((out / "budget.json").read_text())
+    # priced as the trial priced it (the same cost table, the same assignment)
+    assert result["predicted_ms"] == pytest.approx(trial.values[1])
