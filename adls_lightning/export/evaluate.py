@@ -35,6 +35,7 @@ from adls_lightning.export import folder as export_folder
 from adls_lightning.export.__main__ import compose_train_config
 from adls_lightning.export.compressed import ExportRecipe, merge_overrides
 from adls_lightning.export.folder import ExportFolder, OnnxClassifier, load_folder
+from adls_lightning.export.mixed import MIXED_CONFIG_FILE
 from adls_lightning.gemm import batch_rows, gemm_for
 from adls_lightning.gemm import validate as validate_gemm
 from adls_lightning.logs import configure_tool
@@ -105,7 +106,9 @@ def evaluate_folders(argv: Sequence[str]) -> None:
     rows, cache_dir = batch_rows(cfg.data), cfg.paths.get("cache_dir")
     for folder, model in zip(folders, models, strict=True):
         # issue 59: bf16 weights where the run's own evaluation would use them (ONNX Runtime keeps its graph's)
-        if not isinstance(model, OnnxClassifier):
+        # issue 60: a mixed export (export/mixed.py) runs each layer in the runtime it was exported for: not recast
+        mixed = (Path(folder) / MIXED_CONFIG_FILE).is_file()
+        if not isinstance(model, OnnxClassifier) and not mixed:
             model = inference_model(
                 model, cfg.model.get("eval_precision", "auto"), cfg.trainer.precision, rows, cache_dir
             )
