@@ -21,7 +21,7 @@ from adls_lightning.export import selfcheck
 from adls_lightning.export.__main__ import load_checkpoint_model, main
 from adls_lightning.export.int4 import INT4_FILE, NBitsLayer, matmul_nbits_node, pack_4bit
 from adls_lightning.export.onnx import onnx_session
-from tests.helpers import SHORT_RUN, call
+from tests.helpers import SHORT_RUN, call, train_run
 from tests.test_compression_record import recorded_run
 
 GPTQ = ["model/lora=none", "model.optimizer.lr=1e-4", "quant=w4_gptq", "quant.gptq.batches=2"]
@@ -194,3 +194,28 @@ def test_int8_inputs_writes_accuracy_level_4_and_reports_its_agreement(gptq_run,
     assert TIGHT < difference < 0.25
     report = json.loads((out / selfcheck.EXPORT_JSON).read_text())
     assert report["max_logit_diff"] >= difference - TIGHT and report["speedup"] is None
+
+
+def test_mask_only_pruning_is_named_in_export_json(tmp_path, tiny_imdb_dir, cache_dir, fine_tuned):
+    overrides = [
+        *SHORT_RUN,
+        "model/lora=none",
+        f"init_ckpt={fine_tuned}",
+        "model.optimizer.lr=1e-4",
+        "prune=l1_0.5",
+    ]
+    train_run(tmp_path / "run", overrides, tiny_imdb_dir, cache_dir)
+    ckpt = next((tmp_path / "run" / "checkpoints").glob("best-*.ckpt"))
+    out = tmp_path / "hf"
+    code, stdout, stderr = call(main, f"ckpt={ckpt}", f"out={out}", "format=hf", *FAST_CHECK)
+    assert code == 0, stderr[-3000:]
+    report = json.loads((out / selfcheck.EXPORT_JSON).read_text())
+    # the folder computes the run's model (masks baked, activation pruning in its recipe), at full size
+    assert report["agreement"] == 1.0 and report["max_logit_diff"] < TIGHT
+    (mask_only,) = [note for note in report["verdict"] if note.startswith("mask-only pruning")]
+    # the layers the checkpoint holds masks for (torch.nn.utils.parametrize's keys), counted here
+    state = torch.load(ckpt, weights_only=False)["state_dict"]
+    masked = sum(key.endswith(".parametrizations.weight.0.mask") for key in state)
+    assert masked > 0 and mask_only.startswith(f"mask-only pruning: {masked} layers")
+    assert "prune=structured_0.5" in mask_only
+    assert f"note: {mask_only}" in stdout

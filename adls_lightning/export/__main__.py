@@ -550,7 +550,7 @@ def export_int4(options: dict, overrides: Sequence[str]) -> None:
     tokenizer_saved = save_tokenizer(loaded.tokenizer, out)
     blocks = sorted({layer.block_size for layer in layers.values()})
     print(
-        f"exported onnx int4={options['int4']} to {out}: {path.name} {path.stat().st_size / 1e6:.1f} MB, "
+        f"exported onnx int4={'int8_inputs' if accuracy else 'true'} to {out}: {path.name} {path.stat().st_size / 1e6:.1f} MB, "
         f"{len(layers)} linear layers as MatMulNBits (4-bit codes and the run's steps, blocks of "
         f"{'/'.join(map(str, blocks))} inputs, "
         f"{'inputs quantized to int8 per block by the kernel' if accuracy else 'float inputs'}); ONNX Runtime vs "

@@ -315,6 +315,7 @@ def self_check(
             "cpu": cpu_name(),
             "load_average": [round(x, 2) for x in os.getloadavg()],
             "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M"),
         }
     else:
         result["speedup"] = None
