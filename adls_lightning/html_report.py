@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import html
 import json
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from adls_lightning.atomic_files import atomic_write_bytes
-from adls_lightning.errors import ConfigError
-from adls_lightning.tool_options import run_tool, split_options
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
@@ -135,51 +132,3 @@ class Page:
         path = out_dir / "index.html"
         atomic_write_bytes(path, self.html().encode())
         return path
-
-
-def parse_args(
-    argv: Sequence[str], positional: str | None, keys: Sequence[str], usage: str
-) -> dict[str, str]:
-    """``key=value`` arguments and, when ``positional`` names it, one bare argument: the tools' one parser
-    (:func:`~adls_lightning.tool_options.split_options`), with ``out`` (and the bare argument) required.
-
-    Raises:
-        HelpRequested: ``--help`` / ``-h``.
-        ConfigError: an unknown key, a second bare argument, or a missing required key (``out`` always).
-    """
-    options, _ = split_options(argv, dict.fromkeys(keys), usage, overrides=False, positional=positional)
-    args = {key: value for key, value in options.items() if key in keys and value is not None}
-    if positional is not None:
-        bare = options[positional]
-        if len(bare) > 1:
-            raise ConfigError(f"{bare[1]}: unexpected argument ({usage})")
-        if bare:
-            args[positional] = bare[0]
-    required = [positional] if positional else []
-    for key in [*required, "out"]:
-        if not args.get(key):
-            raise ConfigError(f"{key}: missing ({usage})")
-    return args
-
-
-def check_out_dir(out: str) -> Path:
-    """The report's folder: creatable and writable (nothing is written before the report is ready).
-
-    Raises:
-        ConfigError: naming ``out=``.
-    """
-    from adls_lightning.run_dir import check_output_dir
-
-    path = Path(out).expanduser().absolute()
-    check_output_dir(path, {}, "out", earlier_run=False)
-    return path
-
-
-def main_guard(func: Any, usage: str | None = None) -> None:
-    """Run ``func(sys.argv[1:])`` with ``--help`` answered by ``usage`` (exit code 0) and a refusal as one line and
-    exit code 2."""
-
-    def report() -> None:
-        print(f"Report written to {func(sys.argv[1:])}")
-
-    sys.exit(run_tool(report, usage))

@@ -1,13 +1,6 @@
-"""The report of a Hydra multirun of ``train.py``: ``python -m adls_lightning.report sweep=<multirun folder>
-out=DIR [metric=NAME]`` writes ``DIR/index.html``: a sortable table of every job's overrides and metrics, and the
-main metric (``metric=``, else the runs' ``optimized_metric``) against each swept parameter.
-
-Jobs are the folders under ``sweep`` holding a run record (``.hydra/overrides.yaml``, written once a run's
-checks passed); a job without ``metrics.json`` (failed or still running) is listed without metrics. A search's
-folder (``search.py``) is a study: ``python -m adls_lightning.search.report`` draws it with Optuna's figures.
-
-Bad input (an unknown option, an ``out`` that cannot be written, a damaged run record or ``metrics.json``): one
-line naming it, exit code 2, nothing written. ``--help``: this text.
+"""The report of a Hydra multirun of ``train.py``: its jobs (:func:`read_jobs`: overrides and metrics) and the page of
+them (:func:`sweep_page`: a sortable table, the main metric against each swept parameter). The command is
+``python -m adls_lightning.report`` (:mod:`adls_lightning.tools.report`).
 """
 
 from __future__ import annotations
@@ -21,10 +14,9 @@ from typing import Any
 import yaml
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.html_report import Page, check_out_dir, main_guard, parse_args
+from adls_lightning.html_report import Page
 from adls_lightning.run_dir import METRICS_FILE
 
-USAGE = "python -m adls_lightning.report sweep=<multirun folder> out=DIR [metric=NAME]"
 RECORD = Path(".hydra")
 
 
@@ -177,29 +169,7 @@ def sweep_page(sweep: Path, jobs: Sequence[Job], metric: str | None) -> Page:
     return page
 
 
-def parse_command(argv: Sequence[str]) -> dict[str, str]:
-    """The command's arguments, checked (``tests/test_docs.py`` checks the documented ones with it).
+if __name__ == "__main__":  # `python -m adls_lightning.report`, the spelling the docs use
+    from adls_lightning.tools.report import main
 
-    Raises:
-        ConfigError: an unknown or missing argument.
-    """
-    args = parse_args(argv, None, ("sweep", "out", "metric"), USAGE)
-    if not args.get("sweep"):
-        raise ConfigError(f"sweep: missing ({USAGE})")
-    return args
-
-
-def write_report(argv: Sequence[str]) -> Path:
-    """The command: parse ``argv``, check ``out``, read the jobs, write the page.
-
-    Raises:
-        ConfigError: bad arguments, an unwritable ``out``, or no job under ``sweep``.
-    """
-    args = parse_command(argv)
-    out = check_out_dir(args["out"])
-    sweep = Path(args["sweep"]).expanduser().absolute()
-    return sweep_page(sweep, read_jobs(sweep), args.get("metric")).write(out)
-
-
-if __name__ == "__main__":
-    main_guard(write_report, __doc__)
+    main()

@@ -1,29 +1,6 @@
-"""One results table for any runs: ``adls-table RUN_OR_GLOB... [out=DIR]`` (or
-``python -m adls_lightning.results_table``) prints a markdown table of the runs; ``out=DIR`` also writes
-``DIR/table.md``, ``DIR/table.csv`` and ``DIR/table.png``.
-
-Each argument is a run folder, a folder holding runs (a multirun's numbered job folders, a search's trials: every
-``metrics.json`` below it), a glob of either (quoted: ``'outputs/train/multiruns/*'``), or an Optuna study (its
-``.db`` or ``.journal`` file, URL or name under ``outputs/search``: the folders its trials recorded).
-
-One row per configuration: the overrides (``.hydra/overrides.yaml``) that differ between the runs, with the
-per-seed keys (``seed``, ``data.seed``, any ``*.seed``) and a search trial's identity left out, so the seeds of a
-configuration share its row. Columns: the task's metrics (``test/*`` then ``val/*`` in ``metrics.json``, the main
-metric first; losses left out) as mean ± std over the runs of the row (sample std), the number of runs ``n``, and,
-where ``metrics.json`` has them, trainable and total parameters, bits per weight, weight sparsity and stored size.
-The figure shows the main metric's mean ± std per configuration.
-
-A value that is not a number (``nan``: a diverged run) or missing from some runs of a row is never averaged
-silently: the mean is over the numbers, says over how many (``0.8123 ± 0.0100 (2/3)``), and a footnote names each
-run left out (as ``scripts/glue_table.py`` does for its averages).
-
-Bad input (no run matched, a damaged ``metrics.json`` or run record, runs of different tasks, an ``out`` that
-cannot be written): one ``error:`` line naming it, exit code 2, nothing written. ``--help``: this text.
-
-Example::
-
-    python train.py -m prune=l1_0.5,wanda_0.5,none seed=1,2,3 hydra.sweep.dir=outputs/prune_seeds
-    adls-table outputs/prune_seeds out=outputs/prune_seeds/table
+"""One results table for any runs (:func:`results_table`: the runs found, one row per configuration, mean ± std
+over its seeds; markdown, CSV and a figure). The command is ``adls-table`` / ``python -m adls_lightning.results_table``
+(:mod:`adls_lightning.tools.results_table`, where the table's rows and columns are described).
 """
 
 from __future__ import annotations
@@ -43,12 +20,10 @@ from typing import Any
 import yaml
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.run_dir import METRICS_FILE
+from adls_lightning.run_dir import METRICS_FILE, check_writable
 from adls_lightning.run_records import read_run_record
-from adls_lightning.tool_options import check_writable, run_tool, split_options
 
 USAGE = "adls-table RUN_OR_GLOB... [out=DIR]  (or python -m adls_lightning.results_table RUN_OR_GLOB... [out=DIR])"
-OPTIONS = {"out": None}
 OUTPUTS = ("table.md", "table.csv", "table.png")
 OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
 # The sweeper's way to find a trial again (adls_lightning.search.report.TRIAL_IDENTITY): not what the trial trained.
@@ -373,33 +348,7 @@ def results_table(sources: Sequence[str], out: Path | None = None, search_dir: P
     return text
 
 
-def parse_command(argv: Sequence[str]) -> tuple[list[str], Path | None]:
-    """The runs (in the order given) and ``out`` (None: print only) of a command line.
+if __name__ == "__main__":  # `python -m adls_lightning.results_table`, the spelling the docs use
+    from adls_lightning.tools.results_table import main
 
-    Raises:
-        HelpRequested: ``--help`` / ``-h``.
-        ConfigError: an unknown ``key=value``, naming the valid keys.
-    """
-    # a run folder's own name may hold "=" (a sweep's subdir=${hydra.job.override_dirname}): what exists is a run
-    paths = [token for token in argv if "=" in token and Path(token).expanduser().exists()]
-    options, _ = split_options(
-        [t for t in argv if t not in paths], OPTIONS, USAGE, overrides=False, positional="runs"
-    )
-    out = Path(options["out"]).expanduser() if options["out"] else None
-    return [t for t in argv if t in paths or t in options["runs"]], out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-
-    def body() -> None:
-        sources, out = parse_command(argv)
-        print(results_table(sources, out))
-        if out is not None:
-            print(f"\nwrote {', '.join(str(out / name) for name in OUTPUTS)}")
-
-    return run_tool(body, __doc__)
-
-
-if __name__ == "__main__":
     sys.exit(main())

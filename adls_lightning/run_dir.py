@@ -54,3 +54,23 @@ def check_output_dir(
             f"{key}={output_dir}: holds an earlier run ({earlier[0].name}); choose another hydra.run.dir, "
             "resume it with ckpt_path=last, or pass overwrite=true"
         )
+
+
+def check_writable(path: Path, key: str = "out", *, file: bool = False) -> None:
+    """Refuse an output path nothing can be written to: one under a regular file, or in a folder where no file
+    or folder can be created (``/proc``, a read-only mount, no permission). ``file``: ``path`` is the file to
+    write (its folder is checked), else the folder to create or fill. Tried, not guessed
+    (:func:`~adls_lightning.run_dir.cannot_create_in`); nothing is left behind.
+
+    Raises:
+        ConfigError: ``KEY=PATH: ...`` naming the part of the path in the way.
+    """
+    path = Path(path).expanduser().absolute()
+    folder = path.parent if file else path
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is None:
+        return
+    if not existing.is_dir():
+        raise ConfigError(f"{key}={path}: {existing} is a file, not a folder (give a path you can write to)")
+    if why := cannot_create_in(existing):
+        raise ConfigError(f"{key}={path}: cannot write in {existing} ({why}); give a path you can write to")

@@ -335,7 +335,7 @@ def test_export_exclude_takes_patterns_that_match_a_layer(tiny_bert):
 
 
 def test_split_options_is_one_parser_with_help_and_named_keys():
-    from adls_lightning.tool_options import HelpRequested, split_options
+    from adls_lightning.tools.options import HelpRequested, split_options
 
     options, overrides = split_options(["a=1", "model=x"], {"a": None, "b": "2"}, "tool a=1")
     assert options == {"a": "1", "b": "2"} and overrides == ["model=x"]

@@ -202,16 +202,17 @@ def _check_export(command: DocCommand, values: dict, out: Path) -> str:
 def _check_report(command: DocCommand, values: dict, out: Path) -> str:
     import importlib
 
-    from adls_lightning.html_report import check_out_dir
+    from adls_lightning.tools.options import check_out_dir
 
-    module = importlib.import_module(f"adls_lightning.{command.entry}")
+    tool = {"report": "report", "search.report": "study_report"}[command.entry]
+    module = importlib.import_module(f"adls_lightning.tools.{tool}")
     args = module.parse_command([_fill(a, values, out) for a in command.args])
     check_out_dir(args["out"])
     return "arguments checked (needs a study or sweep)"
 
 
 def _check_sensitivity(command: DocCommand, values: dict, out: Path) -> str:
-    from adls_lightning.quant.sensitivity import parse_arguments
+    from adls_lightning.tools.sensitivity import parse_arguments
 
     options, overrides = parse_arguments([_fill(a, values, out) for a in command.args])
     GlobalHydra.instance().clear()
@@ -223,8 +224,9 @@ def _check_sensitivity(command: DocCommand, values: dict, out: Path) -> str:
 
 
 def _check_soup(command: DocCommand, values: dict, out: Path) -> str:
-    from adls_lightning.export.compressed import split_options
-    from adls_lightning.soup import OPTIONS, USAGE, check_options
+    from adls_lightning.soup import USAGE
+    from adls_lightning.tools.options import split_options
+    from adls_lightning.tools.soup import OPTIONS, check_options
 
     options, extra = split_options([_fill(a, values, out) for a in command.args], OPTIONS, USAGE)
     assert not extra, extra
@@ -234,8 +236,8 @@ def _check_soup(command: DocCommand, values: dict, out: Path) -> str:
 
 
 def _check_table(command: DocCommand, values: dict, out: Path) -> str:
-    from adls_lightning.results_table import parse_command
-    from adls_lightning.tool_options import check_writable
+    from adls_lightning.tools.options import check_writable
+    from adls_lightning.tools.results_table import parse_command
 
     sources, table_out = parse_command([_fill(a, values, out) for a in command.args])
     assert sources, command

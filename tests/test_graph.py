@@ -337,7 +337,7 @@ def compose_graph(*overrides: str):
     ],
 )
 def test_bad_input_names_the_key(overrides, message, tmp_path):
-    from adls_lightning.graph.__main__ import run
+    from adls_lightning.tools.graph import run
 
     cfg = compose_graph(f"out={tmp_path / 'out'}", *overrides)
     with pytest.raises(ConfigError) as err:
@@ -355,7 +355,7 @@ def test_out_that_is_a_file_is_one_line_exit_2(tmp_path):
 
 
 def test_out_of_an_earlier_run_is_not_overwritten(tmp_path):
-    from adls_lightning.graph.__main__ import run
+    from adls_lightning.tools.graph import run
 
     (tmp_path / "report.csv").write_text("earlier run\n")
     with pytest.raises(ConfigError, match=rf"out={tmp_path}: already holds files.*overwrite=true"):

@@ -208,7 +208,7 @@ def test_optuna_dashboard_serves_a_search_study(runs, kind):
 )
 def test_study_report_bad_input_is_refused_and_writes_nothing(runs, tmp_path, args, contains):
     from adls_lightning.errors import ConfigError
-    from adls_lightning.search.report import write_report
+    from adls_lightning.tools.study_report import write_report
 
     db = str(runs["sqlite"] / f"{NAS_STUDY}.db")
     argv = [a.replace("STUDY", db).replace("OUT", str(tmp_path / "out")) for a in args]

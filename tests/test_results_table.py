@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from adls_lightning.results_table import main
+from adls_lightning.tools.results_table import main
 from tests.helpers import ROOT, assert_one_line_error, train_cmd
 
 IMDB = {

@@ -121,7 +121,7 @@ def _bad_cases(two_runs: list[Path], tmp: Path) -> dict[str, tuple[list[str], st
 
 def soup_in_process(capsys, *args: str) -> subprocess.CompletedProcess:
     """The command's ``main`` in this process (no interpreter start per case), as a finished process."""
-    from adls_lightning.soup import main
+    from adls_lightning.tools.soup import main
 
     code = main(list(args))
     captured = capsys.readouterr()

@@ -1,8 +1,8 @@
 """Up-front validation of a composed run config, so bad input fails before any training starts or file is written.
 
-:func:`preflight` is the entry points' first step: it composes the command line's config the way Hydra will,
-checks every target and value, and turns a refusal into one line on stderr and exit code 2 -- before Hydra
-instantiates its callbacks or writes anything into a run folder. Objects check their own arguments (the data
+:func:`preflight` wraps the entry points: it checks every target and value of the config Hydra composes, as the
+composition returns (the config is composed once), and turns a refusal into one line on stderr and exit code 2 --
+before Hydra instantiates its callbacks or writes anything into a run folder. Objects check their own arguments (the data
 module its ``data.*`` keys, the sweeper its ``hydra.sweeper.*``); this module checks only what no object owns.
 A single run's input files (local data, checkpoints) are then read by the same library functions the run calls
 (:func:`check_run_inputs`), so a bad file is refused before torch or Lightning is imported.
@@ -325,39 +325,91 @@ def check_composed_config(
     return job
 
 
-def preflight(hydra_main: Callable[[], Any], config_dir: Path, config_name: str) -> Callable[[], Any]:
-    """Wrap a ``@hydra.main`` function so the command line's config is checked before Hydra runs anything.
+def preflight(hydra_main: Callable[[], Any]) -> Callable[[], Any]:
+    """Wrap a ``@hydra.main`` function so the config Hydra composes is checked before Hydra runs anything with it.
 
-    Hydra instantiates ``hydra.callbacks`` and writes ``.hydra/`` into the run folder before the task starts; a
-    refusal must come first, so the config is composed here too (the same files and overrides, about 0.2 s).
-    ``--help``, ``--cfg`` and other informational flags go straight to Hydra.
+    Hydra instantiates ``hydra.callbacks``, makes the run folder and starts the sweep right after composing; a
+    refusal must come first, so the checks run on Hydra's own composition, as it returns
+    (:func:`checks_on_composition`): the config is composed once. ``--help``, ``--cfg`` and other informational
+    flags, ``--config-dir`` and ``--experimental-rerun`` go straight to Hydra.
     """
 
     @functools.wraps(hydra_main)
     def checked_main() -> Any:
-        from hydra import compose, initialize_config_dir
         from hydra._internal.utils import get_args_parser  # the parser @hydra.main itself uses
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
         args, _ = get_args_parser().parse_known_args()
-        if not informational_flags(args) and args.config_dir is None and args.experimental_rerun is None:
-            with refusing_in_one_line():
-                parsed = OverridesParser.create().parse_overrides(args.overrides)
-                # A multirun's sweep overrides (a=1,2) are expanded by the sweeper; its base config is checked.
-                overrides = [o.input_line for o in parsed if not o.is_sweep_override()]
-                sweeps = len(overrides) < len(parsed)
-                with initialize_config_dir(config_dir=str(config_dir)):
-                    cfg = compose(args.config_name or config_name, overrides, return_hydra_config=True)
-                multirun = bool(args.multirun) or str(cfg.hydra.get("mode")) in (
-                    "MULTIRUN",
-                    "RunMode.MULTIRUN",
-                )
-                # the callbacks' settings last: their types come from the callbacks' modules, which import
-                # Lightning, and bad files are refused sooner without it
-                job = check_composed_config(cfg, multirun, sweeps, callback_settings=False)
-                if not multirun:
-                    check_run_inputs(job)
-                check_callback_settings(job)
-        return hydra_main()
+        if informational_flags(args) or args.config_dir is not None or args.experimental_rerun is not None:
+            return hydra_main()
+        with refusing_in_one_line():  # Hydra parses them before it composes: a bad one is one line here too
+            OverridesParser.create().parse_overrides(args.overrides)
+        with checks_on_composition():
+            return hydra_main()
 
     return checked_main
+
+
+#: Whether the checks of :func:`checks_on_composition` passed in this process (a single run's task then checks
+#: no value again: :func:`adls_lightning.app.training.run` with ``checked=True``).
+_composition_checked = False
+
+
+def composition_checked() -> bool:
+    """Whether this process's run config passed the pre-flight checks (a single run; a search's trials are
+    sampled later and each is checked by its run)."""
+    return _composition_checked
+
+
+@contextlib.contextmanager
+def checks_on_composition() -> Iterator[None]:
+    """Within this block, Hydra's composition of the run's config (``Hydra.run`` / ``Hydra.multirun`` compose it
+    once, before anything else) is checked as it returns: composition errors and every refusal of
+    :func:`check_composed_config` and :func:`check_run_inputs` become one line and exit code 2, before Hydra
+    instantiates its callbacks, makes a run folder or starts a sweep. Later compositions (a sweep's trials,
+    composed by the sweeper) go unhooked: the first call restores Hydra's own method.
+    """
+    from hydra._internal.hydra import Hydra  # the one composition step run() and multirun() share
+    from hydra.types import RunMode
+
+    compose_config = Hydra.compose_config
+
+    @functools.wraps(compose_config)
+    def compose_and_check(
+        self: Any, config_name: Any, overrides: list[str], run_mode: RunMode, *a, **kw
+    ) -> Any:
+        global _composition_checked
+        Hydra.compose_config = compose_config  # once: a run's config, not the sweeper's trials
+        with refusing_in_one_line():
+            cfg = compose_config(self, config_name, overrides, run_mode, *a, **kw)
+            multirun = run_mode == RunMode.MULTIRUN
+            check_config(cfg, multirun)
+        _composition_checked = not multirun
+        return cfg
+
+    Hydra.compose_config = compose_and_check
+    try:
+        yield
+    finally:
+        Hydra.compose_config = compose_config
+
+
+def check_config(cfg: Any, multirun: bool) -> None:
+    """Every check of a run config composed by Hydra (``hydra`` node included, left unchanged): targets, values and
+    run folder; a single run's input files; the project's callbacks' settings.
+
+    Raises:
+        ConfigError: naming every problem found.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    task_overrides = list(OmegaConf.select(cfg, "hydra.overrides.task", default=None) or [])
+    # a multirun's sweep overrides (a=1,2) are the sweeper's; the composed config is their base
+    sweeps = any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(task_overrides))
+    # the callbacks' settings last: their types come from the callbacks' modules, which import Lightning,
+    # and bad files are refused sooner without it
+    job = check_composed_config(copy.deepcopy(cfg), multirun, sweeps, callback_settings=False)
+    if not multirun:
+        check_run_inputs(job)
+    check_callback_settings(job)

@@ -1,17 +1,7 @@
-"""The static report of a study: ``python -m adls_lightning.search.report <study name | .db | .journal | URL>
-out=DIR [study=NAME]`` writes ``DIR/index.html``, one self-contained page (opens from a file, no server).
-
-It holds Optuna's own plotly figures (optimisation history, parameter importances, parallel coordinates, and the
-Pareto front of a two-objective study), a sortable table of every trial with the overrides its job ran with, and
-the command line that re-runs the best trial as a single training run. A study priced by the cost model
-(``search/objective=acc_latency`` or ``acc_bytes``) also gets each Pareto point's export command (``adls-budget
-assignment=deployed``: the trial's model with each layer in its runtime, written to the trial's ``export/`` folder
-and timed there), that export's measured speed beside the predicted one once the command has run, and the
-best-accuracy trial under latency budgets of 0.5, 0.7 and 0.9 x fp32. For a live view of a study, Optuna's web UI
-serves the same storage: ``optuna-dashboard sqlite:///outputs/search/NAME/NAME.db`` (docs/search.md).
-
-Bad input (an unknown option, an ``out`` that cannot be written, a storage that is damaged or holds no such
-study): one line naming it, exit code 2, nothing written. ``--help``: this text.
+"""The static report of a study: the study read from its storage (:func:`load_study`) and its page
+(:func:`study_page`: Optuna's figures, the trials' table, the best trial's re-run command and, for a study priced by
+the cost model, the Pareto points' export commands). The command is ``python -m adls_lightning.search.report``
+(:mod:`adls_lightning.tools.study_report`).
 """
 
 from __future__ import annotations
@@ -29,11 +19,10 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.html_report import Page, check_out_dir, main_guard, parse_args
+from adls_lightning.html_report import Page
 from adls_lightning.search.from_study import open_study, study_storage
 from adls_lightning.search.storage import mask_password
 
-USAGE = "python -m adls_lightning.search.report <study name | .db | .journal | URL> out=DIR [study=NAME]"
 # The overrides the sweeper gives each job to find its trial again: not part of what the trial trained.
 TRIAL_IDENTITY = "++search.trial."
 # A trial's job is a run of conf/search.yaml; as one run (not a sweep), without reporting to a trial.
@@ -321,26 +310,7 @@ def study_page(study: optuna.Study, shown_storage: str) -> Page:
     return page
 
 
-def parse_command(argv: Sequence[str]) -> dict[str, str]:
-    """The command's arguments, checked (``tests/test_docs.py`` checks the documented ones with it).
+if __name__ == "__main__":  # `python -m adls_lightning.search.report`, the spelling the docs use
+    from adls_lightning.tools.study_report import main
 
-    Raises:
-        ConfigError: an unknown or missing argument.
-    """
-    return parse_args(argv, "source", ("out", "study"), USAGE)
-
-
-def write_report(argv: Sequence[str]) -> Path:
-    """The command: parse ``argv``, check the output folder, read the study, write the page.
-
-    Raises:
-        ConfigError: bad arguments, an unwritable ``out``, or no such study.
-    """
-    args = parse_command(argv)
-    out = check_out_dir(args["out"])
-    study, shown = load_study(args["source"], args.get("study"))
-    return study_page(study, shown).write(out)
-
-
-if __name__ == "__main__":
-    main_guard(write_report, __doc__)
+    main()

@@ -1,0 +1,54 @@
+"""The report of a Hydra multirun of ``train.py``: ``python -m adls_lightning.report sweep=<multirun folder>
+out=DIR [metric=NAME]`` writes ``DIR/index.html``: a sortable table of every job's overrides and metrics, and the
+main metric (``metric=``, else the runs' ``optimized_metric``) against each swept parameter.
+
+Jobs are the folders under ``sweep`` holding a run record (``.hydra/overrides.yaml``, written once a run's
+checks passed); a job without ``metrics.json`` (failed or still running) is listed without metrics. A search's
+folder (``search.py``) is a study: ``python -m adls_lightning.search.report`` draws it with Optuna's figures.
+
+Bad input (an unknown option, an ``out`` that cannot be written, a damaged run record or ``metrics.json``): one
+line naming it, exit code 2, nothing written. ``--help``: this text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from adls_lightning.errors import ConfigError
+from adls_lightning.report import read_jobs, sweep_page
+from adls_lightning.tools.options import check_out_dir, report_arguments, report_main
+
+USAGE = "python -m adls_lightning.report sweep=<multirun folder> out=DIR [metric=NAME]"
+
+
+def parse_command(argv: Sequence[str]) -> dict[str, str]:
+    """The command's arguments, checked (``tests/test_docs.py`` checks the documented ones with it).
+
+    Raises:
+        ConfigError: an unknown or missing argument.
+    """
+    args = report_arguments(argv, None, ("sweep", "out", "metric"), USAGE)
+    if not args.get("sweep"):
+        raise ConfigError(f"sweep: missing ({USAGE})")
+    return args
+
+
+def write_report(argv: Sequence[str]) -> Path:
+    """The command: parse ``argv``, check ``out``, read the jobs, write the page.
+
+    Raises:
+        ConfigError: bad arguments, an unwritable ``out``, or no job under ``sweep``.
+    """
+    args = parse_command(argv)
+    out = check_out_dir(args["out"])
+    sweep = Path(args["sweep"]).expanduser().absolute()
+    return sweep_page(sweep, read_jobs(sweep), args.get("metric")).write(out)
+
+
+def main() -> None:
+    report_main(write_report, __doc__)
+
+
+if __name__ == "__main__":
+    main()

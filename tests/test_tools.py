@@ -1,0 +1,92 @@
+"""The commands apart from the library (issue 57): ``adls_lightning.tools`` holds them, over one option parser
+(``adls_lightning.tools.options``); the documented ``python -m`` spellings still run them; the import rules keep the
+library from importing a tool, and the check that says so can fail."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ENV
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
+import_graph = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(import_graph)
+
+#: the documented spelling -> the tool it runs (its docstring is the usage `--help` prints)
+SPELLINGS = {
+    "adls_lightning.soup": "adls_lightning.tools.soup",
+    "adls_lightning.report": "adls_lightning.tools.report",
+    "adls_lightning.results_table": "adls_lightning.tools.results_table",
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_the_documented_spelling_runs_the_tool(spelling, tmp_path):
+    tool = importlib.import_module(SPELLINGS[spelling])
+    helped = subprocess.run(
+        [sys.executable, "-m", spelling, "--help"], cwd=tmp_path, env=ENV, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert helped.returncode == 0, helped.stderr[-2000:]
+    assert helped.stdout.strip() == tool.__doc__.strip()
+    refused = subprocess.run(
+        [sys.executable, "-m", spelling, "no_such_option=1", "out=x"], cwd=tmp_path, env=ENV,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert refused.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_tools_parse_with_one_parser():
+    """Every tool module takes its ``key=value`` parsing from ``tools.options``; no other module of the package
+    defines a ``key=value`` splitter (the alias ``tool_options`` only re-exports it)."""
+    package = ROOT / "adls_lightning"
+    definers = []
+    for path in package.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        if names & {"split_options", "report_arguments", "parse_args"}:
+            definers.append(path.relative_to(ROOT).as_posix())
+    assert definers == ["adls_lightning/tools/options.py"]
+    for path in (package / "tools").glob("*.py"):
+        if path.name in ("__init__.py", "options.py", "graph.py"):  # graph: Hydra's own command line
+            continue
+        imported = {
+            node.module for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)
+        }
+        assert "adls_lightning.tools.options" in imported, path.name
+
+
+def test_the_import_rules_refuse_a_library_module_importing_a_tool():
+    graph = {
+        "adls_lightning.soup": {"adls_lightning.tools.options"},
+        "adls_lightning.quant.sensitivity": {"adls_lightning.export.__main__"},
+        "adls_lightning.results_table": {"adls_lightning.tool_options"},
+        "adls_lightning.callbacks.pruning": {"adls_lightning.tools.soup"},
+        # allowed: a tool on the library, a `python -m` shim on its tool, a command not yet moved on the alias
+        "adls_lightning.tools.soup": {"adls_lightning.soup", "adls_lightning.tools.options"},
+        "adls_lightning.graph.__main__": {"adls_lightning.tools.graph"},
+        "adls_lightning.search.budget_tool": {"adls_lightning.tool_options"},
+    }
+    assert import_graph.rule_breaks(graph) == [
+        "adls_lightning.callbacks.pruning: imports adls_lightning.tools.soup",
+        "adls_lightning.quant.sensitivity: imports adls_lightning.export.__main__",
+        "adls_lightning.results_table: imports adls_lightning.tool_options",
+        "adls_lightning.soup: imports adls_lightning.tools.options",
+    ]
+
+
+def test_a_main_block_is_no_import_edge():
+    """``if __name__ == "__main__":`` runs only as the program: the library's spelling of a tool is no edge."""
+    source = "import json\nif __name__ == '__main__':\n    from adls_lightning.tools.soup import main\n"
+    tree = ast.parse(source)
+    assert [import_graph._main_block(s) for s in tree.body] == [False, True]
+    assert not import_graph._main_block(ast.parse("if __name__ == 'x':\n    pass\n").body[0])
