@@ -110,7 +110,9 @@ def test_bad_points_are_refused_in_one_line(two_block_bert):
 
 def test_a_block_that_does_not_tile_the_head_size_prunes_the_trial(two_block_bert):
     """MXINT8's 32-element blocks cannot tile Q·Kᵀ's head size of 16: such a trial is rejected before training."""
-    space = MixedPrecisionSpace(two_block_bert, precision="mxint8", layers="classifier", points=["matmul"])
+    space = MixedPrecisionSpace(
+        two_block_bert, precision="mxint8", layers=r"classifier|.*_matmul", points=["matmul"]
+    )
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(0))
     reasons = []
     for _ in range(8):
@@ -133,3 +135,23 @@ def test_search_py_trains_the_sampled_points(search, tmp_path):
     assert len(points) == sum(TWO_BLOCKS.values())
     sampled = sum(trial.params[f"{p}/format"] == "integer" for p in points)
     assert trial.user_attrs["metrics"].get("quant/points", 0) == sampled
+
+
+def test_the_layers_expression_names_linear_layers_and_points_alike(two_block_bert):
+    """One regular expression (what the sensitivity command writes for its most sensitive groups) selects both."""
+    space = MixedPrecisionSpace(
+        two_block_bert, INTEGER, points="all", layers=r".*\.output\.(LayerNorm|add|dense)"
+    )
+    assert space.layers == [
+        f"bert.encoder.layer.{i}.{m}.dense" for i in (0, 1) for m in ("attention.output", "output")
+    ]
+    assert sorted(space.points) == sorted(
+        f"bert.encoder.layer.{i}.{m}.{p}"
+        for i in (0, 1)
+        for m in ("attention.output", "output")
+        for p in ("LayerNorm", "add")
+    )
+    only_points = MixedPrecisionSpace(two_block_bert, INTEGER, points=["softmax"], layers=r".*softmax")
+    assert only_points.layers == [] and len(only_points.points) == 2
+    with pytest.raises(ConfigError, match="layers=nothing: matches no linear layer or searched point"):
+        MixedPrecisionSpace(two_block_bert, INTEGER, points="all", layers="nothing")

@@ -146,7 +146,8 @@ class MixedPrecisionSpace:
             Each entry is read over the format's own default (``Quantizer.search_space``: a given ``params`` or
             ``slots`` replaces the default's). None = ``fp32`` and every registered format that has a default.
         use: the formats searched (e.g. ``[fp32, integer, log]``); None = as ``precision`` says.
-        layers: a regular expression a layer name must fully match to be searched; None = every linear layer.
+        layers: a regular expression a layer name must fully match to be searched; None = every linear layer. It
+            filters the searched points' names too (``points``), so one expression can name layers and points.
         target: config key of the quantization config the overrides extend.
         plugins: modules to import first, so the formats they register can be searched (``quant.plugins``).
         precision: ``search.precision``, used when ``use`` is None: a format name searches ``[fp32, <format>]``
@@ -200,13 +201,18 @@ class MixedPrecisionSpace:
             for layer in find_linear_layers(backbone)
         }
         self.layers = [n for n in linears if layers is None or re.fullmatch(layers, n)]
-        if not self.layers:
+        #: the searched points by name (searched after the linear layers, in module order)
+        self.points = {
+            n: p
+            for n, p in _searched_points(backbone, points).items()
+            if layers is None or re.fullmatch(layers, n)
+        }
+        if not self.layers and not self.points:
+            what = "linear layer or searched point" if points is not None else "linear layer"
             raise ConfigError(
-                f"hydra.sweeper.search_space.layers={layers}: matches no linear layer (e.g. {next(iter(linears))})"
+                f"hydra.sweeper.search_space.layers={layers}: matches no {what} (e.g. {next(iter(linears))})"
             )
         self.linears = {n: m for n, m in linears.items() if n in self.layers}
-        #: the searched points by name (searched after the linear layers, in module order)
-        self.points = _searched_points(backbone, points)
         self.target = target
 
     def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
