@@ -86,6 +86,29 @@ def test_a_point_passes_the_float_gradient_inside_its_range():
     torch.testing.assert_close(a.grad, (grad_out @ b.transpose(-1, -2)) * inside)
 
 
+def test_a_per_name_point_entry_is_recorded_and_exported_beside_the_layers(tiny_bert):
+    """A recipe naming a point in ``layers`` (as a search trial's does) is read by the checkpoint's compression
+    record and by the export's baking as by the quantization: it used to be refused there ("matches no linear
+    layer or point"), failing the trial at its first checkpoint."""
+    from adls_lightning.compression_record import quantization_record
+    from adls_lightning.export.compressed import bake_quantized_layers
+
+    softmax = "bert.encoder.layer.0.attention.self.softmax"
+    recipe = QuantRecipe(
+        key="quant.config",
+        layers={softmax: {"data_in": SCALED}, "classifier": {"weight": SCALED}},
+    )
+    model = tiny_bert()
+    assert quantization_record(model, recipe, "qat").layers.keys() == {"classifier"}  # before: as planned
+    quantize_model(model, recipe)
+    assert [name for name, _, _ in quantized_points(model)] == [softmax]
+    assert quantization_record(model, recipe, "qat").layers.keys() == {"classifier"}  # after: as quantized
+    bake_quantized_layers(model, recipe)
+    assert [name for name, _, _ in quantized_points(model)] == [
+        softmax
+    ]  # baking touches the linear layers only
+
+
 def test_chop_toml_quantizes_exactly_the_points_it_names(tiny_bert, tmp_path):
     """A chop config with [passes.quantize.matmul.config] and [passes.quantize.softmax.config]: the attention
     products and softmaxes are quantized, no GELU, LayerNorm or add; one named point is left alone."""
