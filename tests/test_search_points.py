@@ -155,3 +155,17 @@ def test_the_layers_expression_names_linear_layers_and_points_alike(two_block_be
     assert only_points.layers == [] and len(only_points.points) == 2
     with pytest.raises(ConfigError, match="layers=nothing: matches no linear layer or searched point"):
         MixedPrecisionSpace(two_block_bert, INTEGER, points="all", layers="nothing")
+
+
+def test_search_py_refuses_an_unknown_point_kind_in_one_line(search, tmp_path):
+    proc = search(
+        "search=mixed_precision_points", "model=tiny_random", "hydra.sweeper.search_space.points=[sigmoid]"
+    )
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.lower().startswith("error: ")
+    assert line.partition(": ")[2] == (
+        "hydra.sweeper.search_space.points=['sigmoid']: choices must be among "
+        "['matmul', 'bmm', 'softmax', 'gelu', 'layer_norm', 'add']"
+    )
+    assert not (tmp_path / "sweep").exists()
