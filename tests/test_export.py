@@ -175,8 +175,10 @@ def test_bert_base_shaped_model_round_trip(tmp_path):
     ckpt = tmp_path / "base.ckpt"
     trained_checkpoint(ckpt, overrides)
     out = tmp_path / "packed"
-    result = run_export(f"ckpt={ckpt}", f"out={out}", *overrides)
+    # check=none: the round trip is this test's check; the self-check's timing of a BERT-base is minutes under load
+    result = run_export(f"ckpt={ckpt}", f"out={out}", "check=none", *overrides)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert not (out / "export.json").exists()
     print(result.stdout)
     model = merged_model(ckpt, overrides)
     pack_for_export(model)
