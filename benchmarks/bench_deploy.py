@@ -219,8 +219,10 @@ def main() -> None:
     warnings.simplefilter("ignore", FutureWarning)
     warnings.simplefilter("ignore", UserWarning)
     torch.set_num_threads(1)
-
+    import datasets
     import onnxruntime as ort
+
+    datasets.disable_progress_bars()  # the test split's tokenization: not this table's concern
 
     from adls_lightning.export import int8 as int8_export
     from adls_lightning.export import onnx as onnx_export

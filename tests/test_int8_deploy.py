@@ -22,7 +22,7 @@ from adls_lightning.export.compressed import _quant_recipe
 from adls_lightning.prune import StructuredPruner
 from adls_lightning.quant import quantize_model
 from adls_lightning.quant.scaled import calibrate
-from tests.helpers import TINY, compose_config
+from tests.helpers import SHORT_RUN, TINY, compose_config, train_run
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS, HEADS, FFN = 2, 4, 128
@@ -119,3 +119,23 @@ def test_bench_deploy_tiny_prints_each_ratio():
     for batch in (1, 8):
         assert f"structured + int8 artifact vs torch eager fp32 (unpruned), batch {batch}: " in out
     assert "artifact: 14 int8 linears" in out
+
+
+def test_bench_deploy_measures_a_compound_runs_artifact(tmp_path, fine_tuned, tiny_imdb_dir, cache_dir):
+    """The compound run as documented (``prune=structured_0.5 quant=int8_scaled prune.distill=true`` from a
+    fine-tuned model), then ``bench_deploy.py --ckpt``: the artifact's accuracy on the run's test reviews is the
+    run's own ``test/acc`` (same integers; only float summation order differs)."""
+    compound = ["model/lora=none", f"init_ckpt={fine_tuned}", "model.optimizer.lr=1e-4"]
+    compound += ["prune=structured_0.5", "quant=int8_scaled", "prune.distill=true"]
+    metrics = train_run(tmp_path / "run", [*SHORT_RUN, *compound], tiny_imdb_dir, cache_dir)
+    ckpt = next((tmp_path / "run" / "checkpoints").glob("best-*.ckpt"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench_deploy.py"), "--ckpt", str(ckpt)]
+    command += ["--dense", str(fine_tuned), "--batch", "1", "--tokens", "16", "--repeats", "2"]
+    command += ["--rows", "40", "--agree-rows", "40"]  # SHORT_RUN's test split
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(x for x in result.stdout.splitlines() if x.startswith("accuracy on 40 test reviews"))
+    artifact = float(line.split("artifact ")[1].split()[0])
+    assert artifact == pytest.approx(metrics["test/acc"], abs=1 / 40 + 1e-9), line
+    assert "label on 100.0% of the first 40" in line
