@@ -103,3 +103,36 @@ class Distiller:
             student_logits, self.teacher_logits(batch), task_loss, self.temperature, self.weight
         )
         return loss, {"task_loss": task_loss.detach(), "distill_loss": term.detach()}
+
+
+def student_model(module: nn.Module) -> nn.Module:
+    """The model a LightningModule wraps (its ``model``, the Hugging Face model whose layer names configs use), or
+    ``module`` itself: what a teacher is copied from."""
+    inner = getattr(module, "model", None)
+    return inner if isinstance(inner, nn.Module) else module
+
+
+def attach_distiller(
+    module: nn.Module,
+    teacher: nn.Module,
+    temperature: float,
+    weight: float,
+    state: Mapping[str, Any] | None = None,
+    key: str = "compress",
+) -> Distiller:
+    """A :class:`Distiller` of a frozen copy of ``teacher`` (with the weights ``state`` saved, on resume), handed to
+    ``module``'s training step through its ``distiller`` attribute: the one way every compression callback distills.
+
+    Raises:
+        ConfigError: ``module`` has no ``distiller`` to use (``{key}.distill=true``).
+    """
+    if not hasattr(module, "distiller"):
+        raise ConfigError(
+            f"{key}.distill=true: {type(module).__name__} has no `distiller` to use in its training step "
+            "(adls_lightning.module.SequenceClassifier has)"
+        )
+    distiller = Distiller(teacher, temperature, weight)
+    if state is not None:
+        distiller.teacher.load_state_dict(state)
+    module.distiller = distiller
+    return distiller

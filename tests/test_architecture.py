@@ -64,7 +64,7 @@ def test_callback_order_is_the_configs(compose_cfg):
     import pytest
 
     from adls_lightning.app.training import instantiate_callbacks
-    from adls_lightning.callbacks.pruning import PruningCallback
+    from adls_lightning.callbacks.pruning import OncePruning, PruningCallback
     from adls_lightning.callbacks.quantization import QuantizationCallback
     from adls_lightning.errors import ConfigError
 
@@ -72,7 +72,8 @@ def test_callback_order_is_the_configs(compose_cfg):
         callbacks = instantiate_callbacks(compose_cfg(["quant=int8", "prune=l1_0.5", *overrides]))
         return [type(c) for c in callbacks if isinstance(c, (QuantizationCallback, PruningCallback))]
 
-    assert compression_order([]) == [QuantizationCallback, PruningCallback]  # conf/train.yaml: quantize first
-    assert compression_order(["callback_order=[prune,quant]"]) == [PruningCallback, QuantizationCallback]
+    # prune=l1_0.5 builds the once-pruning mode of PruningCallback
+    assert compression_order([]) == [QuantizationCallback, OncePruning]  # conf/train.yaml: quantize first
+    assert compression_order(["callback_order=[prune,quant]"]) == [OncePruning, QuantizationCallback]
     with pytest.raises(ConfigError, match=r"callback_order: 'qaunt' is not a config node"):
         instantiate_callbacks(compose_cfg(["callback_order=[callbacks,qaunt]"]))

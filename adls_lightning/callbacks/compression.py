@@ -16,7 +16,7 @@ from adls_lightning.callbacks.pruning import PruningCallback, log_sparsity
 from adls_lightning.callbacks.trainer_control import forget_best_checkpoints, set_max_epochs, validate_mid_fit
 from adls_lightning.compression_record import merge_into, pruning_record, quantization_record
 from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
-from adls_lightning.distill import Distiller, check_distillation
+from adls_lightning.distill import Distiller, attach_distiller, check_distillation, student_model
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import Pruner
@@ -34,7 +34,7 @@ PRUNE_KEYS = ("weight", "activation", "include", "exclude", "seed")
 
 
 class CompressPruneSettings(TypedDict, total=False):
-    """``compress.prune``: as :class:`~callbacks.pruning.PruningCallback`'s arguments of the same names."""
+    """``compress.prune``: as :class:`~adls_lightning.callbacks.pruning.PruningCallback`'s arguments of the same names."""
 
     weight: MaskSettings | None
     activation: MaskSettings | None
@@ -77,7 +77,7 @@ class CompressionCallback(L.Callback):
         quant: A quantization config for ``adls_lightning.quant.quantize_model`` (MASE style: ``by``,
             ``default``, ``linear: {config: {name: integer, ...}}``; a lab config file's path; or a typed
             :class:`~adls_lightning.quant.QuantRecipe`), or ``None`` for no quantization.
-        prune: ``{weight, activation, include, exclude, seed}`` as for :class:`~callbacks.pruning.PruningCallback`,
+        prune: ``{weight, activation, include, exclude, seed}`` as for :class:`~adls_lightning.callbacks.pruning.PruningCallback`,
             or ``None`` for no pruning.
         monitor: The validation metric reported before/after compression and at the end.
         distill: Distil the post-compression epochs from the model before compression.
@@ -173,7 +173,7 @@ class CompressionCallback(L.Callback):
         merge_before_compression(pl_module)
         if self.quant is not None and not self.compressed:
             # quantized at_epoch epochs in: a recipe that cannot fit the layers is refused before the first step
-            check_recipe_fits(self._inner_model(pl_module), self.quant, key=self.quant.key)
+            check_recipe_fits(student_model(pl_module), self.quant, key=self.quant.key)
         if self.pruner is not None:
             # Fixed structure (placeholder masks) before the optimizer is built: see Pruner.register_placeholders.
             self.pruner.register_placeholders(pl_module)
@@ -191,19 +191,13 @@ class CompressionCallback(L.Callback):
                     f"(at_epoch {self.at_epoch} + post_epochs {self.post_epochs})"
                 )
 
-    @staticmethod
-    def _inner_model(pl_module: torch.nn.Module) -> torch.nn.Module:
-        # Layer names in quant configs are the HF model's (``bert.encoder...``), so quantize the inner model.
-        inner = getattr(pl_module, "model", None)
-        return inner if isinstance(inner, torch.nn.Module) else pl_module
-
     def _compress(self, pl_module: L.LightningModule) -> None:
         """Applies quantization (module swap) and then pruning masks on the wrapped layers."""
         if self.distill:
             # the model as it is now, before any compression: the teacher, or the structure a saved one loads into
-            self._teacher_model = copy.deepcopy(self._inner_model(pl_module))
+            self._teacher_model = copy.deepcopy(student_model(pl_module))
         if self.quant is not None:
-            quantize_model(self._inner_model(pl_module), self.quant)
+            quantize_model(student_model(pl_module), self.quant)
         if self.pruner is not None:
             self.pruner.prune(pl_module)
         self.compressed = True
@@ -216,7 +210,7 @@ class CompressionCallback(L.Callback):
         the quantization is recorded as not applied yet (the checkpoint holds plain layers)."""
         parts: dict[str, Any] = {}
         if self.quant is not None:
-            parts["quantization"] = quantization_record(self._inner_model(pl_module), self.quant, "qat")
+            parts["quantization"] = quantization_record(student_model(pl_module), self.quant, "qat")
         if self.pruner is not None:
             parts["pruning"] = pruning_record(self.pruner)
         merge_into(checkpoint, **parts)
@@ -253,7 +247,7 @@ class CompressionCallback(L.Callback):
         if not self.compressed and self.pruner is not None and self.pruner.has_pruned_weights(module):
             if self.distill:
                 # the structure a saved teacher loads into, copied before the activation hooks go on
-                self._teacher_model = copy.deepcopy(self._inner_model(module))
+                self._teacher_model = copy.deepcopy(student_model(module))
             self.pruner.attach_activation(module)
             self.compressed = True
 
@@ -286,16 +280,10 @@ class CompressionCallback(L.Callback):
         """The distiller of the post-compression epochs, its teacher the copy taken before compression (with the
         weights a checkpoint saved, on resume), handed to the module's training step."""
         assert self._teacher_model is not None
-        if not hasattr(pl_module, "distiller"):
-            raise ConfigError(
-                f"compress.distill=true: {type(pl_module).__name__} has no `distiller` to use in its training step "
-                "(adls_lightning.module.SequenceClassifier has)"
-            )
-        self.distiller = Distiller(self._teacher_model, self.distill_temperature, self.distill_weight)
+        self.distiller = attach_distiller(
+            pl_module, self._teacher_model, self.distill_temperature, self.distill_weight, teacher_state
+        )
         self._teacher_model = None  # Distiller keeps its own frozen copy
-        if teacher_state is not None:
-            self.distiller.teacher.load_state_dict(teacher_state)
-        pl_module.distiller = self.distiller
 
     # a resumed fit rebuilt its teacher while the checkpoint loaded, before Lightning moved the model to its device
     @override
@@ -336,7 +324,7 @@ class CompressionCallback(L.Callback):
         sparsity (``prune/...``) and quantization bit widths (``quant/...``) of the compressed model."""
         metrics = self._accuracies()
         if self.quant is not None and self._module is not None and self.compressed:
-            metrics.update(quantization_report(self._inner_model(self._module)))
+            metrics.update(quantization_report(student_model(self._module)))
         if self.pruner is not None and self._module is not None and self.compressed:
             metrics["prune/weight_sparsity"] = self.pruner.weight_sparsity(self._module)
             if self.act_sparsity is not None:

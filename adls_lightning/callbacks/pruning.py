@@ -1,13 +1,27 @@
-"""PruningCallback: weight/activation pruning of linear layers that survives checkpoint resume."""
+"""Pruning callbacks, one per mode, over a small shared base (:class:`PruningCallback`): weight/activation
+pruning of linear layers that survives checkpoint resume.
+
+- :class:`OncePruning`: masks computed once, at fit start or after N epochs (``l1``, ``random``);
+- :class:`OneShotPruning`: once, from calibration batches (``wanda``, ``sparsegpt``);
+- :class:`ScheduledPruning`: masks recomputed every step on a cubic schedule (gradual ``l1``; ``movement``,
+  whose scores are learned);
+- :class:`StructuredPruning`: whole heads and FFN neurons removed at fit start, optionally with distillation.
+
+The settings choose the mode: ``PruningCallback(**settings)`` (and each mode class) builds the class of the mode
+they describe, so ``prune=l1_0.5 'prune.schedule={warmup: 0.1}'`` is gradual pruning whatever class the preset names.
+Like Lightning's ``ModelPruning``, each class has one purpose and the hooks a variant overrides
+(:meth:`PruningCallback._prune_at_start`, :meth:`PruningCallback._configure`).
+"""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -22,11 +36,13 @@ from adls_lightning.callbacks.calibration import (
 )
 from adls_lightning.callbacks.trainer_control import forget_best_checkpoints
 from adls_lightning.compression_record import merge_into, pruning_record, structured_sizes
-from adls_lightning.distill import Distiller, check_distillation
+from adls_lightning.distill import Distiller, attach_distiller, check_distillation, student_model
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.prune import (
     DEFAULT_EXCLUDE,
+    LEARNED_METHODS,
+    ONESHOT_METHODS,
     Pruner,
     StructuredPruner,
     fit_structure_to_state,
@@ -65,24 +81,36 @@ def log_sparsity(trainer: L.Trainer, pruner: Pruner, model: torch.nn.Module, pre
     return overall
 
 
+def pruning_mode(
+    weight: Any = None,
+    config: Any = None,
+    schedule: Any = None,
+    structured: Any = None,
+) -> type[PruningCallback]:
+    """The class of the pruning mode these settings (:class:`PruningCallback`'s arguments of the same names)
+    describe: structured when ``structured`` is set, scheduled with a ``schedule`` or a learned method, one-shot
+    with a calibrated method, else once. Settings that do not fit the mode are refused by its constructor."""
+    if structured:
+        return StructuredPruning
+    if config is not None and config is not False:
+        weight, _ = lab_pruning_specs(config, "prune.config")
+    method = weight.get("method") if isinstance(weight, Mapping) else getattr(weight, "method", None)
+    if (schedule is not None and schedule is not False) or method in LEARNED_METHODS:
+        return ScheduledPruning
+    if method in ONESHOT_METHODS:
+        return OneShotPruning
+    return OncePruning
+
+
 class PruningCallback(L.Callback):
-    """Prunes the model's linear layers (weights and/or input activations) at a configured point of a fit.
+    """The shared base of the pruning callbacks: settings, masks that survive a resume, the pruning record, the
+    report. ``PruningCallback(**settings)`` builds the mode's class (:func:`pruning_mode`); so does each mode class.
 
     Masks live in the model's ``state_dict`` (as ``...parametrizations.weight.0.mask`` buffers). ``setup`` registers
     the mask parametrizations (all-ones placeholders until pruning is applied) before Lightning restores a checkpoint
     and builds the optimizer, so a resumed fit, or a validate/test of a saved checkpoint, gets exactly the saved
     masks and the same parameter order. Whether pruning was applied is callback state. Lightning's ``ModelPruning``
     keeps no such state and loses its masks on resume.
-
-    With a ``schedule`` (always for ``method: movement``, whose scores are learned from the training gradients) the
-    masks are recomputed after every optimizer step at the schedule's sparsity for the next step, from the fit's
-    first step to its last; the learned scores are callback state (saved in checkpoints, restored on resume), and
-    the "best" checkpoint is chosen among those at the final sparsity.
-
-    One-shot methods (``method: wanda|sparsegpt``) read ``calibration.batches`` training batches when they prune.
-    SparseGPT also changes the kept weights; they are saved in checkpoints like any weight, and when an evaluation
-    stage reloads the dense checkpoint they were solved from (``train=false ckpt_path=...``), a load hook puts them
-    back, so validation and test both score the solved weights.
 
     Args:
         weight: Weight pruning ``{sparsity, method: l1|random|wanda|sparsegpt|movement, scope: local|global,
@@ -106,14 +134,8 @@ class PruningCallback(L.Callback):
             at ``at`` (``movement``: the schedule's defaults).
         train: Whether the run trains (the root ``train``); a schedule prunes during training and refuses a run that
             does not.
-        structured: ``{heads, neurons, method: l1|random|gradient}``: remove those fractions of every layer's
-            attention heads and FFN neurons physically (:mod:`adls_lightning.prune.structured`), at fit start (before
-            training, after ``init_ckpt`` loads; the optimizer is then rebuilt on the smaller parameters); needs
-            ``weight`` and ``activation`` null; ``gradient`` reads ``calibration.batches``. A checkpoint of such a
-            run reloads at its own sizes (read from its shapes).
-        distill: With ``structured``: the fit learns from the model as it was just before the structured pruning
-            (the dense ``init_ckpt`` model) as well as from the labels (:class:`~adls_lightning.distill.Distiller`);
-            the teacher's weights are callback state, so a resumed fit distills from the same teacher.
+        structured: ``{heads, neurons, method: l1|random|gradient}``: see :class:`StructuredPruning`.
+        distill: With ``structured``: the fit learns from the model as it was just before the structured pruning.
         distill_temperature: The distillation temperature T.
         distill_weight: The distillation term's share of the loss, in [0, 1].
 
@@ -125,6 +147,19 @@ class PruningCallback(L.Callback):
 
             trainer = L.Trainer(callbacks=[PruningCallback(weight={"sparsity": 0.5, "method": "l1"})])
     """
+
+    #: calling the class builds the subclass its settings choose (read when a study's recorded settings are compared)
+    settings_choose_the_class: ClassVar[bool] = True
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> PruningCallback:
+        if not args and not kwargs:  # copy and pickle make an empty instance of the class they copy
+            return super().__new__(cls)
+        bound = inspect.signature(PruningCallback.__init__).bind(None, *args, **kwargs).arguments
+        mode = pruning_mode(*(bound.get(name) for name in ("weight", "config", "schedule", "structured")))
+        instance = super().__new__(mode)
+        if not issubclass(mode, cls):  # Python initialises only an instance of the class called
+            instance.__init__(*args, **kwargs)
+        return instance
 
     def __init__(
         self,
@@ -155,7 +190,10 @@ class PruningCallback(L.Callback):
             sparsegpt = dataclasses.asdict(sparsegpt)
         if config is False:
             config = None
-        self.structured = self._structured(structured, weight, activation, config, at, schedule, seed)
+        #: the structured pruner (:class:`StructuredPruning` only)
+        self.structured: StructuredPruner | None = self._structure(
+            structured, weight, activation, config, at, schedule, seed
+        )
         if not isinstance(distill, bool):
             raise ConfigError(f"prune.distill={distill!r}: must be true or false")
         if distill and self.structured is None:
@@ -171,18 +209,12 @@ class PruningCallback(L.Callback):
             distill_temperature,
             distill_weight,
         )
-        self.distiller: Distiller | None = None
-        self._teacher_model: torch.nn.Module | None = None  # a resumed fit's teacher skeleton (dense sizes)
+        self.distiller: Distiller | None = None  # the teacher of a distilled fit (StructuredPruning's)
         if config is not None:
             weight, activation = lab_pruning_specs(config, "prune.config")
         if at != "fit_start" and (isinstance(at, bool) or not isinstance(at, int) or at < 1):
             raise ConfigError(f"prune.at={at!r}: must be fit_start or a number of epochs >= 1")
         self.calibration_batches = calibration_batches(calibration, "prune.calibration")
-        if self.structured is not None and self.structured.needs_calibration and self.calibration_batches < 1:
-            raise ConfigError(
-                f"prune.calibration.batches={self.calibration_batches}: prune.structured.method=gradient scores "
-                "heads and neurons from calibration data; give N >= 1 training batches"
-            )
         self.pruner = Pruner(
             weight,
             activation,
@@ -198,71 +230,33 @@ class PruningCallback(L.Callback):
                 f"prune.calibration.batches={self.calibration_batches}: prune.weight.method="
                 f"{self.pruner.weight.method} prunes from calibration data; give N >= 1 training batches"
             )
-        if self.pruner.schedule is not None:
-            self._check_schedule(at, train)
         self.at = at
         self.make_permanent = bool(make_permanent)
         self.applied = False
         self.act_sparsity: float | None = None
         self._module: L.LightningModule | None = None
         self._load_hook: Any = None
-        self._dense_reload = False
-        self._total_steps = 0  # optimizer steps of the fit, known at its start
-        self._lr_scale = 1.0  # the learning-rate schedule's multiplier of the step being taken
-        self._scheduled_step: int | None = None  # the global step the masks were last computed for
-        #: per layer, the head and FFN-neuron indices structured pruning kept (callback state, for the record)
-        self.kept: dict[str, list[list[int]]] | None = None
+        self._configure(at, train)
 
-    @staticmethod
-    def _structured(
-        structured: Mapping[str, Any] | None,
-        weight: Any,
-        activation: Any,
-        config: Any,
-        at: str | int,
-        schedule: Any,
-        seed: int,
-    ) -> StructuredPruner | None:
-        if not structured:
-            return None
-        unknown = sorted(set(structured) - {"heads", "neurons", "method"})
-        if unknown:
-            raise ConfigError(f"prune.structured.{unknown[0]}: unknown key; valid: heads, neurons, method")
-        clash = [
-            name
-            for name, value in (("weight", weight), ("activation", activation), ("config", config))
-            if value
-        ]
-        if clash or schedule is not None:
-            what = f"prune.{clash[0]}" if clash else "prune.schedule"
-            raise ConfigError(
-                f"{what} and prune.structured are both set: structured pruning removes whole heads and neurons "
-                f"alone; set {what}=null"
-            )
-        if at != "fit_start":
-            raise ConfigError(
-                f"prune.at={at!r}: structured pruning replaces parameters the optimizer holds, so it prunes at "
-                "fit_start; prune a trained model with init_ckpt=<its checkpoint> instead"
-            )
-        return StructuredPruner(**structured, seed=seed, key="prune.structured")
+    # -- the hooks a mode overrides ------------------------------------------------------------------------------
 
-    def _check_schedule(self, at: str | int, train: bool) -> None:
-        method = self.pruner.weight.method
-        if at != "fit_start":
-            raise ConfigError(
-                f"prune.at={at!r}: prune.schedule prunes from the fit's first step; delay it with "
-                "prune.schedule.warmup instead"
-            )
-        if not train:
-            what = (
-                f"prune.weight.method={method}: learns its scores from the training gradients"
-                if self.pruner.learns_scores
-                else "prune.schedule: prunes while training"
-            )
-            raise ConfigError(
-                f"{what}, and train=false trains nothing; evaluate a checkpoint it pruned with "
-                "prune.weight.method=l1 prune.schedule=null (the checkpoint's masks load)"
-            )
+    def _structure(self, structured: Mapping[str, Any] | None, *others: Any) -> StructuredPruner | None:
+        """The structured pruner of ``prune.structured`` (:class:`StructuredPruning`); None for the masks' modes."""
+        return None
+
+    def _configure(self, at: str | int, train: bool) -> None:
+        """The mode's own checks of its settings and its state, at the end of construction."""
+
+    def _prune_at_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Prune now what the mode prunes before the weights train or are evaluated (idempotent)."""
+
+    # -- shared ----------------------------------------------------------------------------------------------------
+
+    @property
+    @override
+    def state_key(self) -> str:
+        # every mode keys its state as the one class of earlier releases, so their checkpoints restore it
+        return PruningCallback.__qualname__
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -280,14 +274,189 @@ class PruningCallback(L.Callback):
     # module's init_ckpt load after setup, and the masks must come from the weights that are trained or scored.
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.structured is not None:
-            self._apply_at_start(trainer, pl_module)
-        elif self.pruner.schedule is not None:
-            self._start_schedule(trainer, pl_module)
-        else:
-            self._apply_at_start(trainer, pl_module)
+        self._prune_at_start(trainer, pl_module)
 
-    def _start_schedule(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    @override
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._prune_at_start(trainer, pl_module)  # evaluation-only runs (train=false)
+
+    @override
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._prune_at_start(trainer, pl_module)
+
+    def apply_at_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Prune now what is pruned at fit start (idempotent): QAT after structured pruning calls it first."""
+        self._prune_at_start(trainer, pl_module)
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """The pruning record (:mod:`adls_lightning.compression_record`): specs, and the kept sizes of a
+        structured run."""
+        sizes = structured_sizes(pl_module) if self.structured is not None and self.applied else None
+        merge_into(checkpoint, pruning=pruning_record(self.pruner, sizes))
+
+    def _before_model_load(
+        self, module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any
+    ) -> None:
+        pass
+
+    def _after_model_load(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
+        # A validate/test run that loads a checkpoint pruned after N epochs: callback state is only restored when
+        # fitting, so learn from the loaded masks that pruning was applied and switch on activation pruning.
+        if not self.applied and self.pruner.has_pruned_weights(module):
+            self.pruner.attach_activation(module)
+            self.applied = True
+
+    def _apply(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning evaluates under inference mode: masks and weights written there would be inference tensors
+        # that a later checkpoint load cannot write into
+        with torch.inference_mode(False), torch.no_grad():
+            self._prune(trainer, pl_module)
+        self.applied = True
+        log_sparsity(trainer, self.pruner, pl_module)
+
+    def _prune(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.pruner.prune(pl_module)
+
+    @override
+    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.pruner.start_activation_count()
+
+    @override
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.act_sparsity = self.pruner.stop_activation_count()
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.make_permanent:
+            count = make_pruning_permanent(pl_module)
+            if count:
+                rank_zero_info(f"prune: made {count} pruned weights permanent")
+
+    def report(self) -> dict[str, float]:
+        """``prune/weight_sparsity`` (zeros counted in the pruned layers' effective weights) and
+        ``prune/act_sparsity`` (zeros counted in their inputs during the last test pass, if one ran)."""
+        if self._module is None:
+            return {}
+        metrics = {"prune/weight_sparsity": self.pruner.weight_sparsity(self._module)}
+        if self.act_sparsity is not None:
+            metrics["prune/act_sparsity"] = self.act_sparsity
+        return metrics
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"applied": self.applied, "act_sparsity": self.act_sparsity}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.act_sparsity = state_dict.get("act_sparsity", self.act_sparsity)
+        if state_dict.get("applied", False) and not self.applied and self.structured is None:
+            # Activation-only pruning leaves no mask in the model state: re-enable the hooks from callback state.
+            assert self._module is not None
+            self.pruner.attach_activation(self._module)
+            self.applied = True
+
+
+# what the settings' checks and the pre-flight read (adls_lightning.typed_settings): the constructor's arguments, not
+# __new__'s (*args, **kwargs), for the base and every mode class
+PruningCallback.__signature__ = inspect.signature(PruningCallback.__init__).replace(
+    parameters=list(inspect.signature(PruningCallback.__init__).parameters.values())[1:]
+)
+
+
+class OncePruning(PruningCallback):
+    """Masks computed once (``l1``, ``random``): at fit start, or after ``at`` epochs (earlier best checkpoints
+    are then forgotten)."""
+
+    @override
+    def _prune_at_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.at == "fit_start" and not self.applied:
+            self._apply(trainer, pl_module)
+
+    @override
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.at != "fit_start" and not self.applied and trainer.current_epoch >= self.at:
+            self._apply(trainer, pl_module)
+            forget_best_checkpoints(trainer)
+
+
+class OneShotPruning(OncePruning):
+    """Once, from ``calibration.batches`` training batches (``wanda``, ``sparsegpt``).
+
+    SparseGPT also changes the kept weights; they are saved in checkpoints like any weight, and when an evaluation
+    stage reloads the dense checkpoint they were solved from (``train=false ckpt_path=...``), a load hook puts them
+    back, so validation and test both score the solved weights.
+    """
+
+    @override
+    def _configure(self, at: str | int, train: bool) -> None:
+        self._dense_reload = False
+
+    @override
+    def _prune(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        datamodule = trainer.datamodule
+        if datamodule is None:
+            raise ConfigError(
+                f"prune.weight.method={self.pruner.weight.method}: no datamodule to draw the "
+                "prune.calibration.batches from"
+            )
+        batches = datamodule.train_dataloader()
+        self.pruner.prune(pl_module, batches, model_forward(pl_module), self.calibration_batches)
+        rank_zero_info(
+            f"prune: {self.pruner.weight.method} masks from {self.pruner.calibration_run} calibration batches"
+            + (f", {len(self.pruner.solved)} layers' weights solved" if self.pruner.solved else "")
+        )
+
+    @override
+    def _before_model_load(
+        self, module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any
+    ) -> None:
+        assert self._module is not None
+        self._dense_reload = self.pruner.loads_dense_state(self._module, state_dict, prefix)
+
+    @override
+    def _after_model_load(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
+        super()._after_model_load(module, incompatible_keys)
+        # trainer.test(ckpt_path=...) of an evaluation-only run reloads the dense weights SparseGPT solved from (the
+        # masks survive the reload, the weights would not): its solved weights go back in
+        if self._dense_reload:
+            with torch.inference_mode(False), torch.no_grad():
+                self.pruner.put_solved(module)
+            self._dense_reload = False
+
+
+class ScheduledPruning(PruningCallback):
+    """Masks recomputed after every optimizer step at the cubic schedule's sparsity for the next step, from the
+    fit's first step to its last (always for ``method: movement``, whose scores are learned from the training
+    gradients); the learned scores are callback state (saved in checkpoints, restored on resume), and the "best"
+    checkpoint is chosen among those at the final sparsity."""
+
+    @override
+    def _configure(self, at: str | int, train: bool) -> None:
+        method = self.pruner.weight.method
+        if at != "fit_start":
+            raise ConfigError(
+                f"prune.at={at!r}: prune.schedule prunes from the fit's first step; delay it with "
+                "prune.schedule.warmup instead"
+            )
+        if not train:
+            what = (
+                f"prune.weight.method={method}: learns its scores from the training gradients"
+                if self.pruner.learns_scores
+                else "prune.schedule: prunes while training"
+            )
+            raise ConfigError(
+                f"{what}, and train=false trains nothing; evaluate a checkpoint it pruned with "
+                "prune.weight.method=l1 prune.schedule=null (the checkpoint's masks load)"
+            )
+        self._total_steps = 0  # optimizer steps of the fit, known at its start
+        self._lr_scale = 1.0  # the learning-rate schedule's multiplier of the step being taken
+        self._scheduled_step: int | None = None  # the global step the masks were last computed for
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         total = trainer.estimated_stepping_batches
         if not math.isfinite(total) or total < 1:
             what = "an unbounded number of" if total == math.inf else "no"
@@ -308,10 +477,7 @@ class PruningCallback(L.Callback):
     # after the training state (the global step) is restored: a resumed fit recomputes the masks of its step
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.distiller is not None:  # a resumed fit rebuilt its teacher before Lightning moved the model
-            self.distiller.teacher.to(pl_module.device)
-        if self.pruner.schedule is not None:
-            self._schedule_step(trainer, pl_module)
+        self._schedule_step(trainer, pl_module)
 
     @override
     def on_train_batch_end(
@@ -319,7 +485,7 @@ class PruningCallback(L.Callback):
     ) -> None:
         # once per optimizer step (accumulated batches share one), before the checkpoint callbacks save (Lightning
         # runs them last), so a checkpoint holds the masks its step trains with
-        if self.pruner.schedule is None or trainer.global_step == self._scheduled_step:
+        if trainer.global_step == self._scheduled_step:
             return
         sparsity = self._schedule_step(trainer, pl_module)
         pl_module.log("prune/scheduled_sparsity", sparsity, on_step=True, on_epoch=False, prog_bar=True)
@@ -376,38 +542,90 @@ class PruningCallback(L.Callback):
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.pruner.schedule is not None:
-            log_sparsity(trainer, self.pruner, pl_module)
+        log_sparsity(trainer, self.pruner, pl_module)
 
     @override
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._apply_at_start(trainer, pl_module)  # evaluation-only runs (train=false)
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.pruner.learns_scores and self._module is not None:
+            # learned scores are not model state (the model's keys stay those of any pruned model): saved here
+            state["scores"] = self.pruner.scores(self._module)
+            moments = self.pruner.score_optimizer_state(self._module)
+            if moments:
+                state["score_optimizer"] = moments
+            state["score_consistency"] = self.pruner.score_consistency_state(self._module)
+        return state
 
     @override
-    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._apply_at_start(trainer, pl_module)
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.pruner.learns_scores and "scores" in state_dict:
+            assert self._module is not None
+            self.pruner.load_scores(self._module, state_dict["scores"])
+            for key in ("score_optimizer", "score_consistency"):
+                self.pruner.load_learner_states(self._module, state_dict.get(key, {}))
+        super().load_state_dict(state_dict)
 
-    def apply_at_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Prune now what is pruned at fit start (idempotent): QAT after structured pruning calls it first."""
-        self._apply_at_start(trainer, pl_module)
+
+class StructuredPruning(PruningCallback):
+    """Removes ``structured: {heads, neurons, method: l1|random|gradient}`` fractions of every layer's attention
+    heads and FFN neurons physically (:mod:`adls_lightning.prune.structured`), at fit start (before training, after
+    ``init_ckpt`` loads; the optimizer is then rebuilt on the smaller parameters); needs ``weight`` and
+    ``activation`` null; ``gradient`` reads ``calibration.batches``. A checkpoint of such a run reloads at its own
+    sizes (read from its shapes).
+
+    With ``distill`` the fit learns from the model as it was just before the structured pruning (the dense
+    ``init_ckpt`` model) as well as from the labels (:func:`~adls_lightning.distill.attach_distiller`); the
+    teacher's weights are callback state, so a resumed fit distills from the same teacher.
+    """
 
     @override
-    def on_save_checkpoint(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        """The pruning record (:mod:`adls_lightning.compression_record`): specs, and the kept sizes of a
-        structured run."""
-        sizes = structured_sizes(pl_module) if self.structured is not None and self.applied else None
-        merge_into(checkpoint, pruning=pruning_record(self.pruner, sizes))
+    def _structure(
+        self,
+        structured: Mapping[str, Any] | None,
+        weight: Any,
+        activation: Any,
+        config: Any,
+        at: str | int,
+        schedule: Any,
+        seed: int,
+    ) -> StructuredPruner | None:
+        unknown = sorted(set(structured or {}) - {"heads", "neurons", "method"})
+        if unknown:
+            raise ConfigError(f"prune.structured.{unknown[0]}: unknown key; valid: heads, neurons, method")
+        clash = [
+            name
+            for name, value in (("weight", weight), ("activation", activation), ("config", config))
+            if value
+        ]
+        if clash or schedule is not None:
+            what = f"prune.{clash[0]}" if clash else "prune.schedule"
+            raise ConfigError(
+                f"{what} and prune.structured are both set: structured pruning removes whole heads and neurons "
+                f"alone; set {what}=null"
+            )
+        if at != "fit_start":
+            raise ConfigError(
+                f"prune.at={at!r}: structured pruning replaces parameters the optimizer holds, so it prunes at "
+                "fit_start; prune a trained model with init_ckpt=<its checkpoint> instead"
+            )
+        return StructuredPruner(**(structured or {}), seed=seed, key="prune.structured")
 
-    def _apply_at_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.structured is not None:
-            if not self.applied:
-                self._apply_structured(trainer, pl_module)
-        elif self.at == "fit_start" and not self.applied and self.pruner.schedule is None:
-            self._apply(trainer, pl_module)
+    @override
+    def _configure(self, at: str | int, train: bool) -> None:
+        assert self.structured is not None
+        if self.structured.needs_calibration and self.calibration_batches < 1:
+            raise ConfigError(
+                f"prune.calibration.batches={self.calibration_batches}: prune.structured.method=gradient scores "
+                "heads and neurons from calibration data; give N >= 1 training batches"
+            )
+        self._teacher_model: torch.nn.Module | None = None  # a resumed fit's teacher skeleton (dense sizes)
+        #: per layer, the head and FFN-neuron indices structured pruning kept (callback state, for the record)
+        self.kept: dict[str, list[list[int]]] | None = None
 
-    def _apply_structured(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    @override
+    def _prune_at_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.applied:
+            return
         assert self.structured is not None
         fitting = trainer.state.fn == "fit"
         if fitting and trainer.world_size > 1:
@@ -417,7 +635,7 @@ class PruningCallback(L.Callback):
             )
         if fitting and self.distill:
             # the teacher: the model just before its heads and neurons go (the dense init_ckpt model)
-            self._start_distilling(pl_module, self._inner_model(pl_module), None)
+            self._start_distilling(pl_module, student_model(pl_module), None)
         with torch.inference_mode(False):
             self.kept = self.structured.prune(pl_module, *self._gradient_data(trainer, pl_module))
         self.applied = True
@@ -444,31 +662,25 @@ class PruningCallback(L.Callback):
 
         return trainer.datamodule.train_dataloader(), loss, self.calibration_batches
 
-    @staticmethod
-    def _inner_model(pl_module: torch.nn.Module) -> torch.nn.Module:
-        inner = getattr(pl_module, "model", None)
-        return inner if isinstance(inner, torch.nn.Module) else pl_module
-
     def _start_distilling(
         self, pl_module: torch.nn.Module, teacher: torch.nn.Module, state: Mapping[str, Any] | None
     ) -> None:
-        if not hasattr(pl_module, "distiller"):
-            raise ConfigError(
-                f"prune.distill=true: {type(pl_module).__name__} has no `distiller` to use in its training step "
-                "(adls_lightning.module.SequenceClassifier has)"
-            )
-        # Distiller keeps its own frozen copy of the teacher
-        self.distiller = Distiller(teacher, self.distill_temperature, self.distill_weight)
-        if state is not None:
-            self.distiller.teacher.load_state_dict(state)
-        pl_module.distiller = self.distiller
+        self.distiller = attach_distiller(
+            pl_module, teacher, self.distill_temperature, self.distill_weight, state, key="prune"
+        )
         rank_zero_info("prune: distilling from the model as it was before structured pruning")
 
-    def _structured_layers(self, model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
+    # a resumed fit rebuilt its teacher before Lightning moved the model
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.distiller is not None:
+            self.distiller.teacher.to(pl_module.device)
+
+    def _layers(self, model: torch.nn.Module) -> dict[str, torch.nn.Linear]:
         return {target.name: target.linear for target in self.pruner.targets(model)}
 
     def _log_structured(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        layers = self._structured_layers(pl_module)
+        layers = self._layers(pl_module)
         metrics = {"prune/weight_sparsity": structured_weight_sparsity(pl_module, layers)}
         per_layer = structured_layer_sparsity(pl_module, layers)
         metrics.update({f"prune/layer/{name}": value for name, value in per_layer.items()})
@@ -479,120 +691,47 @@ class PruningCallback(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
 
+    @override
     def _before_model_load(
         self, module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any
     ) -> None:
         assert self._module is not None
-        if self.structured is not None:
-            # a checkpoint of a structured run (resume, best, init_ckpt): the layers take its sizes before it loads;
-            # callback state comes after the model's, so the sizes are read from the state's shapes
-            with torch.inference_mode(False), torch.no_grad():
-                dense = copy.deepcopy(self._inner_model(self._module)) if self.distill else None
-                if fit_structure_to_state(self._module, state_dict, prefix):
-                    self._teacher_model = (
-                        dense  # the teacher's skeleton; its weights come with the callback state
-                    )
-                    self.applied = True
-                    rank_zero_info("prune: the checkpoint is structurally pruned; the layers take its sizes")
-            return
-        self._dense_reload = self.pruner.loads_dense_state(self._module, state_dict, prefix)
-
-    def _after_model_load(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
-        if self.structured is not None:
-            return
-        # A validate/test run that loads a checkpoint pruned after N epochs: callback state is only restored when
-        # fitting, so learn from the loaded masks that pruning was applied and switch on activation pruning.
-        if not self.applied and self.pruner.has_pruned_weights(module):
-            self.pruner.attach_activation(module)
-            self.applied = True
-        # trainer.test(ckpt_path=...) of an evaluation-only run reloads the dense weights SparseGPT solved from (the
-        # masks survive the reload, the weights would not): its solved weights go back in
-        if self._dense_reload:
-            with torch.inference_mode(False), torch.no_grad():
-                self.pruner.put_solved(module)
-            self._dense_reload = False
-
-    def _apply(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Lightning evaluates under inference mode: masks and weights written there would be inference tensors
-        # that a later checkpoint load cannot write into
+        # a checkpoint of a structured run (resume, best, init_ckpt): the layers take its sizes before it loads;
+        # callback state comes after the model's, so the sizes are read from the state's shapes
         with torch.inference_mode(False), torch.no_grad():
-            if self.pruner.needs_calibration:
-                self._prune_one_shot(trainer, pl_module)
-            else:
-                self.pruner.prune(pl_module)
-        self.applied = True
-        log_sparsity(trainer, self.pruner, pl_module)
-
-    def _prune_one_shot(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        datamodule = trainer.datamodule
-        if datamodule is None:
-            raise ConfigError(
-                f"prune.weight.method={self.pruner.weight.method}: no datamodule to draw the "
-                "prune.calibration.batches from"
-            )
-        batches = datamodule.train_dataloader()
-        self.pruner.prune(pl_module, batches, model_forward(pl_module), self.calibration_batches)
-        rank_zero_info(
-            f"prune: {self.pruner.weight.method} masks from {self.pruner.calibration_run} calibration batches"
-            + (f", {len(self.pruner.solved)} layers' weights solved" if self.pruner.solved else "")
-        )
+            dense = copy.deepcopy(student_model(self._module)) if self.distill else None
+            if fit_structure_to_state(self._module, state_dict, prefix):
+                self._teacher_model = (
+                    dense  # the teacher's skeleton; its weights come with the callback state
+                )
+                self.applied = True
+                rank_zero_info("prune: the checkpoint is structurally pruned; the layers take its sizes")
 
     @override
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.at != "fit_start" and not self.applied and trainer.current_epoch >= self.at:
-            self._apply(trainer, pl_module)
-            forget_best_checkpoints(trainer)
+    def _after_model_load(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
+        pass
 
     @override
-    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.pruner.start_activation_count()
-
-    @override
-    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.act_sparsity = self.pruner.stop_activation_count()
-
-    @override
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self.make_permanent:
-            count = make_pruning_permanent(pl_module)
-            if count:
-                rank_zero_info(f"prune: made {count} pruned weights permanent")
-
     def report(self) -> dict[str, float]:
-        """``prune/weight_sparsity`` (zeros counted in the pruned layers' effective weights) and
-        ``prune/act_sparsity`` (zeros counted in their inputs during the last test pass, if one ran)."""
         if self._module is None:
             return {}
-        if self.structured is not None:
-            # removed weights count as zeros of the dense layers: the fraction of the dense weights gone or zero
-            layers = self._structured_layers(self._module)
-            return {"prune/weight_sparsity": structured_weight_sparsity(self._module, layers)}
-        metrics = {"prune/weight_sparsity": self.pruner.weight_sparsity(self._module)}
-        if self.act_sparsity is not None:
-            metrics["prune/act_sparsity"] = self.act_sparsity
-        return metrics
+        # removed weights count as zeros of the dense layers: the fraction of the dense weights gone or zero
+        return {"prune/weight_sparsity": structured_weight_sparsity(self._module, self._layers(self._module))}
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        state = {"applied": self.applied, "act_sparsity": self.act_sparsity}
+        state = super().state_dict()
         if self.kept is not None:
-            # which heads and neurons of the dense model remain (a record)
-            state["structured_kept"] = self.kept
+            state["structured_kept"] = (
+                self.kept
+            )  # which heads and neurons of the dense model remain (a record)
         if self.distiller is not None:
-            # the teacher is no model state; a resumed fit needs the same one
-            state["teacher"] = self.distiller.teacher.state_dict()
-        if self.pruner.learns_scores and self._module is not None:
-            # learned scores are not model state (the model's keys stay those of any pruned model): saved here
-            state["scores"] = self.pruner.scores(self._module)
-            moments = self.pruner.score_optimizer_state(self._module)
-            if moments:
-                state["score_optimizer"] = moments
-            state["score_consistency"] = self.pruner.score_consistency_state(self._module)
+            state["teacher"] = self.distiller.teacher.state_dict()  # no model state; a resumed fit needs it
         return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.act_sparsity = state_dict.get("act_sparsity", self.act_sparsity)
+        super().load_state_dict(state_dict)
         self.kept = state_dict.get("structured_kept", self.kept)
         teacher = state_dict.get("teacher")
         if self.distill and teacher is not None:
@@ -604,13 +743,3 @@ class PruningCallback(L.Callback):
             ):  # resumed: the dense skeleton copied before the checkpoint loaded
                 self._start_distilling(self._module, self._teacher_model, teacher)
                 self._teacher_model = None
-        if self.pruner.learns_scores and "scores" in state_dict:
-            assert self._module is not None
-            self.pruner.load_scores(self._module, state_dict["scores"])
-            for key in ("score_optimizer", "score_consistency"):
-                self.pruner.load_learner_states(self._module, state_dict.get(key, {}))
-        if state_dict.get("applied", False) and not self.applied and self.structured is None:
-            # Activation-only pruning leaves no mask in the model state: re-enable the hooks from callback state.
-            assert self._module is not None
-            self.pruner.attach_activation(self._module)
-            self.applied = True

@@ -14,7 +14,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from adls_lightning.callbacks.calibration import CalibrationSettings, calibration_batches, model_forward
-from adls_lightning.callbacks.pruning import PruningCallback
+from adls_lightning.callbacks.pruning import StructuredPruning
 from adls_lightning.compression_record import COMPRESSED_CHECKPOINT, merge_into, quantization_record
 from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
 from adls_lightning.errors import ConfigError
@@ -154,7 +154,7 @@ class QuantizationCallback(L.Callback):
         self._in_memory_score: float | None = None
         self._report: dict[str, float] = {}
         #: QAT after structured pruning: quantized at fit start, once the heads and neurons are gone
-        self._after_structure: list[PruningCallback] = []
+        self._after_structure: list[StructuredPruning] = []
         self._reload_refusal: Any = None
         #: where the evaluated model of a PTQ run was saved (COMPRESSED_CHECKPOINT), once it was
         self.compressed_checkpoint: Path | None = None
@@ -172,11 +172,7 @@ class QuantizationCallback(L.Callback):
             # The in-memory weights' full-precision score, in case no checkpoint is loaded (the
             # checkpoint path is only known after setup).
             self._in_memory_score = _as_float(trainer.callback_metrics.get(self.monitor))
-        structured = [
-            cb
-            for cb in trainer.callbacks
-            if isinstance(cb, PruningCallback) and cb.structured is not None and not cb.applied
-        ]
+        structured = [cb for cb in trainer.callbacks if isinstance(cb, StructuredPruning) and not cb.applied]
         if structured and self.mode == "qat":
             if trainer.state.fn != TrainerFn.FITTING:
                 raise ConfigError(_STRUCTURED_QAT_RELOAD)

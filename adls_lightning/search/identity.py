@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from adls_lightning.build import current_target
+from adls_lightning.build import current_target, resolve_target
 from adls_lightning.errors import ConfigError
 
 SETTINGS_ATTR = "search_settings"
@@ -134,13 +134,23 @@ def settings_difference(old: Mapping[str, str], new: Mapping[str, str], shown: i
     return "; ".join(parts)
 
 
-def current_settings(recorded: Mapping[str, str]) -> dict[str, str]:
+def current_settings(recorded: Mapping[str, str], settings: Mapping[str, str]) -> dict[str, str]:
     """A study's recorded settings with each ``_target_`` under today's name
-    (:func:`~adls_lightning.build.current_target`): a study made before a rename resumes."""
-    return {
+    (:func:`~adls_lightning.build.current_target`), so a study made before a rename resumes; and a recorded class
+    whose settings choose the subclass it builds (``settings_choose_the_class``, the pruning callbacks) read as the
+    subclass ``settings`` name when it is one: the other settings carry the difference."""
+    current = {
         key: _plain(current_target(json.loads(value))) if key.endswith("._target_") else value
         for key, value in recorded.items()
     }
+    for key, value in current.items():
+        new = settings.get(key)
+        if key.endswith("._target_") and new is not None and new != value:
+            old_class, new_class = (resolve_target(str(json.loads(v))) for v in (value, new))
+            chooses = isinstance(old_class, type) and getattr(old_class, "settings_choose_the_class", False)
+            if chooses and isinstance(new_class, type) and issubclass(new_class, old_class):
+                current[key] = new
+    return current
 
 
 def check_study_settings(
@@ -158,7 +168,7 @@ def check_study_settings(
     recorded = stored.get(SETTINGS_ATTR)
     if recorded is None:
         return False
-    recorded = current_settings(recorded)
+    recorded = current_settings(recorded, settings)
     if recorded == dict(settings):
         return True
     raise ConfigError(
