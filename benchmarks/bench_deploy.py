@@ -141,7 +141,7 @@ def tiny_dense(work: Path) -> tuple[Path, list[str]]:
     import lightning
 
     from adls_lightning.build import build
-    from adls_lightning.export.__main__ import compose_train_config
+    from adls_lightning.run_loading import compose_train_config
 
     overrides = ["model=tiny_random", "model/lora=none"]
     torch.manual_seed(0)
@@ -161,11 +161,11 @@ def prune_and_quantize(dense, overrides: list[str], tiny: bool):
     calibrated post-training as a run calibrates (its training batches; --tiny: random ids): the compound model's
     shapes without its fine-tuning, for speed."""
     from adls_lightning.export import int8 as int8_export
-    from adls_lightning.export.__main__ import compose_train_config
     from adls_lightning.export.compressed import _quant_recipe
     from adls_lightning.prune import StructuredPruner
     from adls_lightning.quant import quantize_model
     from adls_lightning.quant.scaled import calibrate
+    from adls_lightning.run_loading import compose_train_config
 
     model = copy.deepcopy(dense)
     StructuredPruner(heads=0.5, neurons=0.5, method="l1").prune(model)
@@ -226,8 +226,8 @@ def main() -> None:
 
     from adls_lightning.export import int8 as int8_export
     from adls_lightning.export import onnx as onnx_export
-    from adls_lightning.export.__main__ import load_checkpoint_model
     from adls_lightning.models import set_attn_implementation
+    from adls_lightning.run_loading import load_checkpoint_model
 
     info = cpuinfo()
     flags = set(info.get("flags", "").split())

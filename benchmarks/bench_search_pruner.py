@@ -25,8 +25,8 @@ import optuna
 from optuna.trial import TrialState
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.script_args import Parser, positive_int
 from adls_lightning.run_dir import check_writable
+from adls_lightning.script_args import Parser, positive_int
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -39,13 +39,6 @@ COMMANDS_NOT_YET_TOOLS = tuple(
 HYDRA_LIBRARY_MODULES = ("hydra.utils", "hydra.errors")
 # `python -m` tools of their own that compose a run's config with Hydra.
 HYDRA_ENTRY_POINTS = (f"{PACKAGE}.export.__main__", f"{PACKAGE}.export.evaluate", f"{PACKAGE}.run_loading")
-#: library imports of a command's module that wait for the command's move into adls_lightning.tools (issue 57): the
-#: verbs they take are in adls_lightning.run_loading (compose_train_config, load_checkpoint_model) or move with it
-PENDING_IMPORTS = {
-    (f"{PACKAGE}.export.evaluate", f"{PACKAGE}.export.__main__"),
-    (f"{PACKAGE}.export.mixed_save", f"{PACKAGE}.export.__main__"),
-    (f"{PACKAGE}.search.budget_tool", f"{PACKAGE}.export.__main__"),
-}
 
 
 def module_name(path: Path) -> str:
@@ -155,9 +148,7 @@ def rule_breaks(graph: dict[str, set[str]]) -> list[str]:
             )
             continue
         for target in sorted(targets):
-            to_tool = _inside(target, TOOLS) or (
-                target.endswith(".__main__") and (module, target) not in PENDING_IMPORTS
-            )
+            to_tool = _inside(target, TOOLS) or (target.endswith(".__main__"))
             to_tool |= target == TOOL_ALIAS and module not in COMMANDS_NOT_YET_TOOLS
             to_app = _inside(target, APP) or to_tool
             to_callbacks = _inside(target, CALLBACKS) or _inside(target, "callbacks")

@@ -31,9 +31,10 @@ from adls_lightning.compression_record import (
 )
 from adls_lightning.errors import ConfigError
 from adls_lightning.export import evaluate as export_evaluate
-from adls_lightning.export.__main__ import load_checkpoint_model, main
+from adls_lightning.export.__main__ import main
 from adls_lightning.export.compressed import ExportRecipe
 from adls_lightning.export.folder import load_folder
+from adls_lightning.run_loading import load_checkpoint_model
 from tests.helpers import SHORT_RUN, call, train_run
 
 NO_LORA = ["model/lora=none"]

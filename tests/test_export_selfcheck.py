@@ -18,9 +18,10 @@ from onnx import TensorProto, helper
 from safetensors.torch import load_file, save_file
 
 from adls_lightning.export import selfcheck
-from adls_lightning.export.__main__ import load_checkpoint_model, main
+from adls_lightning.export.__main__ import main
 from adls_lightning.export.int4 import INT4_FILE, NBitsLayer, matmul_nbits_node, pack_4bit
 from adls_lightning.export.onnx import onnx_session
+from adls_lightning.run_loading import load_checkpoint_model
 from tests.helpers import SHORT_RUN, call, train_run
 from tests.test_compression_record import recorded_run
 

@@ -20,8 +20,8 @@ from adls_lightning.quant.sensitivity import (
     layer_groups,
     layer_sensitivity,
 )
-from adls_lightning.tools.sensitivity import main, search_command
 from adls_lightning.quant.transform import find_linear_layers, quantized_layers
+from adls_lightning.tools.sensitivity import main, search_command
 from tests.helpers import SHORT_RUN, TINY_LINEARS, call, train_run
 
 NAMES = [

@@ -80,6 +80,19 @@ def write_config(model_config: Any, out: Path, inputs: dict[str, Any] | None) ->
     model_config.save_pretrained(out)
 
 
+def save_tokenizer(name: str | None, out: Path) -> bool:
+    """Save the run's tokenizer beside an export so the folder predicts on its own; False when it cannot be had."""
+    from adls_lightning.models import load_tokenizer
+
+    if not name:
+        return False
+    try:
+        load_tokenizer(name).save_pretrained(out)
+    except (ConfigError, OSError):
+        return False
+    return True
+
+
 def read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())

@@ -181,9 +181,9 @@ def budget_command(argv: Sequence[str]) -> None:
 
     from adls_lightning.build import build
     from adls_lightning.data.tasks import build_metric
-    from adls_lightning.export.__main__ import load_checkpoint_model
     from adls_lightning.export.mixed import load_mixed
     from adls_lightning.export.mixed_save import save_mixed
+    from adls_lightning.run_loading import load_checkpoint_model
     from adls_lightning.search import budget, cost
 
     deployed = opts["assignment"] == DEPLOYED
