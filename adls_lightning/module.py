@@ -253,7 +253,9 @@ class SequenceClassifier(LightningModule):
         for this pass (after the callbacks' own ``on_*_start``: the copy has what they changed)."""
         trainer_precision = str(self.trainer.precision)
         how = resolve_eval_precision(self.eval_precision, trainer_precision, self.device.type == "cpu")
-        self._eval_model = (
+        # kept out of nn.Module's registry: a registered copy would be saved in every checkpoint written during the
+        # pass (ModelCheckpoint saves in on_validation_end, before this module's own hook clears it)
+        self.__dict__["_eval_model"] = (
             bf16_inference_model(self.model) if how == "bf16" else self.model if how == "32-true" else None
         )
         if not self._eval_logged:

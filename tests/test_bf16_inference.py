@@ -166,6 +166,20 @@ def test_run_evaluates_with_bf16_weights_and_keeps_training_fp32(tmp_path, tiny_
         state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
         floats = {k: v.dtype for k, v in state.items() if v.is_floating_point()}
         assert floats and set(floats.values()) == {torch.float32}, (ckpt, floats)
+        assert not [k for k in state if k.startswith("_eval_model")], ckpt
+
+
+@pytest.mark.parametrize("eval_precision", ["bf16", "32-true"])
+def test_ptq_checkpoint_holds_the_model_once(eval_precision, fine_tuned, tmp_path, tiny_imdb_dir, cache_dir):
+    """A PTQ run saves its evaluated model (compressed.ckpt) during the test pass, while the evaluation's model (a
+    bf16 copy, or the model itself) is set: the checkpoint holds the model's weights under their own names only."""
+    overrides = ["train=false", f"init_ckpt={fine_tuned}", "quant=int8_scaled", "quant.mode=ptq"]
+    train_run(tmp_path, [*overrides, f"model.eval_precision={eval_precision}"], tiny_imdb_dir, cache_dir)
+    state = torch.load(tmp_path / "checkpoints" / "compressed.ckpt", map_location="cpu", weights_only=False)
+    names = list(state["state_dict"])
+    assert names and all(name.startswith("model.") for name in names), [
+        n for n in names if n[:6] != "model."
+    ][:5]
 
 
 def test_bf16_evaluation_of_a_checkpoint_matches_fp32(fine_tuned, tmp_path, tiny_imdb_dir, cache_dir):
