@@ -157,9 +157,6 @@ def load_checkpoint_model(
     compression = run_compression(cfg) if record is None else record_compression(record, ckpt)
     # a light checkpoint (LoRA adapters and trained heads) is completed from the base the model was just built from
     state = dict(complete_light_state(module, checkpoint, ckpt, "ckpt"))
-    # a checkpoint written during an evaluation pass (a PTQ run's compressed.ckpt) holds the module's evaluation
-    # copy (model.eval_precision: LitClassifier._eval_model), which is not the model's state (issue 60)
-    state = {key: value for key, value in state.items() if not key.startswith("_eval_model.")}
     del checkpoint
     quantized = fake_quantized_key(state, set(module.state_dict()))
     if quantized is not None and compression.quant is None:

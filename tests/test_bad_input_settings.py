@@ -95,7 +95,9 @@ CASES = cases()
 
 def test_every_compression_callback_class_is_covered():
     targets = {t.rsplit(".", 1)[-1] for t in PRESETS}
-    assert {"QuantizationCallback", "PruningCallback", "CompressionCallback", "CompileCallback"} <= targets
+    # the pruning presets name their mode's class (adls_lightning.callbacks.pruning): every mode is covered
+    pruning_modes = {"OncePruning", "OneShotPruning", "ScheduledPruning", "StructuredPruning"}
+    assert {"QuantizationCallback", "CompressionCallback", "CompileCallback", *pruning_modes} <= targets
     keys = {key for _, key, _ in CASES}
     for key in ("quant.gptq", "quant.gptq.batches", "quant.calibration.batches", "quant.smoothquant.alpha",
                 "prune.weight.sparsity", "prune.schedule.warmup", "prune.sparsegpt.block_size",
