@@ -21,12 +21,13 @@ from hydra.core.global_hydra import GlobalHydra
 
 from adls_lightning.build import build
 from adls_lightning.export.__main__ import main as export_main
-from adls_lightning.export.compressed import ExportRecipe, merge_overrides
+from adls_lightning.export.compressed import ExportRecipe
 from adls_lightning.export.evaluate import evaluation_setup, predictions
 from adls_lightning.export.folder import INPUTS_KEY, load_folder
 from adls_lightning.export.predict import main as predict_main
 from adls_lightning.export.predict import predict
 from adls_lightning.models import load_tokenizer
+from adls_lightning.overrides import merge_overrides
 from adls_lightning.run_loading import PROJECT_ROOT
 from tests.helpers import ENV, TINY, compose_config, merged_model
 

@@ -38,18 +38,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.export.compressed import (
-    FLAGS,
-    RECIPE_FILE,
-    flag_option,
-    split_options,
-)
+from adls_lightning.export.compressed import RECIPE_FILE
 from adls_lightning.export.folder import save_tokenizer, write_config
 from adls_lightning.export.selfcheck import OPTIONS as CHECK_OPTIONS
 from adls_lightning.export.selfcheck import CheckSettings, self_check
 from adls_lightning.logs import configure_tool
 from adls_lightning.run_loading import LoadedRun, load_checkpoint_model
-from adls_lightning.tool_options import HelpRequested, check_writable
+from adls_lightning.tool_options import FLAGS, HelpRequested, check_writable, flag_option, split_options
 
 OPTIONS = {
     "ckpt": None,

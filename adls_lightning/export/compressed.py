@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,11 +44,6 @@ from adls_lightning.quant.points import find_points
 from adls_lightning.quant.smoothquant import Smoothed
 from adls_lightning.quant.transform import find_linear_layers
 
-# the tools' one parser, where the export's modules have always found it
-from adls_lightning.tool_options import FLAGS as FLAGS
-from adls_lightning.tool_options import flag_option as flag_option
-from adls_lightning.tool_options import split_options as split_options
-
 RECIPE_FILE = "compression.json"
 ACTIVATION_STATE_FILE = "compression.safetensors"
 RECIPE_VERSION = 1
@@ -59,18 +54,6 @@ RUN_OVERRIDES = Path("..") / ".hydra" / "overrides.yaml"
 #: override keys that say where a run wrote or which checkpoint it resumed, not which model or data it used
 _RUN_ONLY_KEYS = ("hydra.", "ckpt_path", "init_ckpt", "init_head", "paths.output_dir")
 _PRUNE_KEYS = ("weight", "activation", "include", "exclude", "seed")
-
-
-def override_key(token: str) -> str:
-    """The config key a Hydra override sets (``+a.b=1``, ``~a.b``, ``a/b=c`` → ``a.b``)."""
-    return token.split("=", 1)[0].lstrip("+~").replace("/", ".")
-
-
-def merge_overrides(base: Sequence[str], extra: Sequence[str]) -> list[str]:
-    """``base`` then ``extra``, where an override in ``extra`` replaces one of ``base`` that sets the same key
-    (Hydra refuses a config group given twice)."""
-    replaced = {override_key(token) for token in extra}
-    return [token for token in base if override_key(token) not in replaced] + list(extra)
 
 
 def run_overrides(ckpt: Path) -> list[str]:

@@ -32,12 +32,13 @@ import torch
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.export import folder as export_folder
-from adls_lightning.export.compressed import ExportRecipe, merge_overrides
+from adls_lightning.export.compressed import ExportRecipe
 from adls_lightning.export.folder import ExportFolder, OnnxClassifier, load_folder
 from adls_lightning.export.mixed import MIXED_CONFIG_FILE
 from adls_lightning.gemm import batch_rows, gemm_for
 from adls_lightning.gemm import validate as validate_gemm
 from adls_lightning.logs import configure_tool
+from adls_lightning.overrides import merge_overrides
 from adls_lightning.precision import inference_model
 from adls_lightning.run_loading import compose_train_config
 from adls_lightning.tool_options import run_tool, split_options
