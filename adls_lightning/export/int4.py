@@ -23,6 +23,7 @@ export writes) multiplies in float32: the graph differs from the fake-quantized 
 
 from __future__ import annotations
 
+import copy
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ import torch
 from torch import nn
 
 from adls_lightning.errors import ConfigError
+from adls_lightning.export.int8 import bake_weights, rewrite_linear_nodes
 from adls_lightning.quant.linear import QuantLinear
 from adls_lightning.quant.scaled import ScaledIntegerQuantizer
 from adls_lightning.quant.transform import find_linear_layers
@@ -174,20 +176,6 @@ def matmul_nbits_node(
     )
 
 
-def _weight_keys(model: nn.Module) -> dict[bytes, tuple[str, bool]]:
-    """Every linear weight of ``model`` by its bytes, as stored ``[out, in]`` (``Gemm`` with ``transB``) and
-    transposed (the exporter's ``MatMul`` initializer) → (layer name, transposed)."""
-    keys: dict[bytes, tuple[str, bool]] = {}
-    for layer in find_linear_layers(model):
-        weight = layer.module.weight.detach().float().numpy()
-        for transposed, array in ((False, weight), (True, np.ascontiguousarray(weight.T))):
-            key = array.tobytes()
-            if key in keys:
-                raise ConfigError(f"int4=true: layers {keys[key][0]} and {layer.name} have identical weights")
-            keys[key] = (layer.name, transposed)
-    return keys
-
-
 def nbits_graph(
     fp32_path: Path,
     out_path: Path,
@@ -198,69 +186,24 @@ def nbits_graph(
     """Rewrite the fp32 graph of ``float_model`` (weights as the run quantized them): every ``MatMul`` / ``Gemm``
     whose weight is one of ``layers``' becomes their ``MatMulNBits``; the rest of the graph is unchanged."""
     import onnx
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
-    graph_model = onnx.load(str(fp32_path))
-    graph = graph_model.graph
-    initializers = {init.name: init for init in graph.initializer}
-    keys = _weight_keys(float_model)
-    nodes, done = [], set()
-    for node in graph.node:
-        weight = node.input[1] if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 else None
-        found = (
-            keys.get(numpy_helper.to_array(initializers[weight]).tobytes())
-            if weight in initializers
-            else None
-        )
-        if found is None or found[0] not in layers:
-            nodes.append(node)
-            continue
-        name, transposed = found
-        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        gemm_ok = attributes.get("transB", 0) == 1 and not attributes.get("transA", 0)
-        gemm_ok = gemm_ok and attributes.get("alpha", 1.0) == 1.0 and attributes.get("beta", 1.0) == 1.0
-        if transposed != (node.op_type == "MatMul") or (node.op_type == "Gemm" and not gemm_ok):
-            raise ConfigError(f"int4=true: layer {name}: unexpected {node.op_type} layout {attributes}")
+    def nbits(name: str, node, transposed: bool, graph) -> list:
         bias = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] else None
-        nodes.append(
+        return [
             matmul_nbits_node(name, node.input[0], node.output[0], layers[name], bias, graph, accuracy_level)
-        )
-        done.add(name)
-    missing = sorted(set(layers) - done)
-    if missing:
-        raise ConfigError(
-            f"int4=true: layer {missing[0]}: no MatMul or Gemm with its weight in the exported graph"
-        )
-    del graph.node[:]
-    graph.node.extend(nodes)
-    used = {name for node in graph.node for name in node.input}
-    kept = [init for init in graph.initializer if init.name in used]  # the float weights the codes replace go
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+        ]
+
+    graph_model = rewrite_linear_nodes(fp32_path, float_model, layers, "int4=true", nbits)
     if not any(opset.domain == CONTRIB_DOMAIN for opset in graph_model.opset_import):
         graph_model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
     onnx.save(graph_model, str(out_path))
 
 
-@torch.no_grad()
 def baked_copy(fake_model: nn.Module) -> nn.Module:
     """A copy of ``fake_model`` with each :class:`QuantLinear` a plain ``nn.Linear`` holding the weight its quantizer
     computes: the float graph whose weights :func:`nbits_graph` finds and replaces."""
-    import copy
-
-    from adls_lightning.layers import swap_module
-
-    model = copy.deepcopy(fake_model)
-    for layer in find_linear_layers(model):
-        module = layer.module
-        if isinstance(module, QuantLinear):
-            plain = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
-            weight = module.linear.weight
-            plain.weight.copy_(weight if module.weight_quantizer is None else module.weight_quantizer(weight))
-            if module.bias is not None:
-                plain.bias.copy_(module.linear.bias)
-            swap_module(model, layer.path, plain)
-    return model
+    return bake_weights(copy.deepcopy(fake_model))
 
 
 def export_int4_graph(

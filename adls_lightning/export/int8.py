@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import math
 import tempfile
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,7 +211,7 @@ def calibrate_as_run(model: nn.Module, cfg: Any) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ the graph
-def _weight_keys(model: nn.Module) -> dict[bytes, tuple[str, bool]]:
+def _weight_keys(model: nn.Module, option: str) -> dict[bytes, tuple[str, bool]]:
     """Every linear weight of ``model`` by its bytes: as stored ``[out, in]`` (a ``Gemm`` with ``transB``) and
     transposed (the exporter's ``MatMul`` initializer) → (layer name, transposed)."""
     keys: dict[bytes, tuple[str, bool]] = {}
@@ -219,26 +220,29 @@ def _weight_keys(model: nn.Module) -> dict[bytes, tuple[str, bool]]:
         for transposed, array in ((False, weight), (True, np.ascontiguousarray(weight.T))):
             key = array.tobytes()
             if key in keys:
-                raise ConfigError(
-                    f"int8=scaled: layers {keys[key][0]} and {layer.name} have identical weights"
-                )
+                raise ConfigError(f"{option}: layers {keys[key][0]} and {layer.name} have identical weights")
             keys[key] = (layer.name, transposed)
     return keys
 
 
-def qdq_graph(
-    fp32_path: Path, out_path: Path, float_model: nn.Module, layers: dict[str, ScaledInt8Layer]
-) -> None:
-    """Rewrite the fp32 graph of ``float_model`` (weights as the run quantized them) into the QDQ graph of
-    ``layers``: every ``MatMul`` / ``Gemm`` whose weight is one of those layers' takes int8 codes and the run's
-    scales; the rest of the graph is unchanged."""
+def rewrite_linear_nodes(
+    fp32_path: Path,
+    float_model: nn.Module,
+    layers: Collection[str],
+    option: str,
+    rewrite: Callable[..., list],
+):
+    """The fp32 graph of ``float_model`` (weights as the run quantized them) with every ``MatMul`` / ``Gemm``
+    whose weight is one of ``layers``' replaced by ``rewrite(name, node, transposed, graph)``'s nodes (which add
+    their initializers to ``graph``); the float weights no node reads any more go. Shared by the int8 (QDQ) and
+    the 4-bit (``MatMulNBits``) exports: the layer is found by its weight's bytes, its layout checked."""
     import onnx
     from onnx import helper, numpy_helper
 
     graph_model = onnx.load(str(fp32_path))
     graph = graph_model.graph
     initializers = {init.name: init for init in graph.initializer}
-    keys = _weight_keys(float_model)
+    keys = _weight_keys(float_model, option)
     nodes, done = [], set()
     for node in graph.node:
         weight = node.input[1] if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 else None
@@ -256,7 +260,33 @@ def qdq_graph(
         gemm_ok = attributes.get("transB", 0) == 1 and not attributes.get("transA", 0)
         gemm_ok = gemm_ok and attributes.get("alpha", 1.0) == 1.0 and attributes.get("beta", 1.0) == 1.0
         if transposed != (node.op_type == "MatMul") or (node.op_type == "Gemm" and not gemm_ok):
-            raise ConfigError(f"int8=scaled: layer {name}: unexpected {node.op_type} layout {attributes}")
+            raise ConfigError(f"{option}: layer {name}: unexpected {node.op_type} layout {attributes}")
+        nodes += rewrite(name, node, transposed, graph)
+        done.add(name)
+    missing = sorted(set(layers) - done)
+    if missing:
+        raise ConfigError(
+            f"{option}: layer {missing[0]}: no MatMul or Gemm with its weight in the exported graph"
+        )
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {name for node in graph.node for name in node.input}
+    kept = [init for init in graph.initializer if init.name in used]  # the float weights the codes replace go
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return graph_model
+
+
+def qdq_graph(
+    fp32_path: Path, out_path: Path, float_model: nn.Module, layers: dict[str, ScaledInt8Layer]
+) -> None:
+    """Rewrite the fp32 graph of ``float_model`` (weights as the run quantized them) into the QDQ graph of
+    ``layers``: every ``MatMul`` / ``Gemm`` whose weight is one of those layers' takes int8 codes and the run's
+    scales; the rest of the graph is unchanged."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    def quantized(name: str, node, transposed: bool, graph) -> list:
         layer = layers[name]
         prefix = f"int8.{name}."
         codes = layer.codes.numpy()
@@ -273,7 +303,7 @@ def qdq_graph(
             ]
         )
         x, q = prefix + "x", prefix
-        source = node.input[0]
+        source, nodes = node.input[0], []
         if layer.smooth is not None:
             graph.initializer.append(
                 numpy_helper.from_array(layer.smooth.numpy().astype(np.float32), q + "smooth")
@@ -294,19 +324,9 @@ def qdq_graph(
             ),
         ]
         node.input[0], node.input[1] = x + "_dq", q + "w_dq"
-        nodes.append(node)
-        done.add(name)
-    missing = sorted(set(layers) - done)
-    if missing:
-        raise ConfigError(
-            f"int8=scaled: layer {missing[0]}: no MatMul or Gemm with its weight in the exported graph"
-        )
-    del graph.node[:]
-    graph.node.extend(nodes)
-    used = {name for node in graph.node for name in node.input}
-    kept = [init for init in graph.initializer if init.name in used]  # the float weights the codes replace go
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
+        return [*nodes, node]
+
+    graph_model = rewrite_linear_nodes(fp32_path, float_model, layers, "int8=scaled", quantized)
     onnx.checker.check_model(graph_model)
     onnx.save(graph_model, str(out_path))
 
