@@ -522,3 +522,30 @@ FORMAT_PARAMS = {
     "mxint8": {},
     "scaled_integer": {"width": 8},
 }
+
+
+class RecordTestLogits(L.Callback):
+    """Records the logits the run's own model computes on each test batch (the model as the run evaluated it)."""
+
+    def __init__(self) -> None:
+        self.batches: list[dict[str, torch.Tensor]] = []
+        self.logits: list[torch.Tensor] = []
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+        with torch.inference_mode():
+            self.logits.append(pl_module.model(**inputs).logits.detach().clone())
+        self.batches.append({k: v.detach().clone() for k, v in inputs.items()})
+
+
+def recorded_run(
+    out: Path, overrides: list[str], tiny_imdb_dir, cache_dir, monkeypatch
+) -> tuple[dict, RecordTestLogits]:
+    recorder = RecordTestLogits()
+    from adls_lightning.app import training
+
+    build = training.instantiate_callbacks
+    monkeypatch.setattr(training, "instantiate_callbacks", lambda cfg: [*build(cfg), recorder])
+    metrics = train_run(out, overrides, tiny_imdb_dir, cache_dir)
+    monkeypatch.setattr(training, "instantiate_callbacks", build)
+    return metrics, recorder

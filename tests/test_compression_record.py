@@ -14,12 +14,10 @@ import json
 import re
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
 
-from adls_lightning.app import training
 from adls_lightning.compression_record import (
     CHECKPOINT_KEY,
     COMPRESSED_CHECKPOINT,
@@ -35,7 +33,7 @@ from adls_lightning.export.__main__ import main
 from adls_lightning.export.compressed import ExportRecipe
 from adls_lightning.export.folder import load_folder
 from adls_lightning.run_loading import load_checkpoint_model
-from tests.helpers import SHORT_RUN, call, train_run
+from tests.helpers import SHORT_RUN, call, recorded_run, train_run
 
 NO_LORA = ["model/lora=none"]
 FROM_FINE_TUNED = ["model.optimizer.lr=1e-4"]
@@ -57,31 +55,6 @@ CASES = {
     "gptq_lora": ["quant=w4_gptq", "quant.gptq.batches=2"],
 }
 PTQ = ("gptq", "ptq_calibrated", "smoothquant_ptq", "gptq_lora")
-
-
-class RecordTestLogits(L.Callback):
-    """Records the logits the run's own model computes on each test batch (the model as the run evaluated it)."""
-
-    def __init__(self) -> None:
-        self.batches: list[dict[str, torch.Tensor]] = []
-        self.logits: list[torch.Tensor] = []
-
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
-        with torch.inference_mode():
-            self.logits.append(pl_module.model(**inputs).logits.detach().clone())
-        self.batches.append({k: v.detach().clone() for k, v in inputs.items()})
-
-
-def recorded_run(
-    out: Path, overrides: list[str], tiny_imdb_dir, cache_dir, monkeypatch
-) -> tuple[dict, RecordTestLogits]:
-    recorder = RecordTestLogits()
-    build = training.instantiate_callbacks
-    monkeypatch.setattr(training, "instantiate_callbacks", lambda cfg: [*build(cfg), recorder])
-    metrics = train_run(out, overrides, tiny_imdb_dir, cache_dir)
-    monkeypatch.setattr(training, "instantiate_callbacks", build)
-    return metrics, recorder
 
 
 def run_checkpoint(run: Path) -> Path:

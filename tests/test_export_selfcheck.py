@@ -22,8 +22,7 @@ from adls_lightning.export.__main__ import main
 from adls_lightning.export.int4 import INT4_FILE, NBitsLayer, matmul_nbits_node, pack_4bit
 from adls_lightning.export.onnx import onnx_session
 from adls_lightning.run_loading import load_checkpoint_model
-from tests.helpers import SHORT_RUN, call, train_run
-from tests.test_compression_record import recorded_run
+from tests.helpers import SHORT_RUN, call, recorded_run, train_run
 
 GPTQ = ["model/lora=none", "model.optimizer.lr=1e-4", "quant=w4_gptq", "quant.gptq.batches=2"]
 # tiny_random: 2 layers x 6 linear layers, the pooler and the classifier, all 4-bit
