@@ -25,9 +25,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,6 +33,7 @@ import torch
 
 from adls_lightning.gemm import _read_cache, _write_cache, cpu_name
 from adls_lightning.precision import cpu_flags
+from adls_lightning.search.cost import clock_for, time_calls
 
 log = logging.getLogger(__name__)
 
@@ -161,18 +160,12 @@ def sample_batch(batch: int, tokens: int, vocab_size: int, seed: int = 0) -> dic
 def time_runners(
     runners: dict[str, Runner], inputs: dict[str, torch.Tensor], repeats: int = 5
 ) -> dict[str, float]:
-    """Seconds per call of each runner: one warm-up each, then ``repeats`` rounds running each once in turn;
-    the median round kept."""
+    """Seconds per call of each runner, median of ``repeats`` interleaved rounds after warm-up
+    (:func:`adls_lightning.search.cost.time_calls`), on the clock that function's callers read at this thread
+    count."""
     args = (inputs["input_ids"], inputs["attention_mask"])
-    for run in runners.values():
-        run(*args)
-    rounds: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, run in runners.items():
-            start = time.perf_counter()
-            run(*args)
-            rounds[name].append(time.perf_counter() - start)
-    return {name: statistics.median(times) for name, times in rounds.items()}
+    seconds = time_calls({name: lambda run=run: run(*args) for name, run in runners.items()}, repeats)
+    return {name: clocks[clock_for(torch.get_num_threads())] for name, clocks in seconds.items()}
 
 
 def build_runners(

@@ -15,7 +15,7 @@ Rows (speed-up = torch eager fp32 unpruned / row):
   artifact.
 
 Timing: random token ids, no padding; each row warmed up, then ``--repeats`` rounds in which every row runs once in
-turn; each call is timed on this process's CPU clock (``time.process_time``; one thread: the time the call
+turn; each call is timed on the calling thread's CPU clock (``search.cost.time_calls``; one thread: the time the call
 computed, not the time other processes held the cores), the median round kept. Before the table: CPU model,
 flags, load average, and the machine's limit: the int8 (``torch._int_mm``) and fp32 GEMM rates on the structured
 model's linear shapes at each batch's rows with their peak estimates (``bench_gemm``), so a ratio below the goal can
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -50,6 +49,7 @@ from bench_gemm import cpuinfo, dtype_methods, matrix_peaks, peak  # noqa: E402
 
 from adls_lightning.gemm import cpu_name  # noqa: E402
 from adls_lightning.script_args import Parser, existing_file, non_negative_int, positive_int  # noqa: E402
+from adls_lightning.search.cost import time_calls  # noqa: E402
 
 BASELINE = "torch eager fp32 (unpruned)"
 PRUNED_FP32 = "torch eager fp32 (structured)"
@@ -123,16 +123,9 @@ def time_rows(
     generator = np.random.default_rng(0)
     ids = generator.integers(1000 if vocab > 2000 else 0, vocab, (batch, tokens)).astype(np.int64)
     mask = np.ones_like(ids)
-    for run in runners.values():
-        run(ids, mask)
-        run(ids, mask)
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    for _ in range(repeats):
-        for name, run in runners.items():
-            start = time.process_time()
-            run(ids, mask)
-            times[name].append(time.process_time() - start)
-    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    # one thread: the calling thread's CPU clock (time others held the cores is not counted), as the cost model reads
+    seconds = time_calls({name: lambda run=run: run(ids, mask) for name, run in runners.items()}, repeats)
+    return {name: 1e3 * clocks["cpu"] for name, clocks in seconds.items()}
 
 
 def tiny_dense(work: Path) -> tuple[Path, list[str]]:

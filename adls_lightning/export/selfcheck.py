@@ -27,8 +27,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import platform
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,6 +37,8 @@ import torch
 from torch import nn
 
 from adls_lightning.errors import ConfigError
+from adls_lightning.gemm import cpu_name
+from adls_lightning.search.cost import clock_for, time_calls
 
 EXPORT_JSON = "export.json"
 CHECK_MODES = ("full", "agreement", "none")
@@ -192,16 +192,12 @@ def speedups(
             generator = torch.Generator().manual_seed(batch)
             ids = torch.randint(0, vocab_size, (batch, settings.tokens), generator=generator)
             inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-            times: dict[str, list[float]] = {"baseline": [], "artifact": []}
             models = {"baseline": baseline, "artifact": artifact}
-            for model in models.values():
-                model(**inputs)  # warm-up: first-call allocations and kernel choices
-            for _ in range(settings.rounds):
-                for name, model in models.items():
-                    start = time.perf_counter()
-                    model(**inputs)
-                    times[name].append(time.perf_counter() - start)
-            base, art = statistics.median(times["baseline"]), statistics.median(times["artifact"])
+            # interleaved rounds on the clock the cost model reads at this thread count (search.cost.time_calls)
+            seconds = time_calls(
+                {name: lambda m=m, x=inputs: m(**x) for name, m in models.items()}, settings.rounds
+            )
+            base, art = (seconds[name][clock_for(settings.threads)] for name in ("baseline", "artifact"))
             measured[str(batch)] = {
                 "speedup": base / art,
                 "baseline_ms": base * 1e3,
@@ -210,16 +206,6 @@ def speedups(
     finally:
         torch.set_num_threads(saved)
     return measured
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def weight_formats(model: nn.Module) -> list[str]:
