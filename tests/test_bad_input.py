@@ -113,6 +113,7 @@ CASES = [
     Case("seed-negative", ("seed=-3",), "seed"),
     Case("precision-17", ("trainer.precision=17",), "trainer.precision"),
     Case("precision-fp8", ("trainer.precision=fp8",), "trainer.precision"),
+    Case("eval-precision-fp16", ("model.eval_precision=fp16",), "model.eval_precision"),
     Case("accelerator-unknown", ("trainer.accelerator=quantum",), "trainer.accelerator"),
     Case("max-epochs-zero", ("trainer.max_epochs=0",), "trainer.max_epochs"),
     Case("lora-r-zero", ("model.lora.r=0",), "model.lora.r"),

@@ -30,6 +30,7 @@ from adls_lightning.errors import (
     require_positive_number,
 )
 from adls_lightning.errors import exit_with as exit_with
+from adls_lightning.precision import EVAL_PRECISIONS
 from adls_lightning.run_dir import METRICS_FILE as METRICS_FILE
 from adls_lightning.run_dir import check_output_dir as check_output_dir
 from adls_lightning.runtime import GEMM_BACKENDS
@@ -156,6 +157,8 @@ def validate_run_config(cfg: Mapping) -> None:
             problems.found.append(f"{flag}={value!r}: must be true or false")
     with problems.check():
         require_fraction("model.warmup_ratio", _get(cfg, "model.warmup_ratio", 0.0))
+    with problems.check():
+        require_choice("model.eval_precision", _get(cfg, "model.eval_precision", "auto"), EVAL_PRECISIONS)
     with problems.check():
         require_choice("runtime.gemm", _get(cfg, "runtime.gemm", "auto"), GEMM_BACKENDS)
     init_head = cfg.get("init_head", "checkpoint")
