@@ -49,6 +49,7 @@ from adls_lightning.gemm import (
     repeats_untrustworthy,
     timed_repeats,
 )
+from adls_lightning.runtime import EVAL_PRECISIONS
 
 log = logging.getLogger(__name__)
 
@@ -230,10 +231,6 @@ def choose(
 
 # --- Inference in bfloat16: weights cast once -------------------------------------------------------------------
 
-#: ``model.eval_precision``: ``auto`` = bfloat16 weights where the run's resolved ``trainer.precision`` is a
-#: bfloat16 one on a CPU (which ``trainer.precision=auto`` takes only where the CPU measures bf16 faster), else as
-#: the trainer computes; ``bf16`` = bfloat16 weights whatever the trainer; ``32-true`` = fp32, autocast off.
-EVAL_PRECISIONS = (AUTO, "bf16", FP32)
 #: packages whose layers compute in whatever dtype their parameters have; layers of any other package (this
 #: project's quantizers, MXINT8 packed layers, pruning masks) keep fp32 and get casts at their edge
 _DTYPE_AGNOSTIC_PACKAGES = ("torch.", "transformers.", "peft.")

@@ -12,6 +12,11 @@ _KEEP_BYTES = 1 << 30
 
 #: ``runtime.gemm``'s values (here, not in :mod:`adls_lightning.gemm`, so the pre-flight check needs no torch).
 GEMM_BACKENDS = ("auto", "aten", "onednn")
+#: ``model.eval_precision``'s values (:func:`adls_lightning.precision.eval_precision`): ``auto`` = bfloat16 weights
+#: where the run's resolved ``trainer.precision`` is a bfloat16 one on a CPU (which ``trainer.precision=auto`` takes
+#: only where the CPU measures bf16 faster), else as the trainer computes; ``bf16`` = bfloat16 weights whatever the
+#: trainer; ``32-true`` = fp32, autocast off.
+EVAL_PRECISIONS = ("auto", "bf16", "32-true")
 
 
 def keep_freed_memory() -> bool:
