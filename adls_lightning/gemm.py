@@ -463,42 +463,34 @@ def choose(
     if not shapes:
         return "aten"
     rows = max(1, min(rows, TIMING_ROWS))
-    key = "|".join(
-        [
-            cpu_name(),
-            f"threads={torch.get_num_threads()}",
-            f"torch={torch.__version__}",
-            f"rows={rows}",
-            # timings cached before they were checked (issue 56) may have been taken under load: not read
-            "checked",
-            *sorted(f"{s.key}:{n}" for s, n in shapes.items()),
-        ]
-    )
-    cache = Path(cache_dir) / CACHE_FILE if cache_dir is not None else None
-    entries = _read_cache(cache)
-    times = entries.get(key)
-    source = "cached"
+    key = [
+        cpu_name(),
+        f"threads={torch.get_num_threads()}",
+        f"torch={torch.__version__}",
+        f"rows={rows}",
+        # timings cached before they were checked (issue 56) may have been taken under load: not read
+        "checked",
+        *sorted(f"{s.key}:{n}" for s, n in shapes.items()),
+    ]
     flops = _flops(shapes, rows)
-    if times is None:
-        # looked up here, not bound as defaults: tests (and callers) replace the module's timings
-        measure_fn = measure_fn or measure
-        reference_fn = reference_fn or reference_gflops
-        runs, references, times = timed_repeats(shapes, rows, measure_fn, reference_fn)
-        why = untrustworthy(runs, references, shapes, rows)
-        if why is not None:
-            log.warning(
-                "runtime.gemm=auto: aten, the default, for this run, and nothing cached: the timing cannot be "
-                "trusted (%s; aten %.2g GFLOP/s, oneDNN %.2g GFLOP/s, the reference GEMM %s GFLOP/s)",
-                why,
-                flops / times["aten"] / 1e9,
-                flops / times["onednn"] / 1e9,
-                " and ".join(f"{r:.1f}" for r in references),
-            )
-            return "aten"
-        source = f"measured {MEASUREMENTS} times"
-        if cache is not None:
-            entries[key] = times
-            _write_cache(cache, entries)
+    # looked up here, not bound as defaults: tests (and callers) replace the module's timings
+    times, source, why, references = cached_timings(
+        Path(cache_dir) / CACHE_FILE if cache_dir is not None else None,
+        key,
+        ("aten", "onednn"),
+        lambda: timed_repeats(shapes, rows, measure_fn or measure, reference_fn or reference_gflops),
+        lambda runs, refs: untrustworthy(runs, refs, shapes, rows),
+    )
+    if why is not None:
+        log.warning(
+            "runtime.gemm=auto: aten, the default, for this run, and nothing cached: the timing cannot be "
+            "trusted (%s; aten %.2g GFLOP/s, oneDNN %.2g GFLOP/s, the reference GEMM %s GFLOP/s)",
+            why,
+            flops / times["aten"] / 1e9,
+            flops / times["onednn"] / 1e9,
+            " and ".join(f"{r:.1f}" for r in references),
+        )
+        return "aten"
     choice = _faster(times)
     log.info(
         "runtime.gemm=auto: %s (%s on this model's %d linear shapes: aten %.1f GFLOP/s, oneDNN %.1f GFLOP/s; "
@@ -511,6 +503,31 @@ def choose(
         round((MARGIN - 1) * 100),
     )
     return choice
+
+
+def cached_timings(
+    cache: Path | None,
+    key: list[str],
+    names: tuple[str, ...],
+    time_repeats: Callable[[], tuple[list[dict[str, float]], list[float], dict[str, float]]],
+    why_untrusted: Callable[[list[dict[str, float]], list[float]], str | None],
+) -> tuple[dict[str, float], str, str | None, list[float]]:
+    """The timings of a measured-once choice (``runtime.gemm=auto``, ``trainer.precision=auto``): those cached in
+    the JSON file ``cache`` under ``key`` (joined by ``|``) when they hold every one of ``names``, else
+    ``time_repeats()``'s (:func:`timed_repeats`), cached only when ``why_untrusted`` finds nothing wrong with
+    them. Returns the timings, where they came from, why they cannot be trusted (None when they can) and the
+    reference GEMM's rates taken around them (empty when cached)."""
+    joined = "|".join(key)
+    entries = _read_cache(cache)
+    times = entries.get(joined)
+    if isinstance(times, dict) and set(names) <= times.keys():
+        return times, "cached", None, []
+    runs, references, times = time_repeats()
+    why = why_untrusted(runs, references)
+    if why is None and cache is not None:
+        entries[joined] = times
+        _write_cache(cache, entries)
+    return times, f"measured {MEASUREMENTS} times", why, references
 
 
 def _read_cache(path: Path | None) -> dict[str, dict[str, float]]:

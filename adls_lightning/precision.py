@@ -32,15 +32,13 @@ import torch.nn.functional as F
 from adls_lightning.errors import ConfigError
 from adls_lightning.gemm import (
     BFLOAT16_FLAGS,
-    MEASUREMENTS,
     TIMING_ROWS,
     LinearShape,
     _cpuinfo_field,
     _flops,
     _gemm_calls,
-    _read_cache,
-    _write_cache,
     best_call_seconds,
+    cached_timings,
     cpu_name,
     model_linear_shapes,
     native_bfloat16,
@@ -177,40 +175,32 @@ def choose(
         log.info("trainer.precision=auto: 32-true (the model has no linear layer to measure; CPU %s)", cpu)
         return FP32
     rows = max(1, min(rows, TIMING_ROWS))
-    key = "|".join(
-        [
-            cpu,
-            f"threads={torch.get_num_threads()}",
-            f"torch={torch.__version__}",
-            f"rows={rows}",
-            *sorted(f"{s.key}:{n}" for s, n in shapes.items()),
-        ]
-    )
-    cache = Path(cache_dir) / CACHE_FILE if cache_dir is not None else None
-    entries = _read_cache(cache)
-    times = entries.get(key)
+    key = [
+        cpu,
+        f"threads={torch.get_num_threads()}",
+        f"torch={torch.__version__}",
+        f"rows={rows}",
+        *sorted(f"{s.key}:{n}" for s, n in shapes.items()),
+    ]
     flops = _flops(shapes, rows)
-    source = "cached"
-    if not (isinstance(times, dict) and {"fp32", "bf16"} <= times.keys()):
-        measure_fn = measure_fn or measure
-        reference_fn = reference_fn or reference_gflops
-        runs, references, times = timed_repeats(shapes, rows, measure_fn, reference_fn)
-        why = untrustworthy(runs, references)
-        if why is not None:
-            log.warning(
-                "trainer.precision=auto: 32-true, the default, for this run, and nothing cached: the timing cannot "
-                "be trusted (%s; fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s, the reference GEMM %s GFLOP/s; CPU %s)",
-                why,
-                flops / times["fp32"] / 1e9,
-                flops / times["bf16"] / 1e9,
-                " and ".join(f"{r:.1f}" for r in references),
-                cpu,
-            )
-            return FP32
-        source = f"measured {MEASUREMENTS} times"
-        if cache is not None:
-            entries[key] = times
-            _write_cache(cache, entries)
+    times, source, why, references = cached_timings(
+        Path(cache_dir) / CACHE_FILE if cache_dir is not None else None,
+        key,
+        (FP32, "bf16"),
+        lambda: timed_repeats(shapes, rows, measure_fn or measure, reference_fn or reference_gflops),
+        untrustworthy,
+    )
+    if why is not None:
+        log.warning(
+            "trainer.precision=auto: 32-true, the default, for this run, and nothing cached: the timing cannot "
+            "be trusted (%s; fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s, the reference GEMM %s GFLOP/s; CPU %s)",
+            why,
+            flops / times["fp32"] / 1e9,
+            flops / times["bf16"] / 1e9,
+            " and ".join(f"{r:.1f}" for r in references),
+            cpu,
+        )
+        return FP32
     choice = _faster(times)
     log.info(
         "trainer.precision=auto: %s (%s on this model's %d linear shapes at %d rows: fp32 %.1f GFLOP/s, "

@@ -17,7 +17,7 @@ from torch.nn.utils import parametrize
 
 from adls_lightning import precision
 from adls_lightning.errors import ConfigError
-from adls_lightning.gemm import LinearShape, cpu_name
+from adls_lightning.gemm import MEASUREMENTS, LinearShape, cpu_name
 from tests.helpers import FORMAT_PARAMS
 
 AVX2_FLAGS = "fpu sse sse2 avx avx2 fma"
@@ -85,7 +85,7 @@ def test_bf16_cpu_measured_faster_takes_bf16_and_caches_it(flags, caplog, tmp_pa
     # measured on the model's own shapes, at the run's rows, MEASUREMENTS times
     shapes, rows = measure_fn.calls[0]
     assert shapes == Counter({LinearShape(64, 128, True): 1, LinearShape(128, 64, True): 1})
-    assert rows == 256 and len(measure_fn.calls) == precision.MEASUREMENTS
+    assert rows == 256 and len(measure_fn.calls) == MEASUREMENTS
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("trainer.precision=auto:")]
     # both rates in GFLOP/s, computed here from the shapes: 3 GEMMs of 2*rows*in*out per trained layer
     flops = 2 * 256 * (64 * 128 + 128 * 64) * 3
