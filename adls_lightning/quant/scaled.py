@@ -8,17 +8,22 @@ Symmetric grids are the restricted range ``[-(2^(w-1) - 1), 2^(w-1) - 1]`` (``ma
 
 * ``granularity``: ``tensor`` (one scale), ``channel`` (one per row: a weight's output channel), ``group`` (one per
   ``group_size`` consecutive elements along the last dimension), ``token`` (one per row of an activation,
-  computed on the fly: dynamic quantization).
+  computed on the fly: dynamic quantization), ``embedding`` (one per element of the last dimension: an
+  activation's hidden channels, static and calibrated like ``tensor``; Bondarenko et al. 2021, "Understanding and
+  overcoming the challenges of efficient transformer quantization", give BERT's residual stream these
+  per-embedding scales because a few of its channels carry values 20-40x the others', which one per-tensor step
+  would round coarsely together with every other channel).
 * ``observer``: how a range is read from values. ``minmax`` (the extremes), ``percentile`` (the ``percentile``-th
   percentile of ``|x|``, or both tails when asymmetric: outliers clipped), ``mse`` (the clipping of the extremes,
   among 20 from 50 % to 100 %, that gives the least squared error; per row for rows and groups), and
   ``moving_average`` (as minmax per batch, averaged over batches with ``averaging_constant``: QAT's running range).
 
 Row, group and token scales are measured on every call (a weight's rows are the weight's own; a token's are its
-own). A ``tensor`` scale on an activation is *static*: measured over calibration batches (:func:`calibrating`,
-which ``quant.calibration.batches=N`` runs) or, in training, updated from each batch (QAT), and kept in the
-quantizer's state (``min_val``, ``max_val``: saved in checkpoints, restored on resume). Until a range has been
-observed, a tensor scale is measured on the tensor itself (dynamic), so an uncalibrated model still computes.
+own). A ``tensor`` or ``embedding`` scale on an activation is *static* (:data:`STATIC_GRANULARITIES`): measured
+over calibration batches (:func:`calibrating`, which ``quant.calibration.batches=N`` runs) or, in training,
+updated from each batch (QAT), and kept in the quantizer's state (``min_val``, ``max_val``: one value, or one per
+hidden channel for ``embedding``; saved in checkpoints, restored on resume). Until a range has been observed, the
+scale is measured on the tensor itself (dynamic), so an uncalibrated model still computes.
 
 Gradients: straight-through inside the grid's range, zero outside (clipped values), as PyTorch's own
 ``fake_quantize_*``. A tensor (row, group) holding inf or NaN becomes NaN: its statistic is not finite.
@@ -54,7 +59,9 @@ from adls_lightning.quant.quantizers import (
     register_format,
 )
 
-GRANULARITIES = ("tensor", "channel", "group", "token")
+GRANULARITIES = ("tensor", "channel", "group", "token", "embedding")
+#: granularities whose range is static: recorded over calibration batches (QAT: a running range), kept in the state
+STATIC_GRANULARITIES = ("tensor", "embedding")
 OBSERVERS = ("minmax", "percentile", "mse", "moving_average")
 #: the clipping ratios the ``mse`` observer tries, as fractions of the extremes
 MSE_CLIP_RATIOS = torch.linspace(0.5, 1.0, 20)
@@ -70,7 +77,8 @@ class ScaledIntegerQuantizer(Quantizer):
         width: bits per element, 2..16.
         symmetric: zero point 0 and ``s = max|x| / (2^(w-1) - 1)``, else ``s = (max - min) / (2^w - 1)`` with a
             zero point (the range always includes 0, so 0 stays exactly 0).
-        granularity: ``tensor``, ``channel``, ``group`` or ``token``.
+        granularity: ``tensor``, ``channel``, ``group``, ``token`` or ``embedding`` (activations: one static
+            scale per hidden channel, the last dimension).
         group_size: elements per scale along the last dimension (``granularity=group``).
         observer: ``minmax``, ``percentile``, ``mse`` or ``moving_average``.
         percentile: for ``observer=percentile``, in (50, 100].
@@ -125,18 +133,19 @@ class ScaledIntegerQuantizer(Quantizer):
             raise QuantizerParamError(
                 "lsq", "=true: needs symmetric=true (LSQ learns a step, not a zero point)"
             )
-        if self.lsq and granularity == "token":
+        if self.lsq and granularity in ("token", "embedding"):
             raise QuantizerParamError(
                 "lsq",
-                "=true: granularity token measures each row on the fly; learned steps need tensor, "
-                "channel or group",
+                f"=true: granularity {granularity} has no learned steps (token measures each row on the fly; "
+                "embedding's steps are calibrated); learned steps need tensor, channel or group",
             )
         if self.symmetric:
             # the restricted range [-(2^(w-1) - 1), 2^(w-1) - 1]: symmetric about 0, as int8 engines take weights
             self.qmin, self.qmax = -(2 ** (self.width - 1) - 1), 2 ** (self.width - 1) - 1
         else:
             self.qmin, self.qmax = 0, 2**self.width - 1
-        # the static range of a tensor scale (unobserved: min > max); in the state dict, so checkpoints keep it
+        # the static range of a tensor scale, or per hidden channel for embedding (unobserved: min > max, one value:
+        # the first observation sizes it); in the state dict, so checkpoints keep it
         self.register_buffer("min_val", torch.tensor(float("inf")))
         self.register_buffer("max_val", torch.tensor(float("-inf")))
         self.register_buffer("batches_observed", torch.tensor(0))
@@ -153,12 +162,35 @@ class ScaledIntegerQuantizer(Quantizer):
 
     # ----------------------------------------------------------------------------------------------- ranges
     def _rows(self, x: Tensor) -> Tensor:
-        """``x`` as the rows that share a scale (a single row for ``tensor``)."""
+        """``x`` as the rows that share a scale (a single row for ``tensor``); for ``embedding``, the rows of ``x``
+        (tokens), each column of which has its own scale."""
         if self.granularity == "tensor":
             return x.reshape(1, -1)
         if self.granularity == "group":
             return x.reshape(-1, self.group_size)
         return x.reshape(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)
+
+    @property
+    def _per_column(self) -> bool:
+        return self.granularity == "embedding"
+
+    def _sharing(self, rows: Tensor) -> Tensor:
+        """``rows`` (:meth:`_rows`) as one row per scale: the columns for ``embedding``."""
+        return rows.t() if self._per_column else rows
+
+    def _along(self, values: Tensor) -> Tensor:
+        """Per-scale values (steps, zero points, one per row of :meth:`_sharing`) shaped to broadcast over rows."""
+        return values[None, :] if self._per_column else values[:, None]
+
+    def _static_grid(self, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Steps and zero points of the recorded range (checked against ``rows``' channels for ``embedding``)."""
+        low, high = self.min_val.reshape(-1), self.max_val.reshape(-1)
+        if rows is not None and self._per_column and low.numel() != rows.shape[1]:
+            raise ValueError(
+                f"granularity embedding: the recorded range has {low.numel()} channels, the tensor has "
+                f"{rows.shape[1]} (last dimension)"
+            )
+        return self._scale(low, high)
 
     def _range(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         """Per row (min, max) by the observer (``moving_average`` reads one batch as ``minmax``)."""
@@ -206,11 +238,20 @@ class ScaledIntegerQuantizer(Quantizer):
     @torch.no_grad()
     def observe(self, x: Tensor) -> None:
         """Fold ``x``'s range into the static range of a ``tensor`` scale (calibration, or a QAT step)."""
-        low, high = self._range(self._rows(_float_compute(x).detach()))
-        low, high = low[0], high[0]
-        if not (torch.isfinite(low) and torch.isfinite(high)):
+        low, high = self._range(self._sharing(self._rows(_float_compute(x).detach())))
+        if not self._per_column:
+            low, high = low[0], high[0]
+        if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
             return  # a batch with inf/NaN says nothing about the range
         first = int(self.batches_observed) == 0
+        if first and self.min_val.shape != low.shape:  # embedding: sized by the first batch's channels
+            self.min_val = torch.full_like(low, float("inf"))
+            self.max_val = torch.full_like(high, float("-inf"))
+        elif self.min_val.shape != low.shape:
+            raise ValueError(
+                f"granularity embedding: the recorded range has {self.min_val.numel()} channels, the tensor has "
+                f"{low.numel()} (last dimension)"
+            )
         if self.observer == "minmax" and self.observing:
             low, high = torch.minimum(self.min_val, low), torch.maximum(self.max_val, high)
         elif not first:  # a running average: moving_average always, other observers across training batches
@@ -224,27 +265,39 @@ class ScaledIntegerQuantizer(Quantizer):
         self.batches_observed += 1
 
     def grid(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """The steps and zero points this quantizer would use for ``x``, one per row of :meth:`_rows`."""
+        """The steps and zero points this quantizer would use for ``x``, one per row of :meth:`_rows` (per column
+        for ``embedding``)."""
         rows = self._rows(_float_compute(x).detach())
         if self.is_static:
-            return self._scale(self.min_val[None], self.max_val[None])
-        return self._scale(*self._range(rows))
+            return self._static_grid(rows)
+        return self._scale(*self._range(self._sharing(rows)))
 
     def fix(self, scale: Tensor, zero: Tensor) -> None:
         """Quantize with these steps and zero points from now on (one per row of :meth:`_rows`)."""
         self.fixed_scale = scale.detach().to(torch.float32).clone()
         self.fixed_zero = zero.detach().to(torch.float32).clone()
 
+    def reset_range(self) -> None:
+        """Forget the recorded range (calibration starts from scratch; ``embedding``'s channels are sized again)."""
+        device = self.min_val.device
+        self.min_val = torch.tensor(float("inf"), device=device)
+        self.max_val = torch.tensor(float("-inf"), device=device)
+        self.batches_observed.zero_()
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
-        for name in ("fixed_scale", "fixed_zero"):
-            if prefix + name in state_dict:  # take the saved shape (a GPTQ layer's, or empty)
-                setattr(self, name, torch.empty_like(state_dict[prefix + name]))
+        for name in ("fixed_scale", "fixed_zero", "min_val", "max_val"):
+            # take the saved shape (a GPTQ layer's scales, or empty; embedding's recorded channels)
+            if prefix + name in state_dict:
+                setattr(
+                    self, name, torch.empty_like(state_dict[prefix + name], device=getattr(self, name).device)
+                )
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
     def is_static(self) -> bool:
-        """A ``tensor`` scale that has observed a range: it no longer depends on the values quantized."""
-        return self.granularity == "tensor" and int(self.batches_observed) > 0
+        """A ``tensor`` or ``embedding`` scale that has observed a range: it no longer depends on the values
+        quantized."""
+        return self.granularity in STATIC_GRANULARITIES and int(self.batches_observed) > 0
 
     # ------------------------------------------------------------------------------------------------- LSQ
     def bind(self, shape: tuple[int, ...] | None) -> None:
@@ -290,7 +343,7 @@ class ScaledIntegerQuantizer(Quantizer):
     # -------------------------------------------------------------------------------------------- quantizer
     def forward(self, x: Tensor) -> Tensor:
         learned = self.step is not None and bool(self.learned_ready)
-        if self.granularity == "tensor" and (self.observing or (self.training and not learned)):
+        if self.granularity in STATIC_GRANULARITIES and (self.observing or (self.training and not learned)):
             self.observe(x)
             if self.observing:
                 return x
@@ -303,19 +356,20 @@ class ScaledIntegerQuantizer(Quantizer):
         if self.granularity == "group" and values.shape[-1] % self.group_size:
             raise ValueError(self.check_last_dim(values.shape[-1]))
         rows = self._rows(values)
+        sharing = self._sharing(rows)
         if self.fixed_scale.numel():
-            if self.fixed_scale.numel() != rows.shape[0]:
+            if self.fixed_scale.numel() != sharing.shape[0]:
                 raise ValueError(
-                    f"fixed scales for {self.fixed_scale.numel()} rows, the tensor has {rows.shape[0]}"
+                    f"fixed scales for {self.fixed_scale.numel()} rows, the tensor has {sharing.shape[0]}"
                 )
             scale, zero = self.fixed_scale.to(rows.device), self.fixed_zero.to(rows.device)
         elif self.is_static:
-            scale, zero = self._scale(self.min_val[None], self.max_val[None])
+            scale, zero = self._static_grid(rows)
         else:
-            scale, zero = self._scale(*self._range(rows))
+            scale, zero = self._scale(*self._range(sharing))
             # a row holding inf or NaN has no finite statistic (percentile would clip it silently): NaN
-            scale = torch.where(torch.isfinite(rows).all(dim=1), scale, torch.nan)
-        out, codes = self._round(rows, scale[:, None], zero[:, None])
+            scale = torch.where(torch.isfinite(sharing).all(dim=1), scale, torch.nan)
+        out, codes = self._round(rows, self._along(scale), self._along(zero))
         mask = ((codes >= self.qmin) & (codes <= self.qmax)).view_as(values) if need_mask else None
         return out.view_as(values).to(x.dtype), mask
 
@@ -325,6 +379,10 @@ class ScaledIntegerQuantizer(Quantizer):
             return self.width + per_scale / self.group_size
         if self.granularity in ("channel", "token"):
             return self.width + per_scale / last_dim
+        if (
+            self.granularity == "embedding"
+        ):  # one scale per channel, shared by every token: negligible per element
+            return float(self.width)
         return float(self.width)
 
     def check_last_dim(self, size: int) -> str | None:
@@ -378,13 +436,11 @@ def init_learned_steps(model: nn.Module) -> int:
 
 @contextlib.contextmanager
 def calibrating(model: nn.Module) -> Iterator[list[ScaledIntegerQuantizer]]:
-    """Within: every static (``tensor``) scaled-integer quantizer of ``model`` records the ranges it sees, from
-    scratch, and passes its input through unquantized; after: they quantize with what they recorded."""
-    quantizers = [q for q in scaled_quantizers(model) if q.granularity == "tensor"]
+    """Within: every static (``tensor``, ``embedding``) scaled-integer quantizer of ``model`` records the ranges it
+    sees, from scratch, and passes its input through unquantized; after: they quantize with what they recorded."""
+    quantizers = [q for q in scaled_quantizers(model) if q.granularity in STATIC_GRANULARITIES]
     for quantizer in quantizers:
-        quantizer.min_val.fill_(float("inf"))
-        quantizer.max_val.fill_(float("-inf"))
-        quantizer.batches_observed.zero_()
+        quantizer.reset_range()
         quantizer.observing = True
     try:
         yield quantizers
