@@ -186,7 +186,7 @@ def choose(
     times, source, why, references = cached_timings(
         Path(cache_dir) / CACHE_FILE if cache_dir is not None else None,
         key,
-        (FP32, "bf16"),
+        ("fp32", "bf16"),
         lambda: timed_repeats(shapes, rows, measure_fn or measure, reference_fn or reference_gflops),
         untrustworthy,
     )
