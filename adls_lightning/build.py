@@ -51,11 +51,15 @@ EXTRA_TARGETS_ENV = "ADLS_EXTRA_TARGETS"
 
 
 # What a ``_target_`` of an earlier release is called now: the project's callbacks were a top-level package
-# ``callbacks`` (a name that can clash in a user's environment) before they moved into the library's package. Configs
-# recorded by earlier runs still name them so (a run folder's ``.hydra/config.yaml``, a study's stored settings, a
-# Hydra ``--experimental-rerun``); :func:`current_target` reads them as today's names wherever a target is checked,
-# resolved or built.
-RENAMED_TARGET_PREFIXES = {"callbacks.": "adls_lightning.callbacks."}
+# ``callbacks`` (a name that can clash in a user's environment) before they moved into the library's package, and
+# the CSV logger lived in ``adls_lightning.io_utils`` before the file writers moved into ``adls_lightning.files``.
+# Configs recorded by earlier runs still name them so (a run folder's ``.hydra/config.yaml``, a study's stored
+# settings, a Hydra ``--experimental-rerun``); :func:`current_target` reads them as today's names wherever a target
+# is checked, resolved or built.
+RENAMED_TARGET_PREFIXES = {
+    "callbacks.": "adls_lightning.callbacks.",
+    "adls_lightning.io_utils.": "adls_lightning.files.lightning_io.",
+}
 
 
 def current_target(target: Any) -> Any:
@@ -202,7 +206,7 @@ def resolve_target(target: str) -> Any:
 
 def check_resolved_target(where: str, target: Any) -> None:
     """Refuse a ``_target_`` whose name is inside an allowed package but that reaches, through an attribute, an
-    object defined elsewhere (``adls_lightning.io_utils.os.system`` is ``os.system``): the object's own module and
+    object defined elsewhere (``adls_lightning.files.lightning_io.os.system`` is ``os.system``): the object's own module and
     name must be allowed too; and one that names nothing (Hydra's answer would be a traceback). Called when
     building, where the modules are imported anyway.
 

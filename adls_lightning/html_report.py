@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adls_lightning.atomic_files import atomic_write_bytes
+from adls_lightning.files.atomic import atomic_write_bytes
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }

@@ -330,7 +330,7 @@ def results_table(sources: Sequence[str], out: Path | None = None, search_dir: P
     Raises:
         ConfigError: see the module docstring.
     """
-    from adls_lightning.atomic_files import atomic_write_bytes
+    from adls_lightning.files.atomic import atomic_write_bytes
 
     if not sources:
         raise ConfigError(f"no runs given (usage: {USAGE})")

@@ -96,7 +96,7 @@ def make_soup(ckpts: Sequence[Path], out: Path) -> dict[str, Any]:
     """Average ``ckpts`` (:func:`average_state_dicts`) and write the soup to ``out`` atomically; returns it."""
     import torch
 
-    from adls_lightning.atomic_files import atomic_write
+    from adls_lightning.files.atomic import atomic_write
 
     checkpoints = [
         read_checkpoint(path, "ckpts", mmap=True) for path in ckpts

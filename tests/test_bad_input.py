@@ -137,15 +137,15 @@ CASES = [
         ("hydra.run.dir=/proc/adls-run/sub",),
         "hydra.run.dir=/proc/adls-run/sub: cannot create folders in /proc",
     ),
-    # an allowed package's attribute that is a foreign object: adls_lightning.io_utils imports os
+    # an allowed package's attribute that is a foreign object: adls_lightning.files.lightning_io imports os
     Case(
         "target-through-package-attribute",
         (
             "overwrite=true",
-            "+callbacks.evil._target_=adls_lightning.io_utils.os.system",
+            "+callbacks.evil._target_=adls_lightning.files.lightning_io.os.system",
             "+callbacks.evil._args_=['touch {pwned}']",
         ),
-        "callbacks.evil._target_=adls_lightning.io_utils.os.system: is posix.system, defined outside",
+        "callbacks.evil._target_=adls_lightning.files.lightning_io.os.system: is posix.system, defined outside",
         hostile=True,
     ),
     # several problems, and the folder holds a run: all of them in the one line

@@ -71,6 +71,20 @@ def test_build_renames_in_place_even_a_read_only_config():
     assert current_target(None) is None
 
 
+def test_a_recorded_logger_of_the_old_module_builds_todays_logger(tmp_path):
+    """``adls_lightning.io_utils`` became ``adls_lightning.files.lightning_io``: a run recorded before the move
+    names its CSV logger by the old module, and building it gives today's resumable logger."""
+    from adls_lightning.files.lightning_io import ResumableCSVLogger
+
+    old = OmegaConf.create(
+        {"_target_": "adls_lightning.io_utils.ResumableCSVLogger", "save_dir": str(tmp_path), "name": "csv"}
+    )
+    logger = build(old, "logger.csv")
+    assert type(logger) is ResumableCSVLogger
+    assert old._target_ == "adls_lightning.files.lightning_io.ResumableCSVLogger"
+    assert logger.save_dir == str(tmp_path)
+
+
 def test_a_study_recorded_with_old_targets_resumes_and_other_settings_still_differ():
     from adls_lightning.search.identity import SETTINGS_ATTR, check_study_settings
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from adls_lightning.io_utils import AtomicCheckpointIO, ResumableCSVWriter, atomic_write_json
+from adls_lightning.files.atomic import atomic_write_json
+from adls_lightning.files.lightning_io import AtomicCheckpointIO, ResumableCSVWriter
 from tests.helpers import kill_and_resume, recorded_batches, run_train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,16 +155,16 @@ def test_checkpoint_write_never_goes_through_tmpdir(tmp_path, monkeypatch):
 
 _KILL_DURING_WRITE = """
 import os, sys, torch
-from adls_lightning import io_utils
+from adls_lightning.files import atomic, lightning_io
 real_fsync = os.fsync
 def dying_fsync(fd):  # the new bytes are out, not yet renamed over the target: die here
     os._exit(9)
 os.fsync = dying_fsync
 target = sys.argv[1]
 if target.endswith(".json"):
-    io_utils.atomic_write_json(target, {"new": list(range(100000))})
+    atomic.atomic_write_json(target, {"new": list(range(100000))})
 else:
-    io_utils.AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(100000)}}, target)
+    lightning_io.AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(100000)}}, target)
 """
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from adls_lightning.atomic_files import atomic_write_bytes
+from adls_lightning.files.atomic import atomic_write_bytes
 
 RUN_RECORD_DIR = ".hydra"
 # What write_run_record writes into RUN_RECORD_DIR.

@@ -35,9 +35,10 @@ from adls_lightning.checkpoints import (
 from adls_lightning.data.datamodule import TextDataModule
 from adls_lightning.data.tasks import Task
 from adls_lightning.errors import ConfigError
+from adls_lightning.files.atomic import atomic_write_json
+from adls_lightning.files.lightning_io import AtomicCheckpointIO
 from adls_lightning.gemm import batch_rows, gemm_backend, native_bfloat16
 from adls_lightning.gemm import choose as choose_gemm
-from adls_lightning.io_utils import AtomicCheckpointIO, atomic_write_json
 from adls_lightning.logs import drop_unset_wandb_settings, wandb_location
 from adls_lightning.models import head_outputs, without_task_head
 from adls_lightning.module import parameter_metrics

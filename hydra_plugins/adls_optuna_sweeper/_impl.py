@@ -61,9 +61,9 @@ from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCal
 from optuna.trial import FrozenTrial, TrialState
 
 from adls_lightning.app.objective import TrialResult, objective_names
-from adls_lightning.atomic_files import atomic_write_json
 from adls_lightning.build import build
 from adls_lightning.errors import ConfigError, exit_with
+from adls_lightning.files.atomic import atomic_write_json
 from adls_lightning.progress import trial_line
 from adls_lightning.search.identity import (
     DIGEST_ATTR,

@@ -1,7 +1,7 @@
 """Atomic file writes without torch: a temporary file beside the target, renamed over it.
 
 ``os.replace`` is atomic, whereas moving a file in from ``$TMPDIR`` on another file system is a copy that a kill
-can cut short. Kept apart from :mod:`adls_lightning.io_utils` (Lightning's checkpoint and CSV writers built on
+can cut short. Kept apart from :mod:`adls_lightning.files.lightning_io` (Lightning's checkpoint and CSV writers built on
 these) so that what writes only JSON or bytes - the study sweeper, run folders, HTML reports - imports neither
 torch nor Lightning: a search process loads them only when a trial runs in it.
 """

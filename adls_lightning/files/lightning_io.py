@@ -1,8 +1,8 @@
-"""Atomic file writes, so a killed run never leaves a half-written file that looks whole, nor loses the last good one.
+"""Lightning's checkpoint and CSV writers over :mod:`adls_lightning.files.atomic`, so a killed run never leaves a
+half-written checkpoint or log that looks whole, nor loses the last good one.
 
 Every write goes to a temporary file beside its target (same folder, so the same file system) and is renamed over
-it: ``os.replace`` is atomic, whereas moving a file in from ``$TMPDIR`` on another file system is a copy that a
-kill can cut short. Lightning's own checkpoint writer stages in ``$TMPDIR`` (fsspec's local transaction), hence
+it. Lightning's own checkpoint writer stages in ``$TMPDIR`` (fsspec's local transaction), hence
 :class:`AtomicCheckpointIO`. Lightning's CSV logger deletes the log of the run it resumes, hence
 :class:`ResumableCSVLogger`.
 """
@@ -21,25 +21,8 @@ from lightning.pytorch.core.saving import save_hparams_to_yaml
 from lightning.pytorch.loggers.csv_logs import CSVLogger, ExperimentWriter
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-# the atomic writes themselves need no torch (adls_lightning.atomic_files); re-exported here, where they were
-from adls_lightning.atomic_files import (
-    TMP_SUFFIX,
-    atomic_write,
-    atomic_write_bytes,
-    atomic_write_json,
-    remove_stale_tmp,
-)
-
-__all__ = [
-    "TMP_SUFFIX",
-    "AtomicCheckpointIO",
-    "ResumableCSVLogger",
-    "ResumableCSVWriter",
-    "atomic_write",
-    "atomic_write_bytes",
-    "atomic_write_json",
-    "remove_stale_tmp",
-]
+# the atomic writes themselves need no torch
+from adls_lightning.files.atomic import atomic_write, atomic_write_bytes
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -1,0 +1,8 @@
+"""Writing files so that a killed run never leaves a half-written one that looks whole.
+
+- :mod:`.atomic`: atomic writes of bytes and JSON (a temporary file beside the target, renamed over it). Imports
+  neither torch nor Lightning, so the pre-flight check, the study sweeper and the reports can use it cheaply.
+- :mod:`.lightning_io`: Lightning's checkpoint writer and CSV logger over those writes (imports torch).
+
+This package's ``__init__`` imports nothing, so ``adls_lightning.files.atomic`` stays torch-free.
+"""
