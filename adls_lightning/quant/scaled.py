@@ -408,6 +408,11 @@ def scaled_quantizers(model: nn.Module) -> list[ScaledIntegerQuantizer]:
     return [m for m in model.modules() if isinstance(m, ScaledIntegerQuantizer)]
 
 
+def static_quantizers(model: nn.Module) -> list[ScaledIntegerQuantizer]:
+    """The scaled-integer quantizers of ``model`` whose ranges calibration records (:data:`STATIC_GRANULARITIES`)."""
+    return [q for q in scaled_quantizers(model) if q.granularity in STATIC_GRANULARITIES]
+
+
 def init_learned_steps(model: nn.Module) -> int:
     """Start every LSQ step of ``model``'s quantized layers that has not started (a resumed run's have) from
     calibration: a weight's from its observer on the weight, an activation's from its calibrated range. Returns
@@ -438,7 +443,7 @@ def init_learned_steps(model: nn.Module) -> int:
 def calibrating(model: nn.Module) -> Iterator[list[ScaledIntegerQuantizer]]:
     """Within: every static (``tensor``, ``embedding``) scaled-integer quantizer of ``model`` records the ranges it
     sees, from scratch, and passes its input through unquantized; after: they quantize with what they recorded."""
-    quantizers = [q for q in scaled_quantizers(model) if q.granularity in STATIC_GRANULARITIES]
+    quantizers = static_quantizers(model)
     for quantizer in quantizers:
         quantizer.reset_range()
         quantizer.observing = True
