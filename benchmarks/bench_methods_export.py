@@ -19,7 +19,8 @@ run's own (fake-quantized, pruned) model on held rows of its test split, the lar
 speedup over torch eager fp32 of the run's uncompressed architecture at each batch size (``check_threads`` threads,
 ``check_tokens`` tokens, interleaved rounds). This script times nothing itself: every number in the table is read
 from that file; the size is the artifact's weights on disk (the ``.onnx`` file the check ran, or the folder's
-``model.safetensors``); ``run test/acc`` is the run's own ``metrics.json`` beside its checkpoints. The verdict
+``model.safetensors``); ``run test/acc`` is the run's own ``metrics.json`` beside its checkpoints, with the test
+rows and tokens of its ``.hydra/config.yaml``; ``load`` is the load average the self-check recorded. The verdict
 column is each of the self-check's verdict lines up to its first ``;`` (what the artifact is, without the advice).
 
 Before the table: CPU model, flags, load average, date and the export commands. Options after ``--export-arg`` go
@@ -48,7 +49,7 @@ from adls_lightning.script_args import Parser  # noqa: E402
 
 # the export's options that deploy each method, and how the table names that format
 METHODS: dict[str, tuple[tuple[str, ...], str]] = {
-    "fp32": (("format=hf",), "HF folder, fp32"),
+    "fp32": (("format=hf",), "HF folder (fp32)"),
     "int8_scaled": (("format=onnx", "int8=scaled"), "ONNX int8 (run's codes + scales)"),
     "gptq_4bit": (("format=onnx", "int4=true"), "ONNX 4-bit MatMulNBits"),
     "smoothquant": (("format=onnx", "int8=scaled"), "ONNX int8 (run's codes + scales)"),
@@ -61,7 +62,7 @@ METHODS: dict[str, tuple[tuple[str, ...], str]] = {
 COMPRESSED_CHECKPOINT = "compressed.ckpt"  # a PTQ run's evaluated model (adls_lightning.compression_record)
 WEIGHTS_FILE = "model.safetensors"  # the weights of an hf or mxint8 folder (adls_lightning.export)
 HEADER = (
-    "| method | export format | agreement | max \\|Δlogit\\| | batch-1 × | batch-8 × | size MB | run test/acc | load "
+    "| method | export format | agreement | max \\|Δlogit\\| | batch-1 × | batch-8 × | size MB | run test/acc (rows×tokens) | load "
     "| verdict |"
 )
 FLAGS_SHOWN = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
@@ -122,13 +123,21 @@ def artifact_bytes(folder: Path, report: dict) -> int:
     return sum(path.stat().st_size for path in files if path.is_file())
 
 
-def run_accuracy(checkpoint: Path) -> float | None:
-    """``test/acc`` of the run's ``metrics.json`` (``RUN/metrics.json`` for ``RUN/checkpoints/X.ckpt``)."""
-    metrics = checkpoint.parent.parent / "metrics.json"
+def run_accuracy(checkpoint: Path) -> str:
+    """``test/acc`` of the run's ``metrics.json`` (``RUN/metrics.json`` for ``RUN/checkpoints/X.ckpt``), with the
+    test rows and tokens its ``.hydra/config.yaml`` names (runs tested on other rows are not comparable)."""
+    run = checkpoint.parent.parent
     try:
-        return float(json.loads(metrics.read_text())["test/acc"])
+        accuracy = float(json.loads((run / "metrics.json").read_text())["test/acc"])
     except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return "—"
+    try:
+        import yaml
+
+        data = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())["data"]
+        return f"{accuracy:.4f} ({data['test_size']}×{data['max_length']})"
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+        return f"{accuracy:.4f}"
 
 
 def short_verdict(lines: list[str]) -> str:
@@ -139,8 +148,7 @@ def short_verdict(lines: list[str]) -> str:
 def table_row(run: MethodRun, folder: Path) -> str:
     """One markdown row from ``folder``'s export.json (or a row naming why there is none)."""
     _, format_name = METHODS[run.method]
-    accuracy = run_accuracy(run.checkpoint)
-    shown_acc = f"{accuracy:.4f}" if accuracy is not None else "—"
+    shown_acc = run_accuracy(run.checkpoint)
     try:
         report = json.loads((folder / "export.json").read_text())
     except (OSError, ValueError) as error:
@@ -149,10 +157,10 @@ def table_row(run: MethodRun, folder: Path) -> str:
     speeds = [f"{speedup[b]:.2f}×" if b in speedup else "—" for b in ("1", "8")]
     size = artifact_bytes(folder, report) / 1e6
     artifact = report.get("artifact", ".")
-    where = f"`{artifact}`" if artifact != "." else "folder"
+    shown_format = f"{format_name}, `{artifact}`" if artifact != "." else format_name
     load = (report.get("timing") or {}).get("load_average") or ["—"]
     return (
-        f"| {run.method} | {format_name}, {where} | {report['agreement']:.4f} | {report['max_logit_diff']:.3g} | "
+        f"| {run.method} | {shown_format} | {report['agreement']:.4f} | {report['max_logit_diff']:.3g} | "
         f"{speeds[0]} | {speeds[1]} | {size:.1f} | {shown_acc} | {load[0]} | "
         f"{short_verdict(report.get('verdict', []))} |"
     )
