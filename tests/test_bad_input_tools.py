@@ -41,8 +41,8 @@ TOOLS = (
     "export.predict",
     "soup",
     "quant.sensitivity",
-    "search.report",
-    "report",
+    "reports.study",
+    "reports.sweep",
 )
 
 
@@ -239,20 +239,23 @@ def _cases(base: Path) -> list[Case]:
         # the reports: damaged inputs
         Case(
             "study report random journal",
-            "search.report",
+            "reports.study",
             (str(base / "random.journal"), f"out={base / 'r'}"),
             f"source={base / 'random.journal'}: not a readable Optuna storage",
             ("r",),
         ),
         Case(
             "sweep report cut metrics",
-            "report",
+            "reports.sweep",
             (f"sweep={base / 'sweep'}", f"out={base / 'r'}"),
             f"{base / 'sweep' / '0' / 'metrics.json'}: damaged",
             ("r",),
         ),
         Case(
-            "sweep report unknown key", "report", ("sweep=x", "out=y", "colour=red"), "colour: unknown option"
+            "sweep report unknown key",
+            "reports.sweep",
+            ("sweep=x", "out=y", "colour=red"),
+            "colour: unknown option",
         ),
     ]
 
@@ -326,7 +329,7 @@ def test_the_sensitivity_command_and_train_py_refuse_calibration_batches_with_on
 
 
 def test_export_exclude_takes_patterns_that_match_a_layer(tiny_bert):
-    from adls_lightning.export.__main__ import check_exclude
+    from adls_lightning.export.from_checkpoint import check_exclude
 
     model = tiny_bert()
     check_exclude(model, ("classifier", r"layer\.1\.attention"))

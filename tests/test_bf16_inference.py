@@ -205,8 +205,8 @@ def test_bf16_evaluation_of_a_checkpoint_matches_fp32(fine_tuned, tmp_path, tiny
 def test_exported_folder_evaluates_in_bf16_where_the_run_would(fine_tuned, tmp_path, caplog):
     """adls-evaluate on an HF export: trainer.precision=bf16-mixed (auto's choice on a bf16 CPU) casts the loaded
     weights once and says so; its accuracy is the fp32 evaluation's (model.eval_precision=32-true) within a review."""
-    from adls_lightning.export import evaluate as export_evaluate
-    from adls_lightning.export.__main__ import main as export_main
+    from adls_lightning.tools import evaluate as export_evaluate
+    from adls_lightning.tools.export import main as export_main
     from tests.helpers import call
 
     code, _, stderr = call(export_main, f"ckpt={fine_tuned}", f"out={tmp_path / 'hf'}", "format=hf")

@@ -160,8 +160,8 @@ def float_ckpt(tmp_path_factory, tiny_imdb_dir, cache_dir):
 def test_command_chooses_within_the_budget_and_writes_what_it_measured(float_ckpt, tmp_path):
     import json
 
-    from adls_lightning.search.budget_tool import main
     from adls_lightning.search.cost import CostTable, layer_bytes
+    from adls_lightning.tools.budget import main
     from tests.helpers import call
 
     out = tmp_path / "b"
@@ -207,7 +207,7 @@ def test_command_chooses_within_the_budget_and_writes_what_it_measured(float_ckp
     assert 0.0 <= result["test/acc"] <= 1.0 and result["measured_ms"] > 0
     assert f"{result['predicted_ms']:.2f} ms" in stdout and "wrote" in stdout
     # out= is an export folder: adls-evaluate scores it from the folder alone as the command scored it
-    from adls_lightning.export.evaluate import main as evaluate_main
+    from adls_lightning.tools.evaluate import main as evaluate_main
 
     code, evaluated, stderr = call(evaluate_main, str(out))
     assert code == 0, stderr
@@ -240,7 +240,7 @@ def _shape_of(name: str, latency_ms: dict) -> LayerShape:
 
 
 def test_command_refuses_a_budget_no_assignment_meets_in_one_line(float_ckpt, tmp_path):
-    from adls_lightning.search.budget_tool import main
+    from adls_lightning.tools.budget import main
     from tests.helpers import call
 
     out = tmp_path / "b"
@@ -267,7 +267,7 @@ def test_command_refuses_a_budget_no_assignment_meets_in_one_line(float_ckpt, tm
     ],
 )
 def test_command_refuses_bad_options_in_one_line(float_ckpt, tmp_path, args, expected):
-    from adls_lightning.search.budget_tool import main
+    from adls_lightning.tools.budget import main
     from tests.helpers import call
 
     (tmp_path / "a_file").write_text("kept")
@@ -285,8 +285,8 @@ def test_a_trials_export_command_exports_the_trial_as_it_deploys(search, tmp_pat
     import json
 
     from adls_lightning.export.mixed import MIXED_CONFIG_FILE
-    from adls_lightning.search.budget_tool import main
-    from adls_lightning.search.report import export_command
+    from adls_lightning.reports.study import export_command
+    from adls_lightning.tools.budget import main
     from tests.helpers import call, load_study, ok
 
     ok(

@@ -28,11 +28,11 @@ from adls_lightning.compression_record import (
     merge_into,
 )
 from adls_lightning.errors import ConfigError
-from adls_lightning.export import evaluate as export_evaluate
-from adls_lightning.export.__main__ import main
 from adls_lightning.export.compressed import ExportRecipe
 from adls_lightning.export.folder import load_folder
-from adls_lightning.run_loading import load_checkpoint_model
+from adls_lightning.runs.loading import load_checkpoint_model
+from adls_lightning.tools import evaluate as export_evaluate
+from adls_lightning.tools.export import main
 from tests.helpers import SHORT_RUN, call, recorded_run, train_run
 
 NO_LORA = ["model/lora=none"]

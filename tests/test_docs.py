@@ -40,7 +40,7 @@ ENTRIES = {
     "search.py": "search",
     "adls-train": "train",
     "adls-search": "search",
-    "adls-table": "results_table",
+    "adls-table": "reports.table",
     "adls-export": "export",
     "adls-evaluate": "export.evaluate",
     "adls-predict": "export.predict",
@@ -191,7 +191,7 @@ def _compose_and_check(command: DocCommand, values: dict, out: Path) -> str:
 
 
 def _check_export(command: DocCommand, values: dict, out: Path) -> str:
-    from adls_lightning.export.__main__ import check_options, parse_arguments
+    from adls_lightning.tools.export import check_options, parse_arguments
 
     args = [_fill(a, values, out) for a in command.args if not (a.startswith("[") and a.endswith("]"))]
     options, _ = parse_arguments(args)
@@ -204,7 +204,7 @@ def _check_report(command: DocCommand, values: dict, out: Path) -> str:
 
     from adls_lightning.tools.options import check_out_dir
 
-    tool = {"report": "report", "search.report": "study_report"}[command.entry]
+    tool = {"reports.sweep": "report", "reports.study": "study_report"}[command.entry]
     module = importlib.import_module(f"adls_lightning.tools.{tool}")
     args = module.parse_command([_fill(a, values, out) for a in command.args])
     check_out_dir(args["out"])
@@ -267,7 +267,7 @@ def _check_evaluate(command: DocCommand, values: dict, out: Path) -> str:
 
 
 def _check_predict(command: DocCommand) -> str:
-    from adls_lightning.export.predict import split_command_line
+    from adls_lightning.tools.predict import split_command_line
 
     options, bare = split_command_line(list(command.args))
     assert bare and (bare[0] == "DIR" or bare[0].startswith("DIR/") or _written_by_the_page(bare[0])), bare
@@ -285,13 +285,13 @@ def test_documented_command_composes_and_validates(command, placeholders, tmp_pa
         _check_export(command, placeholders, out)
     elif command.entry == "export.evaluate":
         _check_evaluate(command, placeholders, out)
-    elif command.entry in ("report", "search.report"):
+    elif command.entry in ("reports.sweep", "reports.study"):
         _check_report(command, placeholders, out)
     elif command.entry == "quant.sensitivity":
         _check_sensitivity(command, placeholders, out)
     elif command.entry == "soup":
         _check_soup(command, placeholders, out)
-    elif command.entry == "results_table":
+    elif command.entry == "reports.table":
         _check_table(command, placeholders, out)
     elif command.entry == "export.predict":
         _check_predict(command)
@@ -309,8 +309,8 @@ def test_the_docs_hold_the_commands_this_test_covers():
         "export",
         "export.evaluate",
         "export.predict",
-        "report",
-        "search.report",
+        "reports.sweep",
+        "reports.study",
         "soup",
     } <= entries
     # 193 commands before the README became a guide (2026-11-28); moving text between pages must not lose any
@@ -326,7 +326,15 @@ def test_the_docs_hold_the_commands_this_test_covers():
     assert {"README.md", *moved} <= by_file
     # the guide shows the two commands, each lab's runs and a whole study: fine-tune, compress, search, compare, export
     readme = {c.entry for c in COMMANDS if c.file == "README.md"}
-    assert {"train", "search", "graph", "report", "search.report", "export", "export.evaluate"} <= readme
+    assert {
+        "train",
+        "search",
+        "graph",
+        "reports.sweep",
+        "reports.study",
+        "export",
+        "export.evaluate",
+    } <= readme
     print(f"{len(COMMANDS)} documented commands found in {len(by_file)} files")
 
 

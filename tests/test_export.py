@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from adls_lightning.export import CONFIG_FILE, WEIGHTS_FILE, load_packed, pack_for_export
-from adls_lightning.export.__main__ import main
+from adls_lightning.tools.export import main
 from tests.helpers import ENV, TINY, merged_model, run_export, trained_checkpoint
 
 LOGITS_SCRIPT = """

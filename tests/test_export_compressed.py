@@ -14,13 +14,13 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from adls_lightning.export import WEIGHTS_FILE
-from adls_lightning.export import evaluate as export_evaluate
-from adls_lightning.export.__main__ import main
 from adls_lightning.export.compressed import RECIPE_FILE, ExportRecipe, run_overrides
 from adls_lightning.lora import merge_lora
 from adls_lightning.overrides import merge_overrides
 from adls_lightning.prune import Pruner
 from adls_lightning.quant import quantize_model
+from adls_lightning.tools import evaluate as export_evaluate
+from adls_lightning.tools.export import main
 from tests.helpers import SHORT_RUN, build_module, call, train_run
 
 TINY = ["model=tiny_random"]

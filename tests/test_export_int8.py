@@ -18,11 +18,11 @@ from onnx import numpy_helper
 
 from adls_lightning.export import int8 as int8_export
 from adls_lightning.export import onnx as onnx_export
-from adls_lightning.export.__main__ import main
 from adls_lightning.export.compressed import _quant_recipe
 from adls_lightning.quant import quantize_model
 from adls_lightning.quant.linear import QuantLinear
 from adls_lightning.quant.scaled import calibrate
+from adls_lightning.tools.export import main
 from tests.helpers import TINY, compose_config, trained_checkpoint
 
 # the tiny data set (tests/conftest.py: 400 training reviews) with a run's sizes that fit it

@@ -19,10 +19,10 @@ from onnx import numpy_helper
 
 from adls_lightning.app.training import run
 from adls_lightning.export import onnx as onnx_export
-from adls_lightning.export.__main__ import main
 from adls_lightning.lora import merge_lora
 from adls_lightning.prune import Pruner
 from adls_lightning.quant.transform import quantize_model
+from adls_lightning.tools.export import main
 from tests.helpers import TINY, build_module, merged_model, run_export, trained_checkpoint
 
 # |ort - torch| <= ATOL + RTOL * |torch|: the tolerance the export itself checks with

@@ -18,10 +18,10 @@ from onnx import TensorProto, helper
 from safetensors.torch import load_file, save_file
 
 from adls_lightning.export import selfcheck
-from adls_lightning.export.__main__ import main
 from adls_lightning.export.int4 import INT4_FILE, NBitsLayer, matmul_nbits_node, pack_4bit
 from adls_lightning.export.onnx import onnx_session
-from adls_lightning.run_loading import load_checkpoint_model
+from adls_lightning.runs.loading import load_checkpoint_model
+from adls_lightning.tools.export import main
 from tests.helpers import SHORT_RUN, call, recorded_run, train_run
 
 GPTQ = ["model/lora=none", "model.optimizer.lr=1e-4", "quant=w4_gptq", "quant.gptq.batches=2"]

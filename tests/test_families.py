@@ -18,9 +18,9 @@ from transformers import AutoModelForSequenceClassification
 
 from adls_lightning.app.training import run
 from adls_lightning.export import load_packed, pack_for_export
-from adls_lightning.export.__main__ import main as export_main
 from adls_lightning.graph import capture, dropout_nodes, example_inputs, remove_dropout
 from adls_lightning.lora import merge_lora
+from adls_lightning.tools.export import main as export_main
 from tests.helpers import (
     CountDropoutCalls,
     assert_one_line_error,

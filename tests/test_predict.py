@@ -20,15 +20,15 @@ import torch
 from hydra.core.global_hydra import GlobalHydra
 
 from adls_lightning.build import build
-from adls_lightning.export.__main__ import main as export_main
 from adls_lightning.export.compressed import ExportRecipe
 from adls_lightning.export.evaluate import evaluation_setup, predictions
 from adls_lightning.export.folder import INPUTS_KEY, load_folder
-from adls_lightning.export.predict import main as predict_main
 from adls_lightning.export.predict import predict
 from adls_lightning.models import load_tokenizer
 from adls_lightning.overrides import merge_overrides
-from adls_lightning.run_loading import PROJECT_ROOT
+from adls_lightning.runs.loading import PROJECT_ROOT
+from adls_lightning.tools.export import main as export_main
+from adls_lightning.tools.predict import main as predict_main
 from tests.helpers import ENV, TINY, compose_config, merged_model
 
 MAX_LENGTH = 64
@@ -236,7 +236,7 @@ def test_a_damaged_or_wrong_folder_is_one_line_exit_2_nothing_printed(exports, t
 
 
 def test_evaluate_scores_an_onnx_folder_and_refuses_a_cut_graph(exports, tmp_path):
-    from adls_lightning.export.evaluate import main as evaluate_main
+    from adls_lightning.tools.evaluate import main as evaluate_main
 
     code, out, err = run_in_process(evaluate_main, str(exports["onnx"]), str(exports["onnx_int8"]))
     assert code == 0, err[-3000:]

@@ -23,12 +23,12 @@ from peft import LoraConfig, get_peft_model
 
 from adls_lightning.app.training import run
 from adls_lightning.errors import ConfigError
-from adls_lightning.export import evaluate as export_evaluate
-from adls_lightning.export.__main__ import main
 from adls_lightning.models import build_from_config
 from adls_lightning.prune import StructuredPruner, load_pretrained_structured
 from adls_lightning.prune.structured import blocks, gradient_scores, lowest
-from adls_lightning.run_loading import load_checkpoint_model
+from adls_lightning.runs.loading import load_checkpoint_model
+from adls_lightning.tools import evaluate as export_evaluate
+from adls_lightning.tools.export import main
 from tests.helpers import ROOT, assert_one_line_error, run_train
 
 SMALL = ["data.train_size=48", "data.val_size=16", "data.test_size=16", "data.max_length=24"]

@@ -1,56 +1,28 @@
-"""Accuracy of exported folders on the test split: ``python -m adls_lightning.export.evaluate DIR [DIR ...]
-[data overrides]``.
+"""Scoring exported folders on a run's test split: the verbs behind ``adls-evaluate``
+(:mod:`adls_lightning.tools.evaluate`, ``python -m adls_lightning.export.evaluate DIR [DIR ...]``).
 
-Each ``DIR`` is a folder written by ``python -m adls_lightning.export`` (``format=mxint8``, loaded with
-:func:`~adls_lightning.export.load_packed`; ``format=hf``, loaded with ``from_pretrained``; ``format=onnx``, run
-in ONNX Runtime on the CPU: the folder's ``model.onnx``, or the ``.onnx`` file named, e.g.
-``DIR/model_int8.onnx``; :mod:`adls_lightning.export.folder`); the test split
-is the one the exporting run used (its overrides are kept in the folder's ``compression.json``; data overrides
-given here replace them, e.g. ``experiment=cpu`` for its 2,000 reviews at 256 tokens), so the numbers compare
-with the run's ``test/acc``. A compressed run's folder computes what the run evaluated: its quantized and pruned
-weights are in the file, and the recipe puts back what acted on activations
-(:mod:`adls_lightning.export.compressed`). Prints one accuracy per folder and how often each folder predicts the
-same label as the first. The linear layers run on the GEMM backend ``runtime.gemm`` picks, as in the run's own
-evaluation (``auto`` by default: timed on each folder's linear shapes, docs/gemm.md); an ONNX graph runs on
-ONNX Runtime's.
-
-Every folder is read and loaded before the test split is built: a folder that is not such an export (weights
-as a pickle such as ``pytorch_model.bin``, which is never unpickled; an ONNX export without ``config.json``) or a
-damaged one (a cut ``model.safetensors`` or graph, a config that is not JSON) is refused in one line naming the
-file, exit code 2.
-``--help``: this text.
+:func:`evaluation_setup` builds the test split a run's config gives (and returns the composed config);
+:func:`folder_predictions` runs one loaded folder on it as the run's own evaluation would (bf16 weights where the
+run evaluates in bf16, the GEMM backend ``runtime.gemm`` picks; an ONNX graph on ONNX Runtime's kernels, a mixed
+export each layer in its runtime) and :func:`predictions` gives the predicted and true labels.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from adls_lightning.errors import ConfigError
-from adls_lightning.export import folder as export_folder
-from adls_lightning.export.compressed import ExportRecipe
-from adls_lightning.export.folder import ExportFolder, OnnxClassifier, load_folder
+from adls_lightning.export.folder import OnnxClassifier
 from adls_lightning.export.mixed import MIXED_CONFIG_FILE
 from adls_lightning.gemm import batch_rows, gemm_for
-from adls_lightning.gemm import validate as validate_gemm
-from adls_lightning.logs import configure_tool
-from adls_lightning.overrides import merge_overrides
 from adls_lightning.precision import inference_model
-from adls_lightning.run_loading import compose_train_config
-from adls_lightning.tool_options import run_tool, split_options
+from adls_lightning.runs.loading import compose_train_config
 
 #: the batch keys a sequence classifier takes (token types: sentence pairs of the families that use them)
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-USAGE = "python -m adls_lightning.export.evaluate DIR [DIR ...] [data overrides]"
-
-
-def check_folder(folder: Path) -> ExportFolder:
-    """:func:`adls_lightning.export.folder.check_folder`, naming this command's usage in its refusals."""
-    return export_folder.check_folder(folder, USAGE)
 
 
 @torch.inference_mode()
@@ -79,58 +51,30 @@ def evaluation_setup(overrides: Sequence[str], options: Sequence[str] | None = N
     return data.test_dataloader(), cfg
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m adls_lightning.export.evaluate`` and the console command ``adls-evaluate``."""
-    configure_tool()
-    argv = sys.argv[1:] if argv is None else argv
-    return run_tool(lambda: evaluate_folders(argv), __doc__)
-
-
-def evaluate_folders(argv: Sequence[str]) -> None:
-    """The command (for :func:`main`): every folder loaded, then the test split built, then each evaluated."""
-    options, overrides = split_options(argv, {}, f"{USAGE}, e.g. outputs/export/run1", positional="folders")
-    folders = [Path(a) for a in options["folders"]]
-    if not folders:
-        raise ConfigError(f"DIR: expected an exported folder ({USAGE})")
-    # each recipe first (a damaged one is named before the files it describes); an ONNX graph's is its folder's
-    recipes = [
-        ExportRecipe.read(folder if folder.is_dir() else folder.parent) if folder.exists() else None
-        for folder in folders
-    ]
-    # every folder before the data: a damaged one is refused before the test split is tokenized
-    models = [load_folder(folder, recipe, USAGE) for folder, recipe in zip(folders, recipes, strict=True)]
-    # the first folder's run gives the test split (its data, batch size and length), the command line on top
-    run = next((recipe.run_overrides for recipe in recipes if recipe is not None), [])
-    loader, cfg = evaluation_setup(merge_overrides(run, overrides), options=[])
-    validate_gemm(cfg.runtime.gemm)
-    first = None
+def folder_predictions(folder: Path, model, loader, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """``model`` (loaded from ``folder``) on ``loader`` as the run's own evaluation runs it; the predicted and the
+    true labels."""
+    # issue 59: bf16 weights where the run's own evaluation would use them (ONNX Runtime keeps its graph's)
+    # issue 60: a mixed export (export/mixed.py) runs each layer in the runtime it was exported for: not recast
     rows, cache_dir = batch_rows(cfg.data), cfg.paths.get("cache_dir")
-    for folder, model in zip(folders, models, strict=True):
-        # issue 59: bf16 weights where the run's own evaluation would use them (ONNX Runtime keeps its graph's)
-        # issue 60: a mixed export (export/mixed.py) runs each layer in the runtime it was exported for: not recast
-        mixed = (Path(folder) / MIXED_CONFIG_FILE).is_file()
-        if not isinstance(model, OnnxClassifier) and not mixed:
-            model = inference_model(
-                model, cfg.model.get("eval_precision", "auto"), cfg.trainer.precision, rows, cache_dir
-            )
-        # ONNX Runtime runs its own kernels: runtime.gemm picks PyTorch's
-        gemm = (
-            contextlib.nullcontext()
-            if isinstance(model, OnnxClassifier)
-            else gemm_for(cfg.runtime.gemm, model, rows, cache_dir)
+    mixed = (Path(folder) / MIXED_CONFIG_FILE).is_file()
+    if not isinstance(model, OnnxClassifier) and not mixed:
+        model = inference_model(
+            model, cfg.model.get("eval_precision", "auto"), cfg.trainer.precision, rows, cache_dir
         )
-        with gemm:
-            predicted, labels = predictions(model, loader)
-        agree = (
-            ""
-            if first is None
-            else f", same label as {folders[0]}: {(predicted == first).float().mean():.2%}"
-        )
-        first = predicted if first is None else first
-        print(
-            f"{folder}: test accuracy {(predicted == labels).float().mean():.4f} on {len(labels)} reviews{agree}"
-        )
+    # ONNX Runtime runs its own kernels: runtime.gemm picks PyTorch's
+    gemm = (
+        contextlib.nullcontext()
+        if isinstance(model, OnnxClassifier)
+        else gemm_for(cfg.runtime.gemm, model, rows, cache_dir)
+    )
+    with gemm:
+        return predictions(model, loader)
 
 
 if __name__ == "__main__":
+    import sys
+
+    from adls_lightning.tools.evaluate import main
+
     sys.exit(main())

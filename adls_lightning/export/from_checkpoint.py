@@ -1,0 +1,317 @@
+"""A run's checkpoint exported to a folder: the verbs behind ``adls-export`` (:mod:`adls_lightning.tools.export`,
+which parses the command line into :class:`ExportSettings` and prints what :func:`export_checkpoint` returns).
+
+:func:`export_checkpoint` loads the run's model as it evaluated it (:func:`adls_lightning.runs.loading.
+load_checkpoint_model`), writes the folder in the format asked (``mxint8`` packed weights, an ``hf`` folder, an
+``onnx`` graph: fp32, ONNX Runtime's dynamic int8, the run's own scaled int8 or GPTQ 4-bit codes), with
+``config.json``, the tokenizer and the recipe of what acted on activations (``compression.json``), and returns
+the lines that say what it wrote; :func:`check_export` then runs the export's self-check
+(:mod:`adls_lightning.export.selfcheck`). Every refusal is a ConfigError naming the option, raised before anything
+is written where it can be.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch import nn
+
+from adls_lightning.errors import ConfigError
+from adls_lightning.export.compressed import RECIPE_FILE
+from adls_lightning.export.folder import save_tokenizer, write_config
+from adls_lightning.export.selfcheck import CheckSettings, self_check
+from adls_lightning.runs.loading import LoadedRun, load_checkpoint_model
+
+FORMATS = ("mxint8", "hf", "onnx")
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """What to export and how (the export command's options, checked)."""
+
+    ckpt: Path
+    out: Path
+    format: str = "mxint8"
+    group_size: int = 32
+    #: regexes of linear layer names left float (``format=mxint8``)
+    exclude: tuple[str, ...] = ("classifier",)
+    pack_embeddings: bool = False
+    #: ``format=onnx``: True (ONNX Runtime's dynamic int8 beside the float graph), ``"scaled"`` (the run's int8)
+    int8: bool | str = False
+    #: ``format=onnx``: True (GPTQ 4-bit codes as ``MatMulNBits``), ``"int8_inputs"`` (inputs quantized per block)
+    int4: bool | str = False
+    check: CheckSettings = field(default_factory=CheckSettings)
+    #: the calling tool's own keys, named when an override sets a key the run's config lacks
+    tool_keys: tuple[str, ...] = ()
+
+
+@dataclass
+class Exported:
+    """What :func:`export_checkpoint` wrote: the lines that say so, and what :func:`check_export` compares."""
+
+    loaded: LoadedRun
+    #: the file (or folder) the self-check runs
+    artifact: Path
+    lines: list[str]
+    #: the model the artifact must agree with (None: the run's own, :func:`run_model`)
+    reference: nn.Module | None = None
+    #: whether the artifact runs the formats it holds (not a mask-only or float stand-in)
+    runs_formats: bool = False
+
+
+def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exported:
+    """The run of ``settings.ckpt`` written to ``settings.out`` (``overrides``: Hydra overrides on top of the
+    run's own); the self-check is :func:`check_export`'s.
+
+    Raises:
+        ConfigError: what the format cannot carry, an ``exclude`` that matches no layer, ... (one line).
+    """
+    from adls_lightning.export import WEIGHTS_FILE, folder_bytes, pack_for_export, save_packed
+
+    if settings.format == "onnx" and settings.int8 == "scaled":
+        return export_scaled_int8(settings, overrides)
+    if settings.int4:
+        return export_int4(settings, overrides)
+    loaded = load_checkpoint_model(settings.ckpt, overrides, options=list(settings.tool_keys))
+    model, recipe = loaded.model, loaded.recipe
+    if settings.format != "hf":
+        refuse_compression_beyond_weights(loaded, settings.format)
+    out = settings.out
+    with tempfile.TemporaryDirectory() as fp32_dir:
+        model.save_pretrained(fp32_dir)
+        fp32_bytes = folder_bytes(Path(fp32_dir), [WEIGHTS_FILE])
+    if settings.format == "onnx":
+        out.mkdir(parents=True, exist_ok=True)
+        summary = export_onnx_files(model, out, bool(settings.int8))
+    elif settings.format == "hf":
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out)
+        summary = f"save_pretrained (merged, fp32): {fp32_bytes / 1e6:.1f} MB"
+    else:
+        check_exclude(model, settings.exclude)
+        try:
+            packed = pack_for_export(model, settings.group_size, settings.exclude, settings.pack_embeddings)
+        except ValueError as error:
+            raise ConfigError(f"group_size={settings.group_size}: {error}") from error
+        save_packed(model, packed, out)
+        weights = folder_bytes(out, [WEIGHTS_FILE])
+        summary = (
+            f"{len(packed.linear)} linear layers packed"
+            f"{', word embeddings packed' if packed.embeddings else ''}; {WEIGHTS_FILE} {weights / 1e6:.1f} MB "
+            f"vs fp32 save_pretrained {fp32_bytes / 1e6:.1f} MB ({1 - weights / fp32_bytes:.1%} smaller)"
+        )
+    # every format: config.json with the label names (format=hf: written by save_pretrained) and the tokenizer,
+    # so the folder predicts alone (adls-predict)
+    write_config(model.config, out, loaded.inputs)
+    recipe.write(out, loaded.activation_state)
+    tokenizer_saved = save_tokenizer(loaded.tokenizer, out)
+    lines = [
+        f"exported {settings.format} to {out}: {summary}; folder {folder_bytes(out) / 1e6:.1f} MB"
+        f"{' (tokenizer included)' if tokenizer_saved else ''}"
+    ]
+    if recipe.baked["quantized_layers"] or recipe.baked["pruned_layers"] or recipe.activation_prune:
+        lines.append(
+            f"compression: {recipe.baked['quantized_layers']} quantized and {recipe.baked['pruned_layers']} "
+            f"pruned layers baked into the weights; {len(recipe.activation_quant)} layers quantize activations"
+            f"{', input activations pruned' if recipe.activation_prune else ''} ({RECIPE_FILE}: "
+            "python -m adls_lightning.export.evaluate applies it)"
+        )
+    if loaded.note:
+        lines.append(f"note: {loaded.note}")
+    artifact = out
+    if settings.format == "onnx":
+        from adls_lightning.export import onnx as onnx_export
+
+        # int8=true: the dynamic int8 graph is the one asked for; model.onnx is the float reference beside it
+        artifact = out / (onnx_export.ONNX_INT8_FILE if settings.int8 else onnx_export.ONNX_FILE)
+    return Exported(loaded, artifact, lines, runs_formats=settings.format == "mxint8")
+
+
+def run_model(settings: ExportSettings, overrides: Sequence[str], loaded: LoadedRun) -> nn.Module:
+    """The run's own model as it evaluated it (fake-quantized, with its activation quantizers and pruning): the
+    reference of the self-check. A run that quantized nothing evaluated the exported float model itself."""
+    if loaded.recipe.baked.get("quantized_layers"):
+        model = load_checkpoint_model(
+            settings.ckpt, overrides, keep_quantized=True, options=list(settings.tool_keys)
+        ).model
+    else:
+        model = loaded.model
+    if loaded.recipe.activation_prune:
+        from adls_lightning.prune import Pruner
+
+        model = copy.deepcopy(model)
+        Pruner(weight=None, key=RECIPE_FILE, **loaded.recipe.activation_prune).attach_activation(model)
+    return model.eval()
+
+
+def check_export(settings: ExportSettings, overrides: Sequence[str], exported: Exported) -> None:
+    """The export's self-check (:func:`adls_lightning.export.selfcheck.self_check`, which writes ``export.json``
+    and prints its table) of ``exported.artifact`` against the run's model."""
+    from adls_lightning.prune.structured import CONFIG_ATTRIBUTE
+
+    if settings.check.mode == "none":
+        return
+    loaded = exported.loaded
+    reference = exported.reference
+    reference = run_model(settings, overrides, loaded) if reference is None else reference
+    self_check(
+        settings.out,
+        exported.artifact,
+        reference,
+        loaded.config,
+        settings.check,
+        mask_pruned=loaded.recipe.baked.get("pruned_layers", 0),
+        structured=bool(getattr(reference.config, CONFIG_ATTRIBUTE, None)),
+        runs_formats=exported.runs_formats,
+    )
+
+
+def check_exclude(model: nn.Module, exclude: Sequence[str]) -> None:
+    """Each ``exclude`` pattern (a regex searched in canonical layer names) matches a linear layer the packing
+    would swap: a misspelt name would otherwise pack the layer it meant to keep float, silently."""
+    from adls_lightning.mxint8.qlinear import packable_linear_layers
+
+    names = [name for name, _ in packable_linear_layers(model, exclude=())]
+    for pattern in exclude:
+        if not any(re.search(pattern, name) for name in names):
+            shown = ", ".join(names[:3] + names[-2:]) if len(names) > 5 else ", ".join(names)
+            raise ConfigError(
+                f"exclude={','.join(exclude)}: {pattern!r} matches no linear layer of the model; valid: regexes "
+                f"searched in its layer names ({len(names)}: {shown}), e.g. exclude=classifier"
+            )
+
+
+def export_scaled_int8(settings: ExportSettings, overrides: Sequence[str]) -> Exported:
+    """``format=onnx int8=scaled``: :data:`~adls_lightning.export.int8.INT8_SCALED_FILE` of a scaled-int8 run,
+    checked in ONNX Runtime against the fake-quantized model; every refusal comes before anything is written."""
+    from adls_lightning.export import int8 as int8_export
+    from adls_lightning.export import onnx as onnx_export
+
+    loaded = load_checkpoint_model(
+        settings.ckpt, overrides, keep_quantized=True, options=list(settings.tool_keys)
+    )
+    model = loaded.model
+    if loaded.recipe.activation_prune:
+        raise ConfigError(
+            "int8=scaled: the run prunes input activations, which the int8 graph does not carry; valid: override "
+            "prune.activation=null"
+        )
+    calibrated = ""
+    if int8_export.uncalibrated(model):
+        # a PTQ run calibrates at evaluation, after its checkpoint was written: its ranges are not in the file
+        batches = int8_export.calibrate_as_run(model, loaded.config)
+        if batches:
+            calibrated = (
+                f"; input scales calibrated here on {batches} training batches (a PTQ checkpoint has none)"
+            )
+    # refuses what the graph cannot carry before anything is written
+    if not int8_export.scaled_int8_layers(model):
+        raise ConfigError(
+            "int8=scaled: the run quantizes no linear layer; pass its quant=int8_scaled overrides (a float "
+            "checkpoint: quant=int8_scaled quant.mode=ptq), or int8=true for ONNX Runtime's dynamic int8"
+        )
+    out = settings.out
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / int8_export.INT8_SCALED_FILE
+    layers = int8_export.export_int8_graph(model, path)
+    check = int8_export.check_int8(path, model)
+    loaded.recipe.baked["quantized_layers"] = len(layers)
+    write_config(model.config, out, loaded.inputs)
+    loaded.recipe.write(out, {})
+    tokenizer_saved = save_tokenizer(loaded.tokenizer, out)
+    line = (
+        f"exported onnx int8=scaled to {out}: {path.name} {path.stat().st_size / 1e6:.1f} MB, {len(layers)} linear "
+        f"layers on the run's int8 grid (weights per output channel, static input scales){calibrated}; ONNX "
+        f"Runtime vs the fake-quantized PyTorch model on {onnx_export.SAMPLE_ROWS}×{onnx_export.SAMPLE_TOKENS} "
+        f"tokens: {check.describe()} (tolerance {int8_export.INT8_ATOL:g} + {int8_export.INT8_RTOL:g}·|logit|)"
+        f"{' (tokenizer included)' if tokenizer_saved else ''}"
+    )
+    return Exported(loaded, path, [line], reference=model, runs_formats=True)
+
+
+def export_int4(settings: ExportSettings, overrides: Sequence[str]) -> Exported:
+    """``format=onnx int4=true``: :data:`~adls_lightning.export.int4.INT4_FILE` of a 4-bit weight run, checked in
+    ONNX Runtime against the fake-quantized model; every refusal comes before anything is written."""
+    from adls_lightning.export import int4 as int4_export
+    from adls_lightning.export import onnx as onnx_export
+
+    loaded = load_checkpoint_model(
+        settings.ckpt, overrides, keep_quantized=True, options=list(settings.tool_keys)
+    )
+    model = loaded.model
+    if loaded.recipe.activation_prune:
+        raise ConfigError(
+            "int4=true: the run prunes input activations, which the int4 graph does not carry; valid: override "
+            "prune.activation=null"
+        )
+    layers = int4_export.nbits_layers(model)  # refuses what the graph cannot carry before anything is written
+    if not layers:
+        raise ConfigError(
+            "int4=true: the run quantizes no linear layer; pass its quant=w4_gptq overrides (a float checkpoint: "
+            "quant=w4_gptq quant.gptq=null for round to nearest)"
+        )
+    out = settings.out
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / int4_export.INT4_FILE
+    accuracy = int4_export.INT8_INPUTS if settings.int4 == "int8_inputs" else 0
+    int4_export.export_int4_graph(model, path, accuracy)
+    check = int4_export.check_int4(path, model, accuracy)
+    loaded.recipe.baked["quantized_layers"] = len(layers)
+    write_config(model.config, out, loaded.inputs)
+    loaded.recipe.write(out, {})
+    tokenizer_saved = save_tokenizer(loaded.tokenizer, out)
+    blocks = sorted({layer.block_size for layer in layers.values()})
+    line = (
+        f"exported onnx int4={'int8_inputs' if accuracy else 'true'} to {out}: {path.name} {path.stat().st_size / 1e6:.1f} MB, "
+        f"{len(layers)} linear layers as MatMulNBits (4-bit codes and the run's steps, blocks of "
+        f"{'/'.join(map(str, blocks))} inputs, "
+        f"{'inputs quantized to int8 per block by the kernel' if accuracy else 'float inputs'}); ONNX Runtime vs "
+        f"the fake-quantized PyTorch model on {onnx_export.SAMPLE_ROWS}×{onnx_export.SAMPLE_TOKENS} tokens: "
+        f"{check.describe()}{' (tokenizer included)' if tokenizer_saved else ''}"
+    )
+    return Exported(loaded, path, [line], reference=model, runs_formats=True)
+
+
+def refuse_compression_beyond_weights(loaded: LoadedRun, format: str) -> None:
+    """``format=onnx`` and ``mxint8`` carry weights only: a run that quantized or pruned activations, or (mxint8)
+    quantized weights in another format, is refused in one line naming the layer and the format."""
+    found = loaded.activation_compression()
+    if found:
+        raise ConfigError(
+            f"format={format}: {found}, which a {format} folder does not carry; valid: format=hf (its "
+            f"{RECIPE_FILE} carries it), or export the weights alone by overriding the run's activation settings "
+            "(e.g. prune.activation=null)"
+        )
+    if format == "mxint8" and loaded.recipe.baked["quantized_layers"]:
+        raise ConfigError(
+            "format=mxint8: the run quantized its weights (e.g. with quant=); packing those values as MXINT8 would "
+            "quantize them a second time; valid: format=hf, or the float checkpoint of a run without quant="
+        )
+
+
+def export_onnx_files(model: nn.Module, out: Path, int8: bool) -> str:
+    """``model.onnx`` (and with ``int8`` ``model_int8.onnx``) in ``out``, each run in ONNX Runtime against
+    ``model``; the summary of what was written and how close it came."""
+    from adls_lightning.export import onnx as onnx_export
+
+    fp32_path = out / onnx_export.ONNX_FILE
+    onnx_export.export_onnx(model, fp32_path)
+    check = onnx_export.check_against_torch(fp32_path, model)
+    summary = (
+        f"{fp32_path.name} {fp32_path.stat().st_size / 1e6:.1f} MB (opset {onnx_export.ONNX_OPSET}, "
+        f"dynamic {' × '.join(onnx_export.DYNAMIC_AXES)}); ONNX Runtime vs PyTorch on "
+        f"{onnx_export.SAMPLE_ROWS}×{onnx_export.SAMPLE_TOKENS} tokens: {check.describe()} "
+        f"(tolerance {onnx_export.FP32_ATOL:g} + {onnx_export.FP32_RTOL:g}·|logit|)"
+    )
+    if int8:
+        int8_path = out / onnx_export.ONNX_INT8_FILE
+        onnx_export.quantize_int8(fp32_path, int8_path)
+        # int8 is an approximation: reported, not held to the fp32 tolerance
+        int8_check, _ = onnx_export.compare(int8_path, model, onnx_export.sample_inputs(model))
+        summary += f"; {int8_path.name} {int8_path.stat().st_size / 1e6:.1f} MB: {int8_check.describe()}"
+    return summary

@@ -1,0 +1,88 @@
+"""Labels of texts from an exported folder: ``adls-predict DIR [TEXT ...] [file=PATH] [batch_size=32]`` (also
+``python -m adls_lightning.export.predict``).
+
+``DIR`` is a folder written by ``python -m adls_lightning.export`` in any format (``hf``, ``mxint8``, ``onnx``;
+an ONNX folder runs ``model.onnx``, or give the path of its other graph, e.g. ``DIR/model_int8.onnx``). The
+folder alone is read: its ``config.json`` (label names, how the run truncated its texts), its tokenizer and its
+weights; no run, data or network. Texts come from the arguments, else from ``file=PATH``, else from stdin, one per
+line; for a task of pairs (MRPC, MNLI, ...) a TAB separates the two texts of a pair. Prints one JSON line per
+text, in order: ``{"label": NAME, "scores": {NAME: probability, ...}}`` (a regression:
+``{"label": value, "scores": value}``). ``batch_size``: texts per forward pass.
+
+Bad input (a path that is not an export, a damaged config or weights, no tokenizer in the folder, single texts for
+a task of pairs or pairs for one of single texts, an empty line): one ``error:`` line on stderr naming it, exit
+code 2, nothing printed on stdout. ``--help``: this text.
+
+The library verb is :func:`adls_lightning.export.predict.predict` (``predict(folder, texts, batch_size=32)``; a
+text of a pair task is a ``(first, second)`` tuple); :class:`~adls_lightning.export.predict.Predictor` keeps the
+model loaded between calls.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from adls_lightning.errors import ConfigError
+from adls_lightning.export.predict import USAGE, Predictor, parse_text, read_texts
+from adls_lightning.logs import configure_tool
+from adls_lightning.tools.options import HELP_FLAGS, run_tool, split_options
+
+OPTIONS = {"file": None, "batch_size": "32"}
+
+
+def split_command_line(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """This command's options (``file=``, ``batch_size=``, ``--help``) and its bare arguments, ``DIR`` then the
+    texts; a text may hold ``=`` (only this command's own keys are options)."""
+    option_tokens, bare = [], []
+    for token in argv:
+        key = token.partition("=")[0]
+        is_option = key in OPTIONS and "=" in token
+        (option_tokens if is_option or token in HELP_FLAGS or token.startswith("--") else bare).append(token)
+    options, _ = split_options(option_tokens, OPTIONS, USAGE, overrides=False)
+    return options, bare
+
+
+def predict_command(argv: Sequence[str]) -> None:
+    """The command (for :func:`main`): every text read and checked, then printed a batch at a time."""
+    options, bare = split_command_line(argv)
+    if not bare:
+        raise ConfigError(f"DIR: expected an exported folder ({USAGE})")
+    try:
+        batch_size = int(options["batch_size"])
+    except ValueError:
+        batch_size = 0
+    if batch_size < 1:
+        raise ConfigError(f"batch_size={options['batch_size']}: must be a positive integer, e.g. 32")
+    folder, arguments = bare[0], bare[1:]
+    if arguments and options["file"]:
+        raise ConfigError(f"file={options['file']}: texts come from the arguments or a file, not both")
+    predictor = Predictor(folder)  # the folder before any input is read: a wrong one is refused at once
+    if arguments:
+        texts = [parse_text(text) for text in arguments]
+    elif options["file"]:
+        path = Path(options["file"])
+        try:
+            lines = path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"file={path}: cannot be read ({str(error).splitlines()[0][:200]})") from None
+        texts = read_texts(lines, f"file={path}")
+    else:
+        texts = read_texts(sys.stdin.read().splitlines(), "stdin")
+    for batch in predictor.batches(texts, batch_size):
+        sys.stdout.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in batch))
+    sys.stdout.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``adls-predict`` and ``python -m adls_lightning.export.predict``."""
+    configure_tool()
+    argv = sys.argv[1:] if argv is None else argv
+    return run_tool(lambda: predict_command(argv), __doc__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
