@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_gemm import cpuinfo, dtype_methods, matrix_peaks, peak  # noqa: E402
+from bench_inference import tiny_checkpoint  # noqa: E402
 
 from adls_lightning.gemm import cpu_name  # noqa: E402
 from adls_lightning.script_args import Parser, existing_file, non_negative_int, positive_int  # noqa: E402
@@ -130,22 +131,10 @@ def time_rows(
 
 def tiny_dense(work: Path) -> tuple[Path, list[str]]:
     """A tiny random BERT checkpoint the export's loader reads (the smoke test's dense model), with weights of std
-    1/sqrt(fan_in) so its outputs depend on the input."""
-    import lightning
-
-    from adls_lightning.build import build
-    from adls_lightning.run_loading import compose_train_config
-
+    1/sqrt(fan_in) so its outputs depend on the input (:func:`bench_inference.tiny_checkpoint`)."""
     overrides = ["model=tiny_random", "model/lora=none"]
-    torch.manual_seed(0)
-    cfg = compose_train_config(overrides)
-    module = build(cfg.model, "model", _convert_="partial", **build(cfg.data, "data").task.model_overrides())
-    with torch.no_grad():
-        for name, parameter in module.named_parameters():
-            if parameter.dim() == 2 and "embeddings" not in name:
-                parameter.normal_(0, parameter.shape[1] ** -0.5)
     path = work / "dense.ckpt"
-    torch.save({"state_dict": module.state_dict(), "pytorch-lightning_version": lightning.__version__}, path)
+    tiny_checkpoint(path, overrides)
     return path, overrides
 
 
@@ -158,7 +147,7 @@ def prune_and_quantize(dense, overrides: list[str], tiny: bool):
     from adls_lightning.prune import StructuredPruner
     from adls_lightning.quant import quantize_model
     from adls_lightning.quant.scaled import calibrate
-    from adls_lightning.run_loading import compose_train_config
+    from adls_lightning.runs.loading import compose_train_config
 
     model = copy.deepcopy(dense)
     StructuredPruner(heads=0.5, neurons=0.5, method="l1").prune(model)
@@ -220,7 +209,7 @@ def main() -> None:
     from adls_lightning.export import int8 as int8_export
     from adls_lightning.export import onnx as onnx_export
     from adls_lightning.models import set_attn_implementation
-    from adls_lightning.run_loading import load_checkpoint_model
+    from adls_lightning.runs.loading import load_checkpoint_model
 
     info = cpuinfo()
     flags = set(info.get("flags", "").split())
