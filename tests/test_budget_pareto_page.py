@@ -1,4 +1,4 @@
-"""The Pareto page of a study priced by the cost model (adls_lightning/search/report.py): each Pareto point's export
+"""The Pareto page of a study priced by the cost model (adls_lightning/reports/study.py): each Pareto point's export
 command and, once it ran, the export's measured speed beside the prediction; the best-accuracy trial under each
 latency budget."""
 
@@ -11,7 +11,7 @@ import re
 import optuna
 import yaml
 
-from adls_lightning.search.report import EXPORT_DIR, EXPORT_RESULT, study_page
+from adls_lightning.reports.study import EXPORT_DIR, EXPORT_RESULT, study_page
 
 # (val/acc, predicted ms, predicted x fp32) per trial; the fp32 model is predicted at 300 ms
 TRIALS = [(0.85, 290.0), (0.84, 200.0), (0.80, 140.0), (0.83, 260.0), (0.70, 150.0)]

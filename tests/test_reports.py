@@ -89,7 +89,7 @@ def table_rows(page: str, table_id: str) -> list[list[str]]:
 
 def test_study_report_of_an_sqlite_study(runs, tmp_path):
     db = runs["sqlite"] / f"{NAS_STUDY}.db"
-    proc = ok(run("-m", "adls_lightning.search.report", str(db), f"out={tmp_path / 'report'}"))
+    proc = ok(run("-m", "adls_lightning.reports.study", str(db), f"out={tmp_path / 'report'}"))
     assert proc.stdout.strip() == f"Report written to {tmp_path / 'report' / 'index.html'}"
     page = (tmp_path / "report" / "index.html").read_text()
     # self-contained: plotly.js inline, nothing loaded from elsewhere
@@ -126,7 +126,7 @@ def test_study_report_of_an_sqlite_study(runs, tmp_path):
 
 def test_study_report_of_a_two_objective_journal_study_has_its_pareto_front(runs, tmp_path):
     journal, name = storage_of(runs, "journal")
-    ok(run("-m", "adls_lightning.search.report", journal, f"out={tmp_path}"))
+    ok(run("-m", "adls_lightning.reports.study", journal, f"out={tmp_path}"))
     page = (tmp_path / "index.html").read_text()
     titles = figure_titles(page)
     assert titles[0] == "Pareto front"
@@ -139,7 +139,7 @@ def test_study_report_of_a_two_objective_journal_study_has_its_pareto_front(runs
 
 
 def test_sweep_report_of_a_multirun(runs, tmp_path):
-    ok(run("-m", "adls_lightning.report", f"sweep={runs['multirun']}", f"out={tmp_path}"))
+    ok(run("-m", "adls_lightning.reports.sweep", f"sweep={runs['multirun']}", f"out={tmp_path}"))
     page = (tmp_path / "index.html").read_text()
     assert figure_titles(page) == ["val/acc vs model.optimizer.lr"]
     rows = table_rows(page, "jobs")
@@ -218,9 +218,9 @@ def test_study_report_bad_input_is_refused_and_writes_nothing(runs, tmp_path, ar
 
 
 def test_report_bad_input_is_one_line(tmp_path):
-    proc = run("-m", "adls_lightning.report", f"sweep={tmp_path}", f"out={tmp_path / 'out'}")
+    proc = run("-m", "adls_lightning.reports.sweep", f"sweep={tmp_path}", f"out={tmp_path / 'out'}")
     assert_one_line_error(proc, contains=f"sweep={tmp_path}: no job folder with a run record")
-    proc = run("-m", "adls_lightning.search.report", str(tmp_path / "no.db"), f"out={tmp_path / 'out'}")
+    proc = run("-m", "adls_lightning.reports.study", str(tmp_path / "no.db"), f"out={tmp_path / 'out'}")
     assert_one_line_error(proc, contains=f"source={tmp_path / 'no.db'}: no such study file")
     assert not (tmp_path / "out").exists()
 
@@ -235,8 +235,8 @@ def test_reports_as_a_browser_shows_them(runs, tmp_path):
     from matplotlib.image import imread
 
     pages = {
-        "study": (["-m", "adls_lightning.search.report", storage_of(runs, "journal")[0]], TRIALS),
-        "sweep": (["-m", "adls_lightning.report", f"sweep={runs['multirun']}"], 3),
+        "study": (["-m", "adls_lightning.reports.study", storage_of(runs, "journal")[0]], TRIALS),
+        "sweep": (["-m", "adls_lightning.reports.sweep", f"sweep={runs['multirun']}"], 3),
     }
     for name, (args, rows) in pages.items():
         ok(run(*args, f"out={tmp_path / name}"))

@@ -43,7 +43,7 @@ def table_rows(text: str) -> dict[str, list[str]]:
 
 def table(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "adls_lightning.results_table", *map(str, args)],
+        [sys.executable, "-m", "adls_lightning.reports.table", *map(str, args)],
         cwd=ROOT,
         capture_output=True,
         text=True,

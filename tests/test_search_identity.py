@@ -174,7 +174,7 @@ def test_settings_are_plain_json_text():
     "command",
     [
         ["train.py", "init_from_study=sqlite:///{missing}"],
-        ["-m", "adls_lightning.search.report", "sqlite:///{missing}", "out={tmp}/report"],
+        ["-m", "adls_lightning.reports.study", "sqlite:///{missing}", "out={tmp}/report"],
     ],
     ids=["init_from_study", "study-report"],
 )

@@ -22,8 +22,9 @@ spec.loader.exec_module(import_graph)
 #: the documented spelling -> the tool it runs (its docstring is the usage `--help` prints)
 SPELLINGS = {
     "adls_lightning.soup": "adls_lightning.tools.soup",
-    "adls_lightning.report": "adls_lightning.tools.report",
-    "adls_lightning.results_table": "adls_lightning.tools.results_table",
+    "adls_lightning.reports.sweep": "adls_lightning.tools.report",
+    "adls_lightning.reports.table": "adls_lightning.tools.results_table",
+    "adls_lightning.reports.study": "adls_lightning.tools.study_report",
 }
 
 

@@ -5,6 +5,7 @@
 from adls_lightning.graph.capture import INPUT_NAMES, capture, example_inputs, module_path
 from adls_lightning.graph.diff import GraphDiff, diff, node_key
 from adls_lightning.graph.draw import draw, to_dot
+from adls_lightning.graph.node_report import NodeReport, annotate, report_rows, summarise, write_csv
 from adls_lightning.graph.passes import (
     PASSES,
     count_ops,
@@ -14,7 +15,6 @@ from adls_lightning.graph.passes import (
     remove_dropout_without_rewire,
     run_passes,
 )
-from adls_lightning.graph.report import NodeReport, annotate, report_rows, summarise, write_csv
 
 __all__ = [
     "INPUT_NAMES",

@@ -1,7 +1,7 @@
 """Graph passes: plain functions ``GraphModule -> GraphModule``, registered under a name for the Lab 0 command.
 
 A transform pass edits ``gm.graph`` in place and returns the module (recompiled); an analysis pass writes what it
-finds into ``node.meta`` and returns the module unchanged (:mod:`adls_lightning.graph.report`).
+finds into ``node.meta`` and returns the module unchanged (:mod:`adls_lightning.graph.node_report`).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ option parser: ``--help`` is the tool's docstring, a refusal one ``error:`` line
 - :mod:`.graph`: ``python -m adls_lightning.graph`` (Lab 0: the FX graph, passes, report).
 - :mod:`.sensitivity`: ``python -m adls_lightning.quant.sensitivity`` (per-layer quantization sensitivity).
 - :mod:`.soup`: ``python -m adls_lightning.soup`` (the mean of runs' weights).
-- :mod:`.report`, :mod:`.study_report`: ``python -m adls_lightning.report`` / ``adls_lightning.search.report``.
-- :mod:`.results_table`: ``adls-table`` / ``python -m adls_lightning.results_table``.
+- :mod:`.report`, :mod:`.study_report`: ``python -m adls_lightning.reports.sweep`` / ``adls_lightning.reports.study``.
+- :mod:`.results_table`: ``adls-table`` / ``python -m adls_lightning.reports.table``.
 
 The documented ``python -m`` spellings stay: the library module's ``if __name__ == "__main__":`` block (or its
 ``__main__.py``) calls the tool. Tools sit above the library with the application (:mod:`adls_lightning.app`): the

@@ -125,7 +125,7 @@ def tokenized_inputs(cfg: DictConfig) -> dict[str, torch.Tensor]:
 def run(cfg: DictConfig) -> Path:
     """Everything the command does; returns the output folder."""
     from adls_lightning.graph import capture, diff, draw, remove_dropout_without_rewire, run_passes
-    from adls_lightning.graph.report import report_rows, summarise, write_csv
+    from adls_lightning.graph.node_report import report_rows, summarise, write_csv
 
     validate(cfg)
     torch.manual_seed(cfg.seed)

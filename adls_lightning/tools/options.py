@@ -1,5 +1,5 @@
 """The one command-line parser of the project's tools (:mod:`adls_lightning.tools`: ``adls-table``,
-``python -m adls_lightning.graph``, ``soup``, ``quant.sensitivity``, ``report``, ``search.report``; ``export``,
+``python -m adls_lightning.graph``, ``soup``, ``quant.sensitivity``, ``reports.sweep``, ``reports.study``; ``export``,
 ``export.evaluate``, ``export.predict`` and ``adls-budget`` through the alias ``adls_lightning.tool_options`` until
 they move here): ``key=value`` options, Hydra overrides of ``conf/train.yaml`` passed on, and the output checks.
 

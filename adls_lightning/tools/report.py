@@ -1,10 +1,10 @@
-"""The report of a Hydra multirun of ``train.py``: ``python -m adls_lightning.report sweep=<multirun folder>
+"""The report of a Hydra multirun of ``train.py``: ``python -m adls_lightning.reports.sweep sweep=<multirun folder>
 out=DIR [metric=NAME]`` writes ``DIR/index.html``: a sortable table of every job's overrides and metrics, and the
 main metric (``metric=``, else the runs' ``optimized_metric``) against each swept parameter.
 
 Jobs are the folders under ``sweep`` holding a run record (``.hydra/overrides.yaml``, written once a run's
 checks passed); a job without ``metrics.json`` (failed or still running) is listed without metrics. A search's
-folder (``search.py``) is a study: ``python -m adls_lightning.search.report`` draws it with Optuna's figures.
+folder (``search.py``) is a study: ``python -m adls_lightning.reports.study`` draws it with Optuna's figures.
 
 Bad input (an unknown option, an ``out`` that cannot be written, a damaged run record or ``metrics.json``): one
 line naming it, exit code 2, nothing written. ``--help``: this text.
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.report import read_jobs, sweep_page
+from adls_lightning.reports.sweep import read_jobs, sweep_page
 from adls_lightning.tools.options import check_out_dir, report_arguments, report_main
 
-USAGE = "python -m adls_lightning.report sweep=<multirun folder> out=DIR [metric=NAME]"
+USAGE = "python -m adls_lightning.reports.sweep sweep=<multirun folder> out=DIR [metric=NAME]"
 
 
 def parse_command(argv: Sequence[str]) -> dict[str, str]:

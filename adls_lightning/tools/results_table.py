@@ -1,5 +1,5 @@
 """One results table for any runs: ``adls-table RUN_OR_GLOB... [out=DIR]`` (or
-``python -m adls_lightning.results_table``) prints a markdown table of the runs; ``out=DIR`` also writes
+``python -m adls_lightning.reports.table``) prints a markdown table of the runs; ``out=DIR`` also writes
 ``DIR/table.md``, ``DIR/table.csv`` and ``DIR/table.png``.
 
 Each argument is a run folder, a folder holding runs (a multirun's numbered job folders, a search's trials: every
@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from adls_lightning.results_table import OUTPUTS, USAGE, results_table
+from adls_lightning.reports.table import OUTPUTS, USAGE, results_table
 from adls_lightning.tools.options import run_tool, split_options
 
 OPTIONS = {"out": None}

@@ -1,4 +1,4 @@
-"""The static report of a study: ``python -m adls_lightning.search.report <study name | .db | .journal | URL>
+"""The static report of a study: ``python -m adls_lightning.reports.study <study name | .db | .journal | URL>
 out=DIR [study=NAME]`` writes ``DIR/index.html``, one self-contained page (opens from a file, no server).
 
 It holds Optuna's own plotly figures (optimisation history, parameter importances, parallel coordinates, and the
@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from adls_lightning.search.report import load_study, study_page
+from adls_lightning.reports.study import load_study, study_page
 from adls_lightning.tools.options import check_out_dir, report_arguments, report_main
 
-USAGE = "python -m adls_lightning.search.report <study name | .db | .journal | URL> out=DIR [study=NAME]"
+USAGE = "python -m adls_lightning.reports.study <study name | .db | .journal | URL> out=DIR [study=NAME]"
 
 
 def parse_command(argv: Sequence[str]) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """One results table for any runs (:func:`results_table`: the runs found, one row per configuration, mean ± std
-over its seeds; markdown, CSV and a figure). The command is ``adls-table`` / ``python -m adls_lightning.results_table``
+over its seeds; markdown, CSV and a figure). The command is ``adls-table`` / ``python -m adls_lightning.reports.table``
 (:mod:`adls_lightning.tools.results_table`, where the table's rows and columns are described).
 """
 
@@ -23,10 +23,10 @@ from adls_lightning.errors import ConfigError
 from adls_lightning.run_dir import METRICS_FILE, check_writable
 from adls_lightning.run_records import read_run_record
 
-USAGE = "adls-table RUN_OR_GLOB... [out=DIR]  (or python -m adls_lightning.results_table RUN_OR_GLOB... [out=DIR])"
+USAGE = "adls-table RUN_OR_GLOB... [out=DIR]  (or python -m adls_lightning.reports.table RUN_OR_GLOB... [out=DIR])"
 OUTPUTS = ("table.md", "table.csv", "table.png")
 OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
-# The sweeper's way to find a trial again (adls_lightning.search.report.TRIAL_IDENTITY): not what the trial trained.
+# The sweeper's way to find a trial again (adls_lightning.reports.study.TRIAL_IDENTITY): not what the trial trained.
 TRIAL_IDENTITY = "search.trial."
 MISSING = "–"
 # What a run reports besides its task's metrics, shown where some run has it: key -> (heading, format).
@@ -139,7 +139,7 @@ def _runs_under(folder: Path) -> list[Path]:
 def _study_runs(source: str, search_dir: Path | None) -> list[Path]:
     """The folders the study's trials recorded (``output_dir``) that still hold a run; a trial whose folder is
     gone is named on stderr."""
-    from adls_lightning.search.report import load_study  # optuna: only for a study
+    from adls_lightning.reports.study import load_study  # optuna: only for a study
 
     study, _ = load_study(source, search_dir=search_dir)
     folders = []
@@ -348,7 +348,7 @@ def results_table(sources: Sequence[str], out: Path | None = None, search_dir: P
     return text
 
 
-if __name__ == "__main__":  # `python -m adls_lightning.results_table`, the spelling the docs use
+if __name__ == "__main__":  # `python -m adls_lightning.reports.table`, the spelling the docs use
     from adls_lightning.tools.results_table import main
 
     sys.exit(main())

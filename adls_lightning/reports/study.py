@@ -1,6 +1,6 @@
 """The static report of a study: the study read from its storage (:func:`load_study`) and its page
 (:func:`study_page`: Optuna's figures, the trials' table, the best trial's re-run command and, for a study priced by
-the cost model, the Pareto points' export commands). The command is ``python -m adls_lightning.search.report``
+the cost model, the Pareto points' export commands). The command is ``python -m adls_lightning.reports.study``
 (:mod:`adls_lightning.tools.study_report`).
 """
 
@@ -19,7 +19,7 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.html_report import Page
+from adls_lightning.reports.page import Page
 from adls_lightning.search.from_study import open_study, study_storage
 from adls_lightning.search.storage import mask_password
 
@@ -310,7 +310,7 @@ def study_page(study: optuna.Study, shown_storage: str) -> Page:
     return page
 
 
-if __name__ == "__main__":  # `python -m adls_lightning.search.report`, the spelling the docs use
+if __name__ == "__main__":  # `python -m adls_lightning.reports.study`, the spelling the docs use
     from adls_lightning.tools.study_report import main
 
     main()

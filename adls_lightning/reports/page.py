@@ -1,5 +1,5 @@
-"""A self-contained HTML page of figures and tables: the study report (``adls_lightning.search.report``) and the
-sweep report (``adls_lightning.report``) are written with it.
+"""A self-contained HTML page of figures and tables: the study report (``adls_lightning.reports.study``) and the
+sweep report (``adls_lightning.reports.sweep``) are written with it.
 
 Figures are plotly figures (Optuna draws its own with plotly); plotly.js is embedded once, so the page opens from
 a file with no network. Tables sort by any column on a click on its header.

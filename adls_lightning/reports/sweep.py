@@ -1,6 +1,6 @@
 """The report of a Hydra multirun of ``train.py``: its jobs (:func:`read_jobs`: overrides and metrics) and the page of
 them (:func:`sweep_page`: a sortable table, the main metric against each swept parameter). The command is
-``python -m adls_lightning.report`` (:mod:`adls_lightning.tools.report`).
+``python -m adls_lightning.reports.sweep`` (:mod:`adls_lightning.tools.report`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.html_report import Page
+from adls_lightning.reports.page import Page
 from adls_lightning.run_dir import METRICS_FILE
 
 RECORD = Path(".hydra")
@@ -169,7 +169,7 @@ def sweep_page(sweep: Path, jobs: Sequence[Job], metric: str | None) -> Page:
     return page
 
 
-if __name__ == "__main__":  # `python -m adls_lightning.report`, the spelling the docs use
+if __name__ == "__main__":  # `python -m adls_lightning.reports.sweep`, the spelling the docs use
     from adls_lightning.tools.report import main
 
     main()
