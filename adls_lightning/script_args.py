@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.run_dir import check_writable
+from adls_lightning.runs.folder import check_writable
 
 
 class Parser(argparse.ArgumentParser):

@@ -224,7 +224,7 @@ def build_variants(model, work: Path, fake_quant=None) -> list[Variant]:
 def scaled_int8_model(ckpt: Path, overrides: list[str]):
     """The checkpoint's fake-quantized scaled-int8 model, calibrated as ``format=onnx int8=scaled`` does."""
     from adls_lightning.export import int8 as int8_export
-    from adls_lightning.run_loading import load_checkpoint_model
+    from adls_lightning.runs.loading import load_checkpoint_model
 
     loaded = load_checkpoint_model(ckpt, overrides, keep_quantized=True)
     if int8_export.uncalibrated(loaded.model):
@@ -254,7 +254,7 @@ def tiny_checkpoint(path: Path, overrides: list[str]) -> None:
     import lightning
 
     from adls_lightning.build import build
-    from adls_lightning.run_loading import compose_train_config
+    from adls_lightning.runs.loading import compose_train_config
 
     torch.manual_seed(0)
     cfg = compose_train_config(overrides)
@@ -435,7 +435,7 @@ def main() -> None:
 
     datasets.disable_progress_bars()
 
-    from adls_lightning.run_loading import load_checkpoint_model
+    from adls_lightning.runs.loading import load_checkpoint_model
 
     overrides = list(
         args.overrides if args.overrides is not None else TINY_OVERRIDES if args.tiny else DEFAULT_OVERRIDES

@@ -25,7 +25,7 @@ import optuna
 from optuna.trial import TrialState
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.run_dir import check_writable
+from adls_lightning.runs.folder import check_writable
 from adls_lightning.script_args import Parser, positive_int
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -52,7 +52,7 @@ def models(args: argparse.Namespace) -> tuple[nn.Module, nn.Module, str]:
         torch.manual_seed(0)
         dense = load_pretrained(MINILM).eval()
     if args.ckpt:
-        from adls_lightning.run_loading import load_checkpoint_model
+        from adls_lightning.runs.loading import load_checkpoint_model
 
         return dense, load_checkpoint_model(Path(args.ckpt), []).model.eval(), f"checkpoint {args.ckpt}"
     pruned = copy.deepcopy(dense)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from adls_lightning.data.tasks import GLUE_TASKS
 from adls_lightning.errors import ConfigError
-from adls_lightning.run_records import iter_run_records
+from adls_lightning.runs.record import iter_run_records
 from adls_lightning.script_args import FIGURE_SUFFIXES, Parser, check_output_file
 
 METHODS = {

@@ -38,7 +38,7 @@ COMMANDS_NOT_YET_TOOLS = tuple(
 # Hydra's configuration helpers the guarded builder uses (instantiation, its exception): not Hydra's runtime.
 HYDRA_LIBRARY_MODULES = ("hydra.utils", "hydra.errors")
 # `python -m` tools of their own that compose a run's config with Hydra.
-HYDRA_ENTRY_POINTS = (f"{PACKAGE}.export.__main__", f"{PACKAGE}.export.evaluate", f"{PACKAGE}.run_loading")
+HYDRA_ENTRY_POINTS = (f"{PACKAGE}.export.__main__", f"{PACKAGE}.export.evaluate", f"{PACKAGE}.runs.loading")
 
 
 def module_name(path: Path) -> str:

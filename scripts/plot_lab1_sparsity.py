@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from adls_lightning import run_records
-from adls_lightning.run_records import iter_run_records
+from adls_lightning.reports import curves as curve_figures
+from adls_lightning.runs.record import iter_run_records
 from adls_lightning.script_args import Parser, check_outputs, existing_folder
 
 
@@ -68,13 +68,13 @@ def _dense(points: list[Point], metric: str) -> tuple[str, float] | None:
 def markdown_table(points: Iterable[Point], metric: str) -> str:
     """A table with one row per sparsity and one column per method (plus the dense baseline)."""
     points = list(points)
-    return run_records.markdown_table("sparsity", curves(points), ".3f", _dense(points, metric))
+    return curve_figures.markdown_table("sparsity", curves(points), ".3f", _dense(points, metric))
 
 
 def plot(points: list[Point], out: Path, metric: str, title: str) -> None:
     """Draws accuracy vs sparsity (one line per method, dense baseline dashed) and saves a PNG."""
     dense = _dense(points, metric)
-    run_records.plot_curves(
+    curve_figures.plot_curves(
         curves(points),
         ("dense", dense[1]) if dense else None,
         out,
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         points = read_points(args.roots, args.metric)
     except ValueError as error:  # a damaged metrics.json or config, named
         parser.error(str(error))
-    return run_records.write_figure(
+    return curve_figures.write_figure(
         points, any(p.method for p in points), "pruned run", args, plot, markdown_table
     )
 

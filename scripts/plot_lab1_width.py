@@ -25,8 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from adls_lightning import run_records
-from adls_lightning.run_records import iter_run_records
+from adls_lightning.reports import curves as curve_figures
+from adls_lightning.runs.record import iter_run_records
 from adls_lightning.script_args import Parser, check_outputs
 
 MODES = ("ptq", "qat")
@@ -116,14 +116,14 @@ def _upper(curves: dict[str, list[tuple[int, float]]]) -> dict[str, list[tuple[i
 
 
 def markdown_table(runs: list[Run], metric: str) -> str:
-    return run_records.markdown_table("width", _upper(best_per_width(runs)), "", _baseline(runs, metric))
+    return curve_figures.markdown_table("width", _upper(best_per_width(runs)), "", _baseline(runs, metric))
 
 
 def plot(runs: list[Run], out: Path, metric: str, title: str) -> None:
     """Draws accuracy vs width (PTQ and QAT curves, full precision dashed) and saves a PNG."""
     curves = best_per_width(runs)
     baseline = full_precision(runs)
-    run_records.plot_curves(
+    curve_figures.plot_curves(
         _upper(curves),
         ("full precision", baseline) if baseline is not None else None,
         out,
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(best.run_dir, best.width)
         return 0
-    return run_records.write_figure(
+    return curve_figures.write_figure(
         runs, any(run.mode for run in runs), "quantized run", args, plot, markdown_table
     )
 

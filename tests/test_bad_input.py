@@ -505,7 +505,7 @@ def test_a_read_only_file_system_is_refused_in_one_line(tmp_path, monkeypatch):
     import tempfile
 
     from adls_lightning.errors import ConfigError
-    from adls_lightning.run_dir import check_output_dir
+    from adls_lightning.runs.folder import check_output_dir
 
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))

@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adls_lightning.app.run_folder import RUN_RECORD_DIR, entries, remove_unused_run_folder
 from adls_lightning.app.training import _checked_objects
 from adls_lightning.data.datamodule import TextDataModule, stratified_subset
 from adls_lightning.errors import ConfigError
+from adls_lightning.runs.folder import entries, remove_unused_run_folder
+from adls_lightning.runs.record import RUN_RECORD_DIR
 from tests.helpers import TINY_OVERRIDES, assert_one_line_error, make_reviews
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -260,7 +261,7 @@ def test_a_folder_that_held_something_when_the_task_started_stays(tmp_path):
 
 
 def test_birth_time_is_not_moved_by_an_entry_made_and_removed(tmp_path):
-    from adls_lightning.app.run_folder import birth_time
+    from adls_lightning.runs.folder import birth_time
 
     folder = tmp_path / "run"
     folder.mkdir()

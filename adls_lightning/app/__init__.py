@@ -2,7 +2,6 @@
 
 - :mod:`~adls_lightning.app.cli`: the entry points (``train.py`` / ``search.py``, ``adls-train`` / ``adls-search``).
 - :mod:`~adls_lightning.app.preflight`: the composed config checked before Hydra runs or writes anything.
-- :mod:`~adls_lightning.app.run_folder`: a run's folder record (Hydra's ``.hydra/``).
 - :mod:`~adls_lightning.app.training`: the training task (objects from the config, Lightning's Trainer, metrics).
 - :mod:`~adls_lightning.app.objective`: the search task (one trial and what it returns to the sweeper).
 
@@ -15,7 +14,7 @@ it keeps, each with its reason:
 - ``export/__main__.py``, ``export/evaluate.py``: ``python -m adls_lightning.export`` / ``export.evaluate`` are
   command-line tools of their own (to move into :mod:`adls_lightning.tools`, a layer above the library like this
   one); they compose a run's config with Hydra.
-- ``run_loading.py``: loading a run's model composes its recorded config with Hydra's compose API.
+- ``runs/loading.py``: loading a run's model composes its recorded config with Hydra's compose API.
 
 The commands (``adls-table``, ``python -m adls_lightning.graph``, ``soup``, ``quant.sensitivity``, the reports) are
 :mod:`adls_lightning.tools`, beside this package: entry points over the library, which imports neither.

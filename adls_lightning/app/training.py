@@ -24,7 +24,6 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from adls_lightning.app.preflight import METRICS_FILE, check_output_dir, validate_run_config
-from adls_lightning.app.run_folder import entries, remove_unused_run_folder, write_run_record
 from adls_lightning.build import build
 from adls_lightning.checkpoints import (
     check_shapes,
@@ -43,6 +42,8 @@ from adls_lightning.logs import drop_unset_wandb_settings, wandb_location
 from adls_lightning.models import head_outputs, without_task_head
 from adls_lightning.module import parameter_metrics
 from adls_lightning.precision import choose as choose_precision
+from adls_lightning.runs.folder import entries, remove_unused_run_folder
+from adls_lightning.runs.record import write_run_record
 from adls_lightning.runtime import keep_freed_memory
 
 log = logging.getLogger(__name__)
@@ -122,8 +123,8 @@ def run(cfg: DictConfig, checked: bool = False) -> dict[str, float]:
     with held_log_file() as release_log:
         datamodule, model, callbacks, loggers, trainer, ckpt_path = _checked_objects(cfg, checked)
         # Every check passed: only now does anything land in the run folder (DDP: rank zero writes it).
-        if trainer.is_global_zero:
-            write_run_record(Path(cfg.paths.output_dir), cfg)
+        if trainer.is_global_zero and HydraConfig.initialized():
+            write_run_record(Path(cfg.paths.output_dir), cfg, HydraConfig.instance().cfg)
         release_log()
     # Every linear layer of fit, validation and test on the chosen GEMM backend (docs/gemm.md).
     with gemm_backend(_gemm_choice(cfg, model, trainer)):
@@ -472,7 +473,7 @@ def one_line_errors():
 
     In a multirun the error propagates, so the sweeper records the job (trial) as failed and goes on. A single
     run's folder, made by Hydra before the task started, goes again when the refusal left nothing of value in it
-    (:func:`~adls_lightning.app.run_folder.remove_unused_run_folder`): a refused run leaves nothing behind.
+    (:func:`~adls_lightning.runs.folder.remove_unused_run_folder`): a refused run leaves nothing behind.
     """
     folder = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
     at_start = entries(folder) if folder is not None else None

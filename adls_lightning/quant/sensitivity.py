@@ -4,7 +4,7 @@ command is :mod:`adls_lightning.tools.sensitivity`, where its options are descri
 Starting from a full-precision model, each group of linear layers (and encoder points) in turn is quantized with a
 preset's recipe while every other layer stays float, and the task's main metric is measured
 (:func:`layer_sensitivity`); :func:`run_sensitivity` loads a ``train.py`` checkpoint's model and data for it
-(:mod:`adls_lightning.run_loading`). The groups: one linear layer each (``by=layer``), one kind of layer across blocks
+(:mod:`adls_lightning.runs.loading`). The groups: one linear layer each (``by=layer``), one kind of layer across blocks
 (``by=kind``) or one encoder block (``by=block``).
 """
 
@@ -162,7 +162,7 @@ def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
     from adls_lightning.export.compressed import run_compression, run_overrides
     from adls_lightning.overrides import merge_overrides, override_key
     from adls_lightning.quant.scaled import calibrate
-    from adls_lightning.run_loading import compose_train_config, load_checkpoint_model, model_inputs
+    from adls_lightning.runs.loading import compose_train_config, load_checkpoint_model, model_inputs
 
     preset = options["quant"]
     # quant.* overrides shape the preset; the run's model and data take the rest

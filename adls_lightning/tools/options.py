@@ -20,7 +20,7 @@ from typing import Any
 from adls_lightning.errors import ConfigError
 from adls_lightning.overrides import merge_overrides as merge_overrides
 from adls_lightning.overrides import override_key as override_key
-from adls_lightning.run_dir import check_writable as check_writable
+from adls_lightning.runs.folder import check_writable as check_writable
 
 HELP_FLAGS = ("--help", "-h")
 FLAGS = {"true": True, "false": False}
@@ -134,7 +134,7 @@ def check_out_dir(out: str) -> Path:
     Raises:
         ConfigError: naming ``out=``.
     """
-    from adls_lightning.run_dir import check_output_dir
+    from adls_lightning.runs.folder import check_output_dir
 
     path = Path(out).expanduser().absolute()
     check_output_dir(path, {}, "out", earlier_run=False)

@@ -29,7 +29,7 @@ from adls_lightning.export.compressed import (
 from adls_lightning.export.folder import task_inputs
 from adls_lightning.overrides import merge_overrides, override_key
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = PROJECT_ROOT / "conf"
 #: the inputs of a Hugging Face sequence classifier that a tokenized batch holds (its labels are not one)
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")

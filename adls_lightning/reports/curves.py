@@ -1,64 +1,16 @@
-"""Run records of ``train.py`` sweeps (``metrics.json`` + Hydra's ``.hydra/config.yaml`` per job folder) and the
-curve figure and table drawn from them; shared by ``scripts/plot_lab1_sparsity.py`` and ``scripts/plot_lab1_width.py``.
+"""The curve figure and table drawn from runs' records (:func:`adls_lightning.runs.record.iter_run_records`); shared by
+``scripts/plot_lab1_sparsity.py`` and ``scripts/plot_lab1_width.py``.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 #: Curve label -> [(x, y)] sorted by x.
 Curves = Mapping[str, Sequence[tuple[float, float]]]
-
-
-def iter_run_records(
-    roots: Iterable[Path], metric: str
-) -> Iterator[tuple[Path, dict[str, Any], dict[str, Any]]]:
-    """``(run folder, metrics, config)`` per ``metrics.json`` under ``roots`` (recursively, sorted).
-
-    Runs without ``metric`` are skipped with a note on stderr (e.g. a job that failed before testing); a run
-    without a saved config gets ``{}``.
-
-    Raises:
-        ValueError: a ``metrics.json`` that is not a JSON object (a file cut by a killed job) or a saved config
-            that is not a YAML mapping, naming the file: a figure drawn without that run would be silently wrong.
-    """
-    for root in roots:
-        for metrics_file in sorted(Path(root).rglob("metrics.json")):
-            run_dir = metrics_file.parent
-            metrics, config = read_run_record(run_dir)
-            if metric not in metrics:
-                print(f"skipping {run_dir}: no {metric} in metrics.json", file=sys.stderr)
-                continue
-            yield run_dir, metrics, config
-
-
-def read_run_record(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(metrics, config)`` of one run folder: its ``metrics.json`` and saved ``.hydra/config.yaml`` (``{}`` when
-    it saved none).
-
-    Raises:
-        ValueError: as :func:`iter_run_records`, naming the file.
-    """
-    metrics = _read_mapping(run_dir / "metrics.json", json.loads, "JSON")
-    config_file = run_dir / ".hydra" / "config.yaml"
-    config = _read_mapping(config_file, yaml.safe_load, "YAML") if config_file.is_file() else {}
-    return metrics, config
-
-
-def _read_mapping(path: Path, parse: Callable[[str], Any], kind: str) -> dict[str, Any]:
-    try:
-        value = parse(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as err:
-        raise ValueError(f"{path}: not readable {kind} ({' '.join(str(err).split())})") from err
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: not a {kind} mapping of names to values (holds {type(value).__name__})")
-    return value
 
 
 def markdown_table(x_name: str, curves: Curves, x_format: str, baseline: tuple[str, float] | None) -> str:

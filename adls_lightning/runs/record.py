@@ -1,0 +1,84 @@
+"""A run's record: Hydra's ``.hydra/`` files (written by the task once the run's checks passed) and ``metrics.json``;
+written here, and read back here for the tables and figures over many runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+
+from adls_lightning.files.atomic import atomic_write_bytes
+
+RUN_RECORD_DIR = ".hydra"
+# What write_run_record writes into RUN_RECORD_DIR.
+RUN_RECORD_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
+
+
+def write_run_record(output_dir: str | os.PathLike, cfg: Any, hydra_cfg: Any) -> None:
+    """Write Hydra's run record (``.hydra/config.yaml``, ``hydra.yaml``, ``overrides.yaml``) of ``cfg``;
+    ``hydra_cfg`` is the ``hydra`` node alone, as Hydra records it (``HydraConfig.instance().cfg``: the
+    application reads Hydra's runtime, not this module).
+
+    Hydra would write it before the task starts (replacing an earlier run's record even when the run is then
+    refused), so ``conf/hydra/default.yaml`` turns that off and the task calls this once its checks passed.
+    """
+    record = Path(output_dir) / RUN_RECORD_DIR
+    nodes = (
+        OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]),
+        hydra_cfg,
+        hydra_cfg.hydra.overrides.task,
+    )
+    files = dict(zip(RUN_RECORD_FILES, nodes))
+    for name, node in files.items():
+        atomic_write_bytes(record / name, OmegaConf.to_yaml(node).encode())
+
+
+def iter_run_records(
+    roots: Iterable[Path], metric: str
+) -> Iterator[tuple[Path, dict[str, Any], dict[str, Any]]]:
+    """``(run folder, metrics, config)`` per ``metrics.json`` under ``roots`` (recursively, sorted).
+
+    Runs without ``metric`` are skipped with a note on stderr (e.g. a job that failed before testing); a run
+    without a saved config gets ``{}``.
+
+    Raises:
+        ValueError: a ``metrics.json`` that is not a JSON object (a file cut by a killed job) or a saved config
+            that is not a YAML mapping, naming the file: a figure drawn without that run would be silently wrong.
+    """
+    for root in roots:
+        for metrics_file in sorted(Path(root).rglob("metrics.json")):
+            run_dir = metrics_file.parent
+            metrics, config = read_run_record(run_dir)
+            if metric not in metrics:
+                print(f"skipping {run_dir}: no {metric} in metrics.json", file=sys.stderr)
+                continue
+            yield run_dir, metrics, config
+
+
+def read_run_record(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(metrics, config)`` of one run folder: its ``metrics.json`` and saved ``.hydra/config.yaml`` (``{}`` when
+    it saved none).
+
+    Raises:
+        ValueError: as :func:`iter_run_records`, naming the file.
+    """
+    metrics = _read_mapping(run_dir / "metrics.json", json.loads, "JSON")
+    config_file = run_dir / ".hydra" / "config.yaml"
+    config = _read_mapping(config_file, yaml.safe_load, "YAML") if config_file.is_file() else {}
+    return metrics, config
+
+
+def _read_mapping(path: Path, parse: Callable[[str], Any], kind: str) -> dict[str, Any]:
+    try:
+        value = parse(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as err:
+        raise ValueError(f"{path}: not readable {kind} ({' '.join(str(err).split())})") from err
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: not a {kind} mapping of names to values (holds {type(value).__name__})")
+    return value
