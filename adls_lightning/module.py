@@ -74,7 +74,7 @@ class SequenceClassifier(LightningModule):
             Loaded in :meth:`setup`, after the callbacks' ``setup`` has swapped quantized layers in, so both a
             full-precision and a quantized checkpoint of the same architecture load.
         init_head: with ``init_ckpt``, ``"checkpoint"`` loads all of it, its task head included; ``"new"`` loads
-            all but the task head (:data:`~adls_lightning.data.tasks.TASK_HEAD_MODULES`), which keeps this
+            all but the task head (:data:`~adls_lightning.models.TASK_HEAD_MODULES`), which keeps this
             model's fresh initialisation: intermediate-task transfer, a checkpoint of another task (another
             label count) as the start of this one.
         attn_implementation: Hugging Face attention implementation, ``sdpa`` (fused) or ``eager`` (naive);
