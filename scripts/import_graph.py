@@ -9,10 +9,9 @@ the circles (none expected) and the rule breaks; exit code 1 when there is eithe
   (the rest). A module imports only from its own layer or one below: the callbacks import no entry point; the
   library imports neither, nor a top-level ``callbacks`` package (the callbacks' old home), nor a ``__main__``
   module. A module's ``if __name__ == "__main__":`` block (its ``python -m`` spelling calling a tool) runs only as
-  the program, never on import: no edge of the graph. The tools' old parser module (:data:`TOOL_ALIAS`) is a tool:
-  only the commands still in the library (:data:`COMMANDS_NOT_YET_TOOLS`) import it;
+  the program, never on import: no edge of the graph;
 - the library imports neither Hydra's runtime (``hydra`` beyond ``hydra.utils`` / ``hydra.errors``) nor
-  Lightning's ``Trainer``, except the command-line tools that :data:`HYDRA_ENTRY_POINTS` names (listed, with the
+  Lightning's ``Trainer``, except the modules that :data:`HYDRA_COMPOSERS` names (listed, with the
   reason, in ``adls_lightning/app/__init__.py``).
 """
 
@@ -28,17 +27,10 @@ PACKAGE = "adls_lightning"
 APP = f"{PACKAGE}.app"
 CALLBACKS = f"{PACKAGE}.callbacks"
 TOOLS = f"{PACKAGE}.tools"
-#: the tools' option parser's old home, now an alias of adls_lightning.tools.options
-TOOL_ALIAS = f"{PACKAGE}.tool_options"
-#: commands still inside the library (issue 57: to move into adls_lightning.tools), allowed the alias meanwhile
-COMMANDS_NOT_YET_TOOLS = tuple(
-    f"{PACKAGE}.{name}"
-    for name in ("export.compressed", "export.evaluate", "export.predict", "search.budget_tool")
-)
 # Hydra's configuration helpers the guarded builder uses (instantiation, its exception): not Hydra's runtime.
 HYDRA_LIBRARY_MODULES = ("hydra.utils", "hydra.errors")
-# `python -m` tools of their own that compose a run's config with Hydra.
-HYDRA_ENTRY_POINTS = (f"{PACKAGE}.export.__main__", f"{PACKAGE}.export.evaluate", f"{PACKAGE}.runs.loading")
+# library modules that compose a run's recorded config with Hydra's compose API (the tools call them)
+HYDRA_COMPOSERS = (f"{PACKAGE}.runs.loading",)
 
 
 def module_name(path: Path) -> str:
@@ -133,23 +125,17 @@ def rule_breaks(graph: dict[str, set[str]]) -> list[str]:
     """``module: imports X`` for each import the library may not make (see the module's docstring)."""
     breaks = []
     for module, targets in sorted(graph.items()):
-        if (
-            _inside(module, APP)
-            or _inside(module, TOOLS)
-            or module.endswith(".__main__")
-            or module == TOOL_ALIAS
-        ):
+        if _inside(module, APP) or _inside(module, TOOLS) or module.endswith(".__main__"):
             continue
         if _inside(module, CALLBACKS):
             breaks.extend(
                 f"{module}: imports {target}"
                 for target in sorted(targets)
-                if _inside(target, APP) or _inside(target, TOOLS) or target == TOOL_ALIAS
+                if _inside(target, APP) or _inside(target, TOOLS)
             )
             continue
         for target in sorted(targets):
-            to_tool = _inside(target, TOOLS) or (target.endswith(".__main__"))
-            to_tool |= target == TOOL_ALIAS and module not in COMMANDS_NOT_YET_TOOLS
+            to_tool = _inside(target, TOOLS) or target.endswith(".__main__")
             to_app = _inside(target, APP) or to_tool
             to_callbacks = _inside(target, CALLBACKS) or _inside(target, "callbacks")
             hydra_runtime = (target == "hydra" or target.startswith("hydra.")) and not target.startswith(
@@ -160,7 +146,7 @@ def rule_breaks(graph: dict[str, set[str]]) -> list[str]:
                 "lightning.pytorch.Trainer",
                 "lightning.pytorch.trainer",
             )
-            if to_app or to_callbacks or trainer or (hydra_runtime and module not in HYDRA_ENTRY_POINTS):
+            if to_app or to_callbacks or trainer or (hydra_runtime and module not in HYDRA_COMPOSERS):
                 breaks.append(f"{module}: imports {target}")
     return breaks
 

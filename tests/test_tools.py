@@ -25,7 +25,12 @@ SPELLINGS = {
     "adls_lightning.reports.sweep": "adls_lightning.tools.report",
     "adls_lightning.reports.table": "adls_lightning.tools.results_table",
     "adls_lightning.reports.study": "adls_lightning.tools.study_report",
+    "adls_lightning.export": "adls_lightning.tools.export",
+    "adls_lightning.export.evaluate": "adls_lightning.tools.evaluate",
+    "adls_lightning.export.predict": "adls_lightning.tools.predict",
 }
+#: the console scripts of the application (pyproject.toml); every other one is a tool
+APP_SCRIPTS = {"adls-train", "adls-search"}
 
 
 @pytest.mark.parametrize("spelling", sorted(SPELLINGS))
@@ -48,7 +53,7 @@ def test_the_documented_spelling_runs_the_tool(spelling, tmp_path):
 
 def test_the_tools_parse_with_one_parser():
     """Every tool module takes its ``key=value`` parsing from ``tools.options``; no other module of the package
-    defines a ``key=value`` splitter (the alias ``tool_options`` only re-exports it)."""
+    defines a ``key=value`` splitter."""
     package = ROOT / "adls_lightning"
     definers = []
     for path in package.rglob("*.py"):
@@ -70,17 +75,17 @@ def test_the_import_rules_refuse_a_library_module_importing_a_tool():
     graph = {
         "adls_lightning.soup": {"adls_lightning.tools.options"},
         "adls_lightning.quant.sensitivity": {"adls_lightning.export.__main__"},
-        "adls_lightning.results_table": {"adls_lightning.tool_options"},
+        "adls_lightning.export.evaluate": {"adls_lightning.tools.options"},
         "adls_lightning.callbacks.pruning": {"adls_lightning.tools.soup"},
-        # allowed: a tool on the library, a `python -m` shim on its tool, a command not yet moved on the alias
+        # allowed: a tool on the library, a `python -m` shim on its tool
         "adls_lightning.tools.soup": {"adls_lightning.soup", "adls_lightning.tools.options"},
         "adls_lightning.graph.__main__": {"adls_lightning.tools.graph"},
-        "adls_lightning.search.budget_tool": {"adls_lightning.tool_options"},
+        "adls_lightning.export.__main__": {"adls_lightning.tools.export"},
     }
     assert import_graph.rule_breaks(graph) == [
         "adls_lightning.callbacks.pruning: imports adls_lightning.tools.soup",
+        "adls_lightning.export.evaluate: imports adls_lightning.tools.options",
         "adls_lightning.quant.sensitivity: imports adls_lightning.export.__main__",
-        "adls_lightning.results_table: imports adls_lightning.tool_options",
         "adls_lightning.soup: imports adls_lightning.tools.options",
     ]
 
@@ -91,3 +96,75 @@ def test_a_main_block_is_no_import_edge():
     tree = ast.parse(source)
     assert [import_graph._main_block(s) for s in tree.body] == [False, True]
     assert not import_graph._main_block(ast.parse("if __name__ == 'x':\n    pass\n").body[0])
+
+
+def test_every_console_script_is_a_tool():
+    """pyproject.toml's console scripts (and the installed ones: a stale install points elsewhere) resolve to a
+    ``main`` in ``adls_lightning.tools``, except the application's two."""
+    import sysconfig
+    from importlib.metadata import distributions
+
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {"adls-export", "adls-evaluate", "adls-predict", "adls-budget", "adls-table"} <= set(declared)
+    # the environment's own install (a build folder's *.egg-info in the checkout is no install)
+    installed = [
+        dist
+        for dist in distributions(path=[sysconfig.get_paths()["purelib"]])
+        if dist.metadata["Name"] == "adls-lightning"
+    ]
+    for dist in installed:  # pip install -e . after a change of [project.scripts]
+        scripts = {ep.name: ep.value for ep in dist.entry_points if ep.group == "console_scripts"}
+        assert scripts == declared
+    for name, target in declared.items():
+        if name in APP_SCRIPTS:
+            assert target.startswith("adls_lightning.app."), (name, target)
+            continue
+        module, _, function = target.partition(":")
+        assert module.startswith("adls_lightning.tools.") and function == "main", (name, target)
+        assert importlib.import_module(module).main.__module__ == module
+
+
+def test_only_tools_define_a_command_main():
+    """The commands' ``main`` functions live in ``adls_lightning.tools``: a library module keeps verbs (its
+    ``python -m`` spelling is an ``if __name__ == "__main__":`` block calling the tool)."""
+    defined = sorted(
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "adls_lightning").rglob("*.py")
+        if any(
+            isinstance(node, ast.FunctionDef) and node.name == "main"
+            for node in ast.parse(path.read_text()).body
+        )
+    )
+    assert defined and all(path.startswith("adls_lightning/tools/") for path in defined), defined
+    for module in ("export", "evaluate", "predict", "budget"):
+        assert f"adls_lightning/tools/{module}.py" in defined
+
+
+def test_the_import_graph_has_no_allowance(tmp_path):
+    """The script passes on the package as it is, with no module exempted from the layers: a library module
+    that imported a tool, any of those that were commands, would be a break."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "import_graph.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert proc.stdout.rstrip().endswith("rule breaks: none")
+    assert not [name for name in vars(import_graph) if "ALIAS" in name or "NOT_YET" in name]
+    graph = import_graph.import_graph()
+    former_commands = [
+        "adls_lightning.export.evaluate",
+        "adls_lightning.export.predict",
+        "adls_lightning.export.compressed",
+        "adls_lightning.export.from_checkpoint",
+        "adls_lightning.search.budget_run",
+    ]
+    for module in former_commands:
+        assert module in graph, module
+        graph[module] = graph[module] | {"adls_lightning.tools.options"}
+    assert import_graph.rule_breaks(graph) == [
+        f"{module}: imports adls_lightning.tools.options" for module in sorted(former_commands)
+    ]

@@ -11,11 +11,9 @@ library outside this package imports neither Hydra's runtime (``hydra.main``, ``
 it keeps, each with its reason:
 
 - ``build.py``: ``hydra.utils.instantiate``, the one guarded builder (Hydra's config instantiation, not its runtime).
-- ``export/__main__.py``, ``export/evaluate.py``: ``python -m adls_lightning.export`` / ``export.evaluate`` are
-  command-line tools of their own (to move into :mod:`adls_lightning.tools`, a layer above the library like this
-  one); they compose a run's config with Hydra.
 - ``runs/loading.py``: loading a run's model composes its recorded config with Hydra's compose API.
 
-The commands (``adls-table``, ``python -m adls_lightning.graph``, ``soup``, ``quant.sensitivity``, the reports) are
-:mod:`adls_lightning.tools`, beside this package: entry points over the library, which imports neither.
+The commands (``adls-table``, ``adls-export``, ``adls-evaluate``, ``adls-predict``, ``adls-budget``,
+``python -m adls_lightning.graph``, ``soup``, ``quant.sensitivity``, the reports) are :mod:`adls_lightning.tools`,
+beside this package: entry points over the library, which imports neither.
 """

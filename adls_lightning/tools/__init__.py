@@ -6,6 +6,12 @@ option parser: ``--help`` is the tool's docstring, a refusal one ``error:`` line
 - :mod:`.soup`: ``python -m adls_lightning.soup`` (the mean of runs' weights).
 - :mod:`.report`, :mod:`.study_report`: ``python -m adls_lightning.reports.sweep`` / ``adls_lightning.reports.study``.
 - :mod:`.results_table`: ``adls-table`` / ``python -m adls_lightning.reports.table``.
+- :mod:`.export`: ``adls-export`` / ``python -m adls_lightning.export`` (a run's checkpoint to a folder; the verbs:
+  :mod:`adls_lightning.export.from_checkpoint`).
+- :mod:`.evaluate`: ``adls-evaluate`` / ``python -m adls_lightning.export.evaluate`` (exported folders scored).
+- :mod:`.predict`: ``adls-predict`` / ``python -m adls_lightning.export.predict`` (labels of texts from a folder).
+- :mod:`.budget`: ``adls-budget`` (per-layer formats under a latency or size budget; the verbs:
+  :mod:`adls_lightning.search.budget_run`).
 
 The documented ``python -m`` spellings stay: the library module's ``if __name__ == "__main__":`` block (or its
 ``__main__.py``) calls the tool. Tools sit above the library with the application (:mod:`adls_lightning.app`): the

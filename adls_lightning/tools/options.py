@@ -1,7 +1,7 @@
 """The one command-line parser of the project's tools (:mod:`adls_lightning.tools`: ``adls-table``,
-``python -m adls_lightning.graph``, ``soup``, ``quant.sensitivity``, ``reports.sweep``, ``reports.study``; ``export``,
-``export.evaluate``, ``export.predict`` and ``adls-budget`` through the alias ``adls_lightning.tool_options`` until
-they move here): ``key=value`` options, Hydra overrides of ``conf/train.yaml`` passed on, and the output checks.
+``python -m adls_lightning.graph``, ``soup``, ``quant.sensitivity``, ``reports.sweep``, ``reports.study``, ``adls-export``,
+``adls-evaluate``, ``adls-predict``, ``adls-budget``): ``key=value`` options, Hydra overrides of
+``conf/train.yaml`` passed on, and the output checks.
 
 Every tool answers ``--help`` / ``-h`` with its usage (its module docstring) and exit code 0, refuses an unknown
 key in one line naming the valid ones (a tool that also takes Hydra overrides of ``conf/train.yaml`` passes other
