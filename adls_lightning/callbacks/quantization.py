@@ -1,8 +1,8 @@
-"""Quantization as a Lightning callback: QAT (train the quantized model) or PTQ (quantize after training)."""
+"""Quantization as a Lightning callback: QAT (train the quantized model) or PTQ (quantize after training); the
+method (round to nearest, SmoothQuant, GPTQ, LSQ) is a strategy of the callback (:mod:`.quant_methods`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -13,30 +13,27 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from adls_lightning.callbacks.calibration import CalibrationSettings, calibration_batches, model_forward
+from adls_lightning.callbacks.calibration import CalibrationSettings, model_forward
 from adls_lightning.callbacks.pruning import StructuredPruning
+from adls_lightning.callbacks.quant_methods import QuantMethod, choose_method, read_method_settings
 from adls_lightning.compression_record import COMPRESSED_CHECKPOINT, merge_into, quantization_record
 from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
 from adls_lightning.quant import (
     QuantRecipe,
-    calibrate,
     check_recipe_fits,
-    init_learned_steps,
     quantization_report,
     quantize_model,
     quantized_layers,
     to_recipe,
 )
-from adls_lightning.quant.gptq import GPTQConfig, gptq_quantize, put_weights
-from adls_lightning.quant.smoothquant import Smoothed, SmoothQuantSettings, check_alpha, check_scope, smooth
+from adls_lightning.quant.gptq import GPTQConfig
+from adls_lightning.quant.smoothquant import SmoothQuantSettings
 from adls_lightning.registry import import_plugins
-from adls_lightning.typed_settings import section
 
 log = logging.getLogger(__name__)
 
-MODES = ("qat", "ptq")
 _EVALUATION_FNS = (TrainerFn.VALIDATING, TrainerFn.TESTING, TrainerFn.PREDICTING)
 
 
@@ -55,6 +52,9 @@ class QuantizationCallback(L.Callback):
       score recorded in the loaded checkpoint when it is a ``ModelCheckpoint`` best checkpoint
       monitoring it, or the last validation during fit when the in-memory weights are evaluated
       (otherwise it is not reported). ``ptq/val_acc_after`` is the quantized validation score.
+
+    The method is a strategy chosen from the settings (:func:`~adls_lightning.callbacks.quant_methods.choose_method`:
+    round to nearest, SmoothQuant, GPTQ or LSQ, in :attr:`method`); this class owns the hooks and their timing.
 
     :meth:`report` returns ``quant/avg_weight_bits``, ``quant/avg_act_bits``, ``quant/weight_bytes``,
     ``quant/layers`` and, for PTQ, ``ptq/val_acc_before``/``ptq/val_acc_after``.
@@ -101,50 +101,17 @@ class QuantizationCallback(L.Callback):
         gptq: GPTQConfig | None = None,
         smoothquant: SmoothQuantSettings | None = None,
     ) -> None:
-        # each setting's type is checked in the pre-flight against these annotations (adls_lightning.typed_settings);
-        # a section given false is off, as null
-        gptq = gptq if isinstance(gptq, GPTQConfig) else section(gptq, "quant.gptq")
+        # each setting's type is checked in the pre-flight against these annotations (adls_lightning.typed_settings)
         import_plugins(plugins, "quant.plugins")
-        batches = calibration_batches(calibration, "quant.calibration")
-        self.calibration_batches = batches
-        self.calibrated = False
-        self.gptq = None
-        if gptq is not None:
-            if mode != "ptq":
-                raise ConfigError(
-                    "quant.gptq: GPTQ is post-training quantization; give quant.mode=ptq (or quant.gptq=null)"
-                )
-            if not isinstance(gptq, GPTQConfig):
-                unknown = sorted(set(gptq) - {f.name for f in dataclasses.fields(GPTQConfig)})
-                if unknown:
-                    raise ConfigError(
-                        f"quant.gptq.{unknown[0]}: unknown key; valid: batches, damp, act_order, block_size"
-                    )
-                gptq = GPTQConfig(**gptq)
-            self.gptq = gptq
-        smoothquant = section(smoothquant, "quant.smoothquant") or {}
-        unknown = sorted(set(smoothquant) - {"alpha", "scope"})
-        if unknown:
-            raise ConfigError(f"quant.smoothquant.{unknown[0]}: unknown key; valid: alpha, scope")
-        alpha = smoothquant.get("alpha")
-        self.smoothquant_alpha = None if alpha is None else check_alpha(alpha)
-        self.smoothquant_scope = check_scope(smoothquant.get("scope", "norm_fed"))
-        if self.smoothquant_alpha is not None and not batches:
-            raise ConfigError(
-                "quant.smoothquant.alpha: SmoothQuant's factors come from calibration batches; give "
-                "quant.calibration.batches=N (N >= 1)"
-            )
-        if self.smoothquant_alpha is not None and self.gptq is not None:
-            raise ConfigError(
-                "quant.smoothquant.alpha with quant.gptq: not combined here; choose one (the other null)"
-            )
-        if mode not in MODES:
-            raise ConfigError(f"quant.mode={mode!r}: must be one of {', '.join(MODES)}")
+        settings = read_method_settings(mode, calibration, gptq, smoothquant)
         if not isinstance(train_base, bool):
             raise ConfigError(f"quant.train_base={train_base!r}: must be true or false")
         if train_base and mode != "qat":
             raise ConfigError("quant.train_base=true: only applies to quant.mode=qat (PTQ does not train)")
         self.recipe: QuantRecipe = to_recipe(config, key="quant.config")
+        #: the method's strategy (:func:`~adls_lightning.callbacks.quant_methods.choose_method`)
+        self.method: QuantMethod = choose_method(settings, self.recipe)
+        self.calibrated = False
         self.mode = mode
         self.train_base = train_base
         self.monitor = monitor
@@ -158,6 +125,19 @@ class QuantizationCallback(L.Callback):
         self._reload_refusal: Any = None
         #: where the evaluated model of a PTQ run was saved (COMPRESSED_CHECKPOINT), once it was
         self.compressed_checkpoint: Path | None = None
+
+    # the method's settings, read by the sensitivity tool (adls_lightning.quant.sensitivity)
+    @property
+    def calibration_batches(self) -> int:
+        return self.method.settings.calibration_batches
+
+    @property
+    def gptq(self) -> GPTQConfig | None:
+        return self.method.settings.gptq
+
+    @property
+    def smoothquant_alpha(self) -> float | None:
+        return self.method.settings.smoothquant_alpha
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -188,14 +168,7 @@ class QuantizationCallback(L.Callback):
         merge_before_compression(pl_module)
         model = getattr(pl_module, "model", pl_module)
         names = quantize_model(model, self.recipe)
-        if not self.calibration_batches and any(
-            layer.data_in_quantizer is not None and getattr(layer.data_in_quantizer, "lsq", False)
-            for layer in quantized_layers(model)
-        ):
-            raise ConfigError(
-                "quant.calibration.batches=0: LSQ activation steps (lsq: true on data_in) start from "
-                "calibrated ranges; give quant.calibration.batches=N (N >= 1)"
-            )
+        self.method.check_quantized(model)
         if self.train_base:
             for layer in quantized_layers(model):
                 layer.linear.requires_grad_(True)
@@ -221,76 +194,29 @@ class QuantizationCallback(L.Callback):
             self.quantize(pl_module)
             # the optimizer (rebuilt by the pruning for the sliced weights) takes the quantizers' parameters (LSQ)
             trainer.strategy.setup_optimizers(trainer)
-        self._calibrate(trainer, pl_module)  # QAT: ranges from the weights training starts from
+        self._prepare(trainer, pl_module)  # QAT: ranges from the weights training starts from
 
     @override
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._calibrate(trainer, pl_module)  # a test-only evaluation
-
-    def _calibrate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Once, with the evaluated (PTQ) or starting (QAT) weights in place: SmoothQuant's factors (``smoothquant``),
-        GPTQ's weights (``gptq``), then the static activation ranges (``calibration.batches``); not what a resumed
-        checkpoint brought back."""
-        # Lightning evaluates under inference mode: state made there (factors, fixed grids) would be inference
-        # tensors that a later checkpoint load cannot write into
-        with torch.inference_mode(False), torch.no_grad():
-            self._prepare(trainer, pl_module)
+        self._prepare(trainer, pl_module)  # a test-only evaluation
 
     def _prepare(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Once, with the evaluated (PTQ) or starting (QAT) weights in place: the method's preparation from training
+        batches (:meth:`~adls_lightning.callbacks.quant_methods.QuantMethod.prepare`)."""
         if self.calibrated or not self.quantized:
             return
-        from adls_lightning.quant.scaled import scaled_quantizers
-
         self.calibrated = True
-        if not (self.calibration_batches or self.gptq):
-            self._start_learned_steps(pl_module)
-            return
         datamodule = trainer.datamodule
-        if datamodule is None:
+        if self.method.needs_data and datamodule is None:
             log.warning(
                 "quant.calibration / quant.gptq: no datamodule to draw training batches from; skipped"
             )
             return
-        forward = model_forward(pl_module)
-        if self.smoothquant_alpha is not None and not any(
-            isinstance(m, Smoothed) for m in pl_module.modules()
-        ):
-            layers, run = smooth(
-                pl_module,
-                datamodule.train_dataloader(),
-                forward,
-                self.calibration_batches,
-                self.smoothquant_alpha,
-                self.smoothquant_scope,
-            )
-            log.info(
-                "SmoothQuant (alpha %g, %s) smoothed %d layers from %d training batches",
-                self.smoothquant_alpha,
-                self.smoothquant_scope,
-                len(layers),
-                run,
-            )
-        quantizers = scaled_quantizers(pl_module)
-        if self.gptq is not None and not any(q.fixed_scale.numel() for q in quantizers):
-            solutions, run = gptq_quantize(pl_module, datamodule.train_dataloader(), forward, self.gptq)
-            log.info("GPTQ chose the weights of %d layers from %d training batches", len(solutions), run)
-            # trainer.test(ckpt_path=...) reloads the float weights after validation: GPTQ's go back in each time
-            pl_module.register_load_state_dict_post_hook(
-                lambda module, incompatible: put_weights(module, solutions)
-            )
-        static = [q for q in quantizers if q.granularity == "tensor"]
-        if self.calibration_batches and static and not all(int(q.batches_observed) > 0 for q in static):
-            run = calibrate(pl_module, datamodule.train_dataloader(), forward, self.calibration_batches)
-            log.info("Calibrated %d activation scales on %d training batches", len(static), run)
-        self._start_learned_steps(pl_module)
-
-    def _start_learned_steps(self, pl_module: L.LightningModule) -> None:
-        try:
-            started = init_learned_steps(pl_module)
-        except ValueError as err:
-            raise ConfigError(f"quant.config: {err}") from None
-        if started:
-            log.info("LSQ: %d learned steps start from calibration", started)
+        batches = datamodule.train_dataloader if self.method.needs_data else None
+        # Lightning evaluates under inference mode: state made there (factors, fixed grids) would be inference
+        # tensors that a later checkpoint load cannot write into
+        with torch.inference_mode(False), torch.no_grad():
+            self.method.prepare(pl_module, batches, model_forward(pl_module))
 
     @override
     def on_load_checkpoint(
@@ -312,7 +238,7 @@ class QuantizationCallback(L.Callback):
 
     @override
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._calibrate(trainer, pl_module)  # PTQ: the evaluated weights are loaded by now
+        self._prepare(trainer, pl_module)  # PTQ: the evaluated weights are loaded by now
         if self.mode != "ptq" or trainer.state.fn != TrainerFn.VALIDATING or self.val_acc_before is not None:
             return
         if not trainer.ckpt_path:  # the in-memory weights, last validated at full precision during fit
@@ -339,19 +265,8 @@ class QuantizationCallback(L.Callback):
     ) -> None:
         """The quantization record (:mod:`adls_lightning.compression_record`): what a reader of the checkpoint
         needs to rebuild the quantized layers the state belongs to."""
-        smoothquant = (
-            None
-            if self.smoothquant_alpha is None
-            else {"alpha": self.smoothquant_alpha, "scope": self.smoothquant_scope}
-        )
-        record = quantization_record(
-            getattr(pl_module, "model", pl_module),
-            self.recipe,
-            self.mode,
-            smoothquant=smoothquant,
-            gptq=self.gptq is not None,
-            calibrated=bool(self.calibration_batches),
-        )
+        model = getattr(pl_module, "model", pl_module)
+        record = quantization_record(model, self.recipe, self.mode, **self.method.record())
         merge_into(checkpoint, quantization=record)
 
     @override
