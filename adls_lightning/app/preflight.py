@@ -30,7 +30,6 @@ from adls_lightning.errors import (
     require_positive_number,
 )
 from adls_lightning.errors import exit_with as exit_with
-from adls_lightning.runs.folder import METRICS_FILE as METRICS_FILE
 from adls_lightning.runs.folder import check_output_dir as check_output_dir
 from adls_lightning.runtime import EVAL_PRECISIONS, GEMM_BACKENDS
 

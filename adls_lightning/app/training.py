@@ -23,7 +23,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from adls_lightning.app.preflight import METRICS_FILE, check_output_dir, validate_run_config
+from adls_lightning.app.preflight import check_output_dir, validate_run_config
 from adls_lightning.build import build
 from adls_lightning.checkpoints import (
     check_shapes,
@@ -43,7 +43,7 @@ from adls_lightning.models import head_outputs, without_task_head
 from adls_lightning.module import parameter_metrics
 from adls_lightning.precision import choose as choose_precision
 from adls_lightning.runs.folder import entries, remove_unused_run_folder
-from adls_lightning.runs.record import write_run_record
+from adls_lightning.runs.record import METRICS_FILE, write_run_record
 from adls_lightning.runtime import keep_freed_memory
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import yaml
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.reports.page import Page
-from adls_lightning.runs.folder import METRICS_FILE
+from adls_lightning.runs.record import METRICS_FILE
 
 RECORD = Path(".hydra")
 

@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.runs.folder import METRICS_FILE, check_writable
-from adls_lightning.runs.record import read_run_record
+from adls_lightning.runs.folder import check_writable
+from adls_lightning.runs.record import METRICS_FILE, read_run_record
 
 USAGE = "adls-table RUN_OR_GLOB... [out=DIR]  (or python -m adls_lightning.reports.table RUN_OR_GLOB... [out=DIR])"
 OUTPUTS = ("table.md", "table.csv", "table.png")

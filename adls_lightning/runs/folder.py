@@ -14,10 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.runs.record import RUN_RECORD_DIR, RUN_RECORD_FILES
-
-# What marks a folder as holding an earlier run (besides its checkpoints/ folder).
-METRICS_FILE = "metrics.json"
+from adls_lightning.runs.record import METRICS_FILE, RUN_RECORD_DIR, RUN_RECORD_FILES
 
 
 def cannot_create_in(folder: Path) -> str | None:
@@ -52,6 +49,7 @@ def check_output_dir(
         )
     if not earlier_run or cfg.get("ckpt_path") or cfg.get("overwrite"):
         return
+    # what marks a folder as holding an earlier run: its metrics or its checkpoints
     earlier = [p for p in (output_dir / METRICS_FILE, output_dir / "checkpoints") if p.exists()]
     if earlier:
         raise ConfigError(

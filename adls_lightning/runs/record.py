@@ -16,6 +16,8 @@ from omegaconf import OmegaConf
 from adls_lightning.files.atomic import atomic_write_bytes
 
 RUN_RECORD_DIR = ".hydra"
+# A finished run's metrics (also what marks a folder as holding an earlier run).
+METRICS_FILE = "metrics.json"
 # What write_run_record writes into RUN_RECORD_DIR.
 RUN_RECORD_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 
@@ -52,7 +54,7 @@ def iter_run_records(
             that is not a YAML mapping, naming the file: a figure drawn without that run would be silently wrong.
     """
     for root in roots:
-        for metrics_file in sorted(Path(root).rglob("metrics.json")):
+        for metrics_file in sorted(Path(root).rglob(METRICS_FILE)):
             run_dir = metrics_file.parent
             metrics, config = read_run_record(run_dir)
             if metric not in metrics:
@@ -68,8 +70,8 @@ def read_run_record(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     Raises:
         ValueError: as :func:`iter_run_records`, naming the file.
     """
-    metrics = _read_mapping(run_dir / "metrics.json", json.loads, "JSON")
-    config_file = run_dir / ".hydra" / "config.yaml"
+    metrics = _read_mapping(run_dir / METRICS_FILE, json.loads, "JSON")
+    config_file = run_dir / RUN_RECORD_DIR / "config.yaml"
     config = _read_mapping(config_file, yaml.safe_load, "YAML") if config_file.is_file() else {}
     return metrics, config
 
