@@ -16,7 +16,9 @@ Configs name the entry (``name: my_format``). A module outside this package is i
 
 The registries: number formats (``adls_lightning.quant.quantizers.QUANTIZERS``, ``register_format``), pruning
 methods (``adls_lightning.prune.scores``: ``PRUNE_METHODS``, ``ONESHOT_METHODS``, ``LEARNED_METHODS``) and task
-metrics (``adls_lightning.data.tasks.METRICS``, ``register_metric``; their modules listed in ``data.plugins``).
+metrics (``adls_lightning.data.tasks.METRICS``, ``register_metric``; their modules listed in ``data.plugins``). The
+quantization callback's methods (``adls_lightning.callbacks.quant_methods.QUANT_METHODS``) are one too, read by the
+callback only: the library does not import callbacks.
 """
 
 from __future__ import annotations
