@@ -219,3 +219,22 @@ def test_mask_only_pruning_is_named_in_export_json(tmp_path, tiny_imdb_dir, cach
     assert masked > 0 and mask_only.startswith(f"mask-only pruning: {masked} layers")
     assert "prune=structured_0.5" in mask_only
     assert f"note: {mask_only}" in stdout
+
+
+def test_mxint8_folder_is_checked_against_the_float_model_it_was_packed_from(tmp_path, fine_tuned):
+    """Packing replaces the loaded model's layers in place; the self-check must still compare the packed folder
+    with the float model (it once compared the folder with itself: agreement 1, difference 0)."""
+    from adls_lightning.export import load_packed
+
+    out = tmp_path / "mx"
+    code, stdout, stderr = call(main, f"ckpt={fine_tuned}", f"out={out}", "format=mxint8", "check=agreement")
+    assert code == 0, stderr[-3000:]
+    report = json.loads((out / selfcheck.EXPORT_JSON).read_text())
+    # the same held rows, compared here between the folder reloaded from disk and a fresh load of the float run
+    loaded = load_checkpoint_model(fine_tuned, [])
+    batches, _ = selfcheck.held_batches(loaded.config, report["rows"], loaded.model.config.vocab_size, 16)
+    expected = selfcheck.agreement(load_packed(out), loaded.model.eval(), batches)
+    assert report["rows"] == expected["rows"]
+    assert report["max_logit_diff"] > 0
+    assert report["max_logit_diff"] == pytest.approx(expected["max_logit_diff"], rel=1e-4)
+    assert report["agreement"] == pytest.approx(expected["agreement"])

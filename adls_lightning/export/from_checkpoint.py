@@ -81,6 +81,7 @@ def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exp
     model, recipe = loaded.model, loaded.recipe
     if settings.format != "hf":
         refuse_compression_beyond_weights(loaded, settings.format)
+    reference = None  # the self-check's run model (run_model) unless packing consumes it below
     out = settings.out
     with tempfile.TemporaryDirectory() as fp32_dir:
         model.save_pretrained(fp32_dir)
@@ -94,6 +95,8 @@ def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exp
         summary = f"save_pretrained (merged, fp32): {fp32_bytes / 1e6:.1f} MB"
     else:
         check_exclude(model, settings.exclude)
+        # packing replaces the model's layers in place: the self-check compares the folder with the float model
+        reference = copy.deepcopy(model).eval()
         try:
             packed = pack_for_export(model, settings.group_size, settings.exclude, settings.pack_embeddings)
         except ValueError as error:
@@ -129,7 +132,7 @@ def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exp
 
         # int8=true: the dynamic int8 graph is the one asked for; model.onnx is the float reference beside it
         artifact = out / (onnx_export.ONNX_INT8_FILE if settings.int8 else onnx_export.ONNX_FILE)
-    return Exported(loaded, artifact, lines, runs_formats=settings.format == "mxint8")
+    return Exported(loaded, artifact, lines, reference=reference, runs_formats=settings.format == "mxint8")
 
 
 def run_model(settings: ExportSettings, overrides: Sequence[str], loaded: LoadedRun) -> nn.Module:
