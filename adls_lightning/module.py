@@ -13,6 +13,7 @@ from transformers import PreTrainedModel
 
 from adls_lightning.checkpoints import (
     LIGHT_KEY,
+    PRECISION_KEY,
     complete_light_state,
     frozen_base_digests,
     light_state,
@@ -210,7 +211,10 @@ class SequenceClassifier(LightningModule):
             log.info("Model weights initialised from %s%s", self.init_ckpt, new_head)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Leave out the frozen base a fresh build restores (:attr:`light_base`), when nothing changed it."""
+        """Record the precision the run computes in (``trainer.precision=auto`` resolved); leave out the frozen base
+        a fresh build restores (:attr:`light_base`), when nothing changed it."""
+        if self._trainer is not None:
+            checkpoint[PRECISION_KEY] = str(self._trainer.precision)
         if self.light_base is None or self.lora_merged or not isinstance(self.model, PeftModel):
             return
         light = light_state(self, checkpoint["state_dict"], self._base_digests, self.light_base)
