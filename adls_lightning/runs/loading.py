@@ -125,6 +125,22 @@ def compose_train_config(
         raise ConfigError(f"overrides {list(overrides)}: {first}") from error
 
 
+def keep_run_precision(cfg: Any, overrides: list[str], checkpoint: Mapping[str, Any]) -> list[str]:
+    """``overrides`` and ``cfg`` with ``trainer.precision=auto`` replaced by what the run resolved on its own
+    machine (recorded in ``checkpoint``), so a later evaluation computes as the run's test did; a precision the
+    caller gave is kept."""
+    from omegaconf import open_dict
+
+    from adls_lightning.checkpoints import PRECISION_KEY
+
+    resolved = checkpoint.get(PRECISION_KEY)
+    if not resolved or cfg.trainer.get("precision") != "auto":
+        return overrides
+    with open_dict(cfg):
+        cfg.trainer.precision = resolved
+    return merge_overrides(overrides, [f"trainer.precision={resolved}"])
+
+
 def load_checkpoint_model(
     ckpt: Path, overrides: Sequence[str], keep_quantized: bool = False, options: Sequence[str] | None = None
 ) -> LoadedRun:
@@ -135,11 +151,10 @@ def load_checkpoint_model(
     the run evaluated, for the int8 export) instead of baking them. ``options``: the calling tool's own keys
     (:func:`compose_train_config`).
     """
-    from omegaconf import open_dict
     from peft import PeftModel
 
     from adls_lightning.build import build
-    from adls_lightning.checkpoints import PRECISION_KEY, complete_light_state, read_checkpoint
+    from adls_lightning.checkpoints import complete_light_state, read_checkpoint
     from adls_lightning.compression_record import CompressionRecord, rebuild_quantization
     from adls_lightning.lora import merge_lora
     from adls_lightning.prune.structured import apply_sizes, fit_structure_to_state
@@ -153,12 +168,7 @@ def load_checkpoint_model(
     task = data.task
     module = build(cfg.model, "model", _convert_="partial", **task.model_overrides())
     checkpoint = read_checkpoint(ckpt, "ckpt")  # a damaged or foreign file: one line naming it
-    resolved = checkpoint.get(PRECISION_KEY)
-    if resolved and cfg.trainer.get("precision") == "auto":
-        # the run measured auto on its own machine: its evaluations (and its export's) compute as its test did
-        overrides = merge_overrides(overrides, [f"trainer.precision={resolved}"])
-        with open_dict(cfg):
-            cfg.trainer.precision = resolved
+    overrides = keep_run_precision(cfg, overrides, checkpoint)
     record = CompressionRecord.from_checkpoint(checkpoint, f"ckpt={ckpt}")
     # the checkpoint's record says what the run compressed; one written before records: the run's config
     compression = run_compression(cfg) if record is None else record_compression(record, ckpt)
