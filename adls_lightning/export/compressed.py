@@ -287,7 +287,12 @@ class ExportRecipe:
 
 def apply_recipe(model: nn.Module, folder: Path, recipe: ExportRecipe) -> nn.Module:
     """Put the recipe's activation quantizers (with their saved state) and activation pruning back on ``model``,
-    a ``from_pretrained`` of ``folder``; returns ``model``."""
+    a ``from_pretrained`` of ``folder``; returns ``model``, in the mode (eval or train) it came in.
+
+    The quantizers are new modules, in training mode as every new module is: a static activation scale in training
+    mode updates its range from each batch it sees (QAT's running range), so left so, the folder's model would drift
+    from the run's ranges with every evaluated batch; they take the model's mode."""
+    training = model.training
     if recipe.activation_quant:
         layers = {
             name: {**entry, "weight": None, "bias": None} for name, entry in recipe.activation_quant.items()
@@ -309,4 +314,4 @@ def apply_recipe(model: nn.Module, folder: Path, recipe: ExportRecipe) -> nn.Mod
                 raise ConfigError(f"{state_file}: {missing_or_unexpected[0]} is not a layer of this model")
     if recipe.activation_prune:
         Pruner(weight=None, key=RECIPE_FILE, **recipe.activation_prune).attach_activation(model)
-    return model
+    return model.train(training)
