@@ -5,6 +5,8 @@ straight-through gradient and bf16, and through a checkpoint (saved, loaded into
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -181,3 +183,21 @@ def test_qat_run_keeps_per_channel_ranges_in_its_checkpoint(compose_cfg, tmp_pat
     assert all(v.shape == (hidden,) and torch.isfinite(v).all() for v in ranges.values())
     observed = [state[k.replace("max_val", "batches_observed")] for k in ranges]
     assert all(int(c) == 2 + 3 for c in observed)  # 2 calibration batches, then one update per training step
+
+
+def test_a_recipe_whose_only_static_scales_are_per_channel_is_calibrated(compose_cfg, tmp_path, caplog):
+    """Calibration runs for per-embedding-channel ranges alone (it once looked for per-tensor ones only, so such a
+    recipe was never calibrated): here only LayerNorm inputs and residual summands hold static scales."""
+    cfg = compose_cfg(
+        ["quant=int8_scaled_all", "quant.calibration.batches=2", "trainer.max_epochs=1",
+         "quant.config.default=null", "quant.config.matmul=null", "quant.config.softmax=null",
+         "quant.config.gelu=null", "quant.config.layer_norm.weight=null", "quant.config.layer_norm.bias=null",
+         "+trainer.limit_train_batches=3", "+trainer.limit_val_batches=1", "+trainer.limit_test_batches=1"]
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        run(cfg)
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    observed = {k: int(v) for k, v in state.items() if k.endswith("batches_observed")}
+    assert observed and all(".LayerNorm." in k or ".add." in k for k in observed)
+    assert set(observed.values()) == {2 + 3}  # 2 calibration batches, then one update per training step
+    assert f"Calibrated {len(observed)} activation scales on 2 training batches" in caplog.text

@@ -187,10 +187,10 @@ class QuantMethod:
 
     def calibrate_ranges(self, pl_module: torch.nn.Module, batches: Batches, forward: Forward) -> None:
         """The static activation ranges (``quant.calibration.batches``), unless a resumed checkpoint holds them."""
-        from adls_lightning.quant.scaled import scaled_quantizers
+        from adls_lightning.quant.scaled import static_quantizers
 
         count = self.settings.calibration_batches
-        static = [q for q in scaled_quantizers(pl_module) if q.granularity == "tensor"]
+        static = static_quantizers(pl_module)  # per-tensor and per-embedding-channel ranges alike
         if count and static and not all(int(q.batches_observed) > 0 for q in static):
             run = calibrate(pl_module, batches(), forward, count)
             log.info("Calibrated %d activation scales on %d training batches", len(static), run)

@@ -70,8 +70,9 @@ class QuantizationCallback(L.Callback):
         plugins: modules imported first so that the formats they register can be named in ``config``
             (``docs/extending.md``); they must be allowed by ``$ADLS_EXTRA_TARGETS``.
         calibration: ``{batches: N}``: before evaluation (PTQ) or training (QAT), run N training batches through
-            the model so that static activation scales (``scaled_integer`` with ``granularity: tensor``) observe
-            their ranges; 0 = none (they measure each tensor instead). A resumed run keeps its ranges.
+            the model so that static activation scales (``scaled_integer`` with ``granularity: tensor`` or
+            ``embedding``) observe their ranges; 0 = none (they measure each tensor instead). A resumed run keeps
+            its ranges.
         smoothquant: ``{alpha: A, scope: norm_fed|all}``: before calibration, SmoothQuant's per-channel factors
             with migration strength A from the calibration batches, for the layers a LayerNorm feeds (the paper's)
             or for all (:mod:`adls_lightning.quant.smoothquant`); alpha null = off.
