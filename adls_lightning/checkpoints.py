@@ -37,9 +37,10 @@ LIGHTNING_KEYS = ("state_dict", "pytorch-lightning_version")
 #: The entry of a light checkpoint: ``{"base": where the frozen base was loaded from, "omitted": count of tensors
 #: left out, "omitted_parameters": their elements, "base_digest": one digest of them all, "digests": {key: digest}}``.
 LIGHT_KEY = "adls_light"
-#: ``trainer.precision`` as the run resolved it (``auto`` -> ``bf16-mixed`` or ``32-true``, measured on the machine
-#: it ran on): a later evaluation of the checkpoint or of its export computes as the run's own test pass did.
-PRECISION_KEY = "adls_trainer_precision"
+#: The settings a run measured on its machine (``trainer.precision=auto`` -> ``bf16-mixed`` or ``32-true``;
+#: ``runtime.gemm=auto`` -> ``aten`` or ``onednn``), as ``{key: value}``: a later evaluation of the checkpoint or of
+#: its export computes as the run's own test pass did, whatever the machine or its load measures then.
+RESOLVED_KEY = "adls_resolved"
 
 
 def _shape(shape: Iterable[int]) -> str:

@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 
 from adls_lightning.checkpoints import (
     LIGHT_KEY,
-    PRECISION_KEY,
+    RESOLVED_KEY,
     complete_light_state,
     frozen_base_digests,
     light_state,
@@ -147,6 +147,8 @@ class SequenceClassifier(LightningModule):
         self.head_modules = tuple(lora.modules_to_save or ()) if lora is not None else ()
         self.lora_merged = False
         self._init_loaded = False
+        #: ``runtime.gemm`` as the run resolved it (app.training sets it), recorded in checkpoints
+        self.resolved_gemm: str | None = None
         #: knowledge distillation set by a callback (compress.distill: an ``adls_lightning.distill.Distiller``): the
         #: training loss mixes in its teacher's soft targets. A plain attribute, not a submodule: the teacher is not
         #: model state (checkpoints keep their keys) and its parameters are in no optimizer.
@@ -211,10 +213,13 @@ class SequenceClassifier(LightningModule):
             log.info("Model weights initialised from %s%s", self.init_ckpt, new_head)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Record the precision the run computes in (``trainer.precision=auto`` resolved); leave out the frozen base
+        """Record what the run resolved on its machine (:data:`RESOLVED_KEY`); leave out the frozen base
         a fresh build restores (:attr:`light_base`), when nothing changed it."""
         if self._trainer is not None:
-            checkpoint[PRECISION_KEY] = str(self._trainer.precision)
+            resolved = {"trainer.precision": str(self._trainer.precision)}
+            if self.resolved_gemm is not None:
+                resolved["runtime.gemm"] = self.resolved_gemm
+            checkpoint[RESOLVED_KEY] = resolved
         if self.light_base is None or self.lora_merged or not isinstance(self.model, PeftModel):
             return
         light = light_state(self, checkpoint["state_dict"], self._base_digests, self.light_base)

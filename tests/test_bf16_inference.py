@@ -231,7 +231,7 @@ def test_exported_folder_evaluates_in_bf16_where_the_run_would(fine_tuned, tmp_p
     assert abs(accuracies["auto"] - accuracies["32-true"]) <= 0.01
 
 
-def test_a_checkpoint_keeps_the_precision_its_run_resolved_and_later_loads_compute_in_it(
+def test_a_checkpoint_keeps_the_precision_and_gemm_its_run_resolved_and_later_loads_compute_in_them(
     fine_tuned, tmp_path
 ):
     """trainer.precision=auto is measured on the machine a run ran on; its checkpoint keeps the answer, so an
@@ -239,27 +239,30 @@ def test_a_checkpoint_keeps_the_precision_its_run_resolved_and_later_loads_compu
     import json
     import shutil
 
-    from adls_lightning.checkpoints import PRECISION_KEY
+    from adls_lightning.checkpoints import RESOLVED_KEY
     from adls_lightning.export.compressed import RECIPE_FILE
     from adls_lightning.runs.loading import load_checkpoint_model
     from adls_lightning.tools.export import main as export_main
     from tests.helpers import call
 
     state = torch.load(fine_tuned, weights_only=False)
-    assert state[PRECISION_KEY] in ("32-true", "bf16-mixed")  # resolved, never "auto"
+    # resolved, never "auto"
+    assert state[RESOLVED_KEY]["trainer.precision"] in ("32-true", "bf16-mixed")
+    assert state[RESOLVED_KEY]["runtime.gemm"] in ("aten", "onednn")
     # the same run as if its machine had measured bf16 faster
     run = tmp_path / "run"
     shutil.copytree(fine_tuned.parent.parent, run)
     ckpt = run / "checkpoints" / fine_tuned.name
-    state[PRECISION_KEY] = "bf16-mixed"
+    state[RESOLVED_KEY] = {"trainer.precision": "bf16-mixed", "runtime.gemm": "onednn"}
     torch.save(state, ckpt)
     loaded = load_checkpoint_model(ckpt, [])
-    assert loaded.config.trainer.precision == "bf16-mixed"
-    assert "trainer.precision=bf16-mixed" in loaded.recipe.run_overrides
+    assert loaded.config.trainer.precision == "bf16-mixed" and loaded.config.runtime.gemm == "onednn"
+    assert {"trainer.precision=bf16-mixed", "runtime.gemm=onednn"} <= set(loaded.recipe.run_overrides)
     # a precision the caller gives wins
     assert load_checkpoint_model(ckpt, ["trainer.precision=32-true"]).config.trainer.precision == "32-true"
     # the export's folder evaluates in it (adls-evaluate composes the folder's recorded overrides)
     out = tmp_path / "hf"
     code, _, stderr = call(export_main, f"ckpt={ckpt}", f"out={out}", "format=hf", "check=none")
     assert code == 0, stderr[-3000:]
-    assert "trainer.precision=bf16-mixed" in json.loads((out / RECIPE_FILE).read_text())["run_overrides"]
+    recorded = json.loads((out / RECIPE_FILE).read_text())["run_overrides"]
+    assert {"trainer.precision=bf16-mixed", "runtime.gemm=onednn"} <= set(recorded)

@@ -127,7 +127,8 @@ def run(cfg: DictConfig, checked: bool = False) -> dict[str, float]:
             write_run_record(Path(cfg.paths.output_dir), cfg, HydraConfig.instance().cfg)
         release_log()
     # Every linear layer of fit, validation and test on the chosen GEMM backend (docs/gemm.md).
-    with gemm_backend(_gemm_choice(cfg, model, trainer)):
+    model.resolved_gemm = _gemm_choice(cfg, model, trainer)  # recorded in its checkpoints (RESOLVED_KEY)
+    with gemm_backend(model.resolved_gemm):
         return _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_path)
 
 

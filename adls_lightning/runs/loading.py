@@ -125,20 +125,20 @@ def compose_train_config(
         raise ConfigError(f"overrides {list(overrides)}: {first}") from error
 
 
-def keep_run_precision(cfg: Any, overrides: list[str], checkpoint: Mapping[str, Any]) -> list[str]:
-    """``overrides`` and ``cfg`` with ``trainer.precision=auto`` replaced by what the run resolved on its own
-    machine (recorded in ``checkpoint``), so a later evaluation computes as the run's test did; a precision the
-    caller gave is kept."""
-    from omegaconf import open_dict
+def keep_run_settings(cfg: Any, overrides: list[str], checkpoint: Mapping[str, Any]) -> list[str]:
+    """``overrides`` and ``cfg`` with each ``auto`` the run resolved on its own machine (``trainer.precision``,
+    ``runtime.gemm``: recorded in ``checkpoint``) replaced by its answer, so a later evaluation computes as the
+    run's test did; a value the caller gave is kept."""
+    from omegaconf import OmegaConf, open_dict
 
-    from adls_lightning.checkpoints import PRECISION_KEY
+    from adls_lightning.checkpoints import RESOLVED_KEY
 
-    resolved = checkpoint.get(PRECISION_KEY)
-    if not resolved or cfg.trainer.get("precision") != "auto":
-        return overrides
+    resolved = checkpoint.get(RESOLVED_KEY) or {}
+    kept = {k: v for k, v in resolved.items() if OmegaConf.select(cfg, k, default=None) == "auto"}
     with open_dict(cfg):
-        cfg.trainer.precision = resolved
-    return merge_overrides(overrides, [f"trainer.precision={resolved}"])
+        for key, value in kept.items():
+            OmegaConf.update(cfg, key, value)
+    return merge_overrides(overrides, [f"{key}={value}" for key, value in kept.items()])
 
 
 def load_checkpoint_model(
@@ -168,7 +168,7 @@ def load_checkpoint_model(
     task = data.task
     module = build(cfg.model, "model", _convert_="partial", **task.model_overrides())
     checkpoint = read_checkpoint(ckpt, "ckpt")  # a damaged or foreign file: one line naming it
-    overrides = keep_run_precision(cfg, overrides, checkpoint)
+    overrides = keep_run_settings(cfg, overrides, checkpoint)
     record = CompressionRecord.from_checkpoint(checkpoint, f"ckpt={ckpt}")
     # the checkpoint's record says what the run compressed; one written before records: the run's config
     compression = run_compression(cfg) if record is None else record_compression(record, ckpt)
@@ -221,6 +221,7 @@ def load_checkpoint_model(
     model = module.model.eval()
     if compression.quant is not None and not applied:  # PTQ: quantized for evaluation, as the run did
         quantize_model(model, compression.quant, key=compression.quant_key)
+        model.eval()  # the new quantizers start in training mode, where static ranges update from each batch
     baked = None
     if compression.quant is not None and not keep_quantized:
         baked = bake_quantized_layers(model, compression.quant)
