@@ -189,21 +189,38 @@ def check_exclude(model: nn.Module, exclude: Sequence[str]) -> None:
             )
 
 
+def load_for_graph(settings: ExportSettings, overrides: Sequence[str], option: str, graph: str) -> LoadedRun:
+    """The run's fake-quantized model for an ONNX graph of its own codes (``option``: the export option asking
+    for the ``graph``), refused in one line when the run prunes input activations, which no such graph carries."""
+    loaded = load_checkpoint_model(
+        settings.ckpt, overrides, keep_quantized=True, options=list(settings.tool_keys)
+    )
+    if loaded.recipe.activation_prune:
+        raise ConfigError(
+            f"{option}: the run prunes input activations, which the {graph} graph does not carry; valid: override "
+            "prune.activation=null"
+        )
+    return loaded
+
+
+def write_graph_folder(loaded: LoadedRun, out: Path, quantized_layers: int) -> bool:
+    """The files beside an ONNX graph of the run's codes: ``config.json`` with the labels, the recipe (its
+    quantized layers counted, activations carried by the graph) and the tokenizer; whether a tokenizer was
+    saved."""
+    loaded.recipe.baked["quantized_layers"] = quantized_layers
+    write_config(loaded.model.config, out, loaded.inputs)
+    loaded.recipe.write(out, {})
+    return save_tokenizer(loaded.tokenizer, out)
+
+
 def export_scaled_int8(settings: ExportSettings, overrides: Sequence[str]) -> Exported:
     """``format=onnx int8=scaled``: :data:`~adls_lightning.export.int8.INT8_SCALED_FILE` of a scaled-int8 run,
     checked in ONNX Runtime against the fake-quantized model; every refusal comes before anything is written."""
     from adls_lightning.export import int8 as int8_export
     from adls_lightning.export import onnx as onnx_export
 
-    loaded = load_checkpoint_model(
-        settings.ckpt, overrides, keep_quantized=True, options=list(settings.tool_keys)
-    )
+    loaded = load_for_graph(settings, overrides, "int8=scaled", "int8")
     model = loaded.model
-    if loaded.recipe.activation_prune:
-        raise ConfigError(
-            "int8=scaled: the run prunes input activations, which the int8 graph does not carry; valid: override "
-            "prune.activation=null"
-        )
     calibrated = ""
     if int8_export.uncalibrated(model):
         # a PTQ run calibrates at evaluation, after its checkpoint was written: its ranges are not in the file
@@ -223,10 +240,7 @@ def export_scaled_int8(settings: ExportSettings, overrides: Sequence[str]) -> Ex
     path = out / int8_export.INT8_SCALED_FILE
     layers = int8_export.export_int8_graph(model, path)
     check = int8_export.check_int8(path, model)
-    loaded.recipe.baked["quantized_layers"] = len(layers)
-    write_config(model.config, out, loaded.inputs)
-    loaded.recipe.write(out, {})
-    tokenizer_saved = save_tokenizer(loaded.tokenizer, out)
+    tokenizer_saved = write_graph_folder(loaded, out, len(layers))
     line = (
         f"exported onnx int8=scaled to {out}: {path.name} {path.stat().st_size / 1e6:.1f} MB, {len(layers)} linear "
         f"layers on the run's int8 grid (weights per output channel, static input scales){calibrated}; ONNX "
@@ -243,15 +257,8 @@ def export_int4(settings: ExportSettings, overrides: Sequence[str]) -> Exported:
     from adls_lightning.export import int4 as int4_export
     from adls_lightning.export import onnx as onnx_export
 
-    loaded = load_checkpoint_model(
-        settings.ckpt, overrides, keep_quantized=True, options=list(settings.tool_keys)
-    )
+    loaded = load_for_graph(settings, overrides, "int4=true", "int4")
     model = loaded.model
-    if loaded.recipe.activation_prune:
-        raise ConfigError(
-            "int4=true: the run prunes input activations, which the int4 graph does not carry; valid: override "
-            "prune.activation=null"
-        )
     layers = int4_export.nbits_layers(model)  # refuses what the graph cannot carry before anything is written
     if not layers:
         raise ConfigError(
@@ -264,10 +271,7 @@ def export_int4(settings: ExportSettings, overrides: Sequence[str]) -> Exported:
     accuracy = int4_export.INT8_INPUTS if settings.int4 == "int8_inputs" else 0
     int4_export.export_int4_graph(model, path, accuracy)
     check = int4_export.check_int4(path, model, accuracy)
-    loaded.recipe.baked["quantized_layers"] = len(layers)
-    write_config(model.config, out, loaded.inputs)
-    loaded.recipe.write(out, {})
-    tokenizer_saved = save_tokenizer(loaded.tokenizer, out)
+    tokenizer_saved = write_graph_folder(loaded, out, len(layers))
     blocks = sorted({layer.block_size for layer in layers.values()})
     line = (
         f"exported onnx int4={'int8_inputs' if accuracy else 'true'} to {out}: {path.name} {path.stat().st_size / 1e6:.1f} MB, "
