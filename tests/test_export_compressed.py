@@ -136,15 +136,19 @@ def test_evaluate_prints_the_run_test_accuracy(exported):
 @pytest.mark.parametrize("exported", ["pruned"], indirect=True)
 def test_evaluate_runs_on_the_chosen_gemm_backend(exported, caplog):
     """runtime.gemm reaches export.evaluate as it reaches the run's evaluation: oneDNN forced gives the run's own
-    accuracy (fp32, summation order only), auto says what it took, and a bad value is one line."""
+    accuracy (fp32, summation order only), the run's resolved backend is the default, auto says what it took, and
+    a bad value is one line."""
     _, _, metrics, folder, _ = exported
     for backend in ("onednn", "aten"):
         code, stdout, stderr = call(export_evaluate.main, str(folder), f"runtime.gemm={backend}")
         assert code == 0, stderr[-3000:]
         accuracy = float(re.search(r"test accuracy ([0-9.]+) on 40 reviews", stdout).group(1))
         assert accuracy == pytest.approx(metrics["test/acc"], abs=5e-5), (backend, stdout, metrics)
+    # without a value the folder computes on the backend its run resolved (recorded with the run's overrides)
+    recorded = json.loads((folder / RECIPE_FILE).read_text())["run_overrides"]
+    assert any(o in recorded for o in ("runtime.gemm=aten", "runtime.gemm=onednn")), recorded
     with caplog.at_level(logging.INFO, logger="adls_lightning.gemm"):
-        code, _, stderr = call(export_evaluate.main, str(folder))
+        code, _, stderr = call(export_evaluate.main, str(folder), "runtime.gemm=auto")
     assert code == 0, stderr[-3000:]
     assert any(r.getMessage().startswith("runtime.gemm=auto: ") for r in caplog.records), caplog.text
     code, stdout, stderr = call(export_evaluate.main, str(folder), "runtime.gemm=mkl")

@@ -10,9 +10,10 @@ given here replace them, e.g. ``experiment=cpu`` for its 2,000 reviews at 256 to
 with the run's ``test/acc``. A compressed run's folder computes what the run evaluated: its quantized and pruned
 weights are in the file, and the recipe puts back what acted on activations
 (:mod:`adls_lightning.export.compressed`). Prints one accuracy per folder and how often each folder predicts the
-same label as the first. The linear layers run on the GEMM backend ``runtime.gemm`` picks, as in the run's own
-evaluation (``auto`` by default: timed on each folder's linear shapes, docs/gemm.md); an ONNX graph runs on
-ONNX Runtime's.
+same label as the first. The linear layers run on the GEMM backend and in the precision the run itself resolved
+(``runtime.gemm``, ``trainer.precision``: recorded in its checkpoint and so in the folder; a folder of an older
+checkpoint, or ``runtime.gemm=auto`` given here, times the backends on the folder's linear shapes, docs/gemm.md);
+an ONNX graph runs on ONNX Runtime's.
 
 Every folder is read and loaded before the test split is built: a folder that is not such an export (weights
 as a pickle such as ``pytorch_model.bin``, which is never unpickled; an ONNX export without ``config.json``) or a
