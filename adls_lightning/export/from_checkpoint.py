@@ -96,7 +96,8 @@ def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exp
     else:
         check_exclude(model, settings.exclude)
         # packing replaces the model's layers in place: the self-check compares the folder with the float model
-        reference = copy.deepcopy(model).eval()
+        if settings.check.mode != "none":
+            reference = copy.deepcopy(model).eval()
         try:
             packed = pack_for_export(model, settings.group_size, settings.exclude, settings.pack_embeddings)
         except ValueError as error:
