@@ -26,11 +26,12 @@ import copy
 import logging
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import torch
 
+from adls_lightning.export.pt2e import pt2e_available
 from adls_lightning.gemm import _read_cache, _write_cache, cpu_name
 from adls_lightning.precision import cpu_flags
 from adls_lightning.search.cost import clock_for, time_calls
@@ -102,42 +103,19 @@ def _ort_dynamic(model: torch.nn.Module, _inputs: dict[str, torch.Tensor], work:
     return run
 
 
-def pt2e_available() -> str | None:
-    """None where torch's PT2E x86 inductor quantization imports, else why not (one line)."""
-    try:
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e  # noqa: F401
-        from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import X86InductorQuantizer  # noqa: F401
-    except ImportError as error:
-        return f"torchao's PT2E quantization does not import ({error}); pip install 'adls-lightning[int8]'"
-    return None
-
-
 def _pt2e(model: torch.nn.Module, inputs: dict[str, torch.Tensor], _work: Path) -> Runner:
     import torch._inductor.config as inductor_config
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-    from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
 
-    class Logits(torch.nn.Module):  # a tensor out: what export and inductor take
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids, attention_mask):
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask).logits
+    from adls_lightning.export.pt2e import quantize_pt2e
 
     args = (inputs["input_ids"], inputs["attention_mask"])
-    with torch.no_grad():
-        exported = torch.export.export(Logits(copy.deepcopy(model)).eval(), args).module()
-        quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
-        prepared = prepare_pt2e(exported, quantizer)
-        prepared(*args)  # calibration: the timing batch
-        converted = convert_pt2e(prepared)
-        inductor_config.freezing = True  # weights as constants: the int8 weight packing happens at compile
+    converted, _ = quantize_pt2e(model, [inputs])  # calibration: the timing batch
+    with torch.no_grad(), inductor_config.patch(freezing=True):  # int8 weights packed at compile
         compiled = torch.compile(converted)
         compiled(*args)  # compiles now, not in the first timed round
 
     def run(input_ids, attention_mask):
-        with torch.no_grad():
+        with torch.no_grad(), inductor_config.patch(freezing=True):
             return compiled(input_ids, attention_mask)
 
     return run
@@ -209,11 +187,13 @@ def best_int8_runtime(
     tokens: int = 128,
     measure_fn: Callable[..., dict[str, float]] | None = None,
     flags: str | None = None,
+    among: Collection[str] | None = None,
 ) -> str | None:
     """The fastest int8 runtime (one of :data:`RUNTIMES`) for this CPU kind at ``batch x tokens``: the cached
     answer in ``cache_dir/int8_runtime.json`` if this CPU kind has one; else measured on ``model`` (by ``measure_fn``,
-    default :func:`measure`) and cached; None without a cached answer or a model to measure. Logs one line starting
-    ``int8 runtime:`` with every runtime's time."""
+    default :func:`measure`) and cached; None without a cached answer or a model to measure, or when none of
+    ``among`` (the runtimes the caller can use; default all) was timed. Logs one line starting ``int8 runtime:``
+    with every runtime's time."""
     key = cache_key(batch, tokens, flags)
     cache = Path(cache_dir) / CACHE_FILE if cache_dir is not None else None
     entries = _read_cache(cache)
@@ -229,10 +209,17 @@ def best_int8_runtime(
         if cache is not None:
             entries[key] = times
             _write_cache(cache, entries)
-    best = min(times, key=times.get)
+    usable = {name: t for name, t in times.items() if among is None or name in among}
+    if not usable:
+        return None
+    best = min(usable, key=usable.get)
+    fastest = min(times, key=times.get)
     log.info(
-        "int8 runtime: %s (%s at %dx%d tokens, %d thread(s): %s; CPU %s, %s)",
+        "int8 runtime: %s%s (%s at %dx%d tokens, %d thread(s): %s; CPU %s, %s)",
         best,
+        f", the fastest of {', '.join(sorted(usable))}; {fastest} is faster but not usable here"
+        if best != fastest
+        else "",
         source,
         batch,
         tokens,
@@ -242,6 +229,14 @@ def best_int8_runtime(
         " ".join(int8_flags(flags)) or "no int8 flags",
     )
     return best
+
+
+def cached_times(cache_dir: str | os.PathLike | None, batch: int, tokens: int) -> dict[str, float]:
+    """This CPU kind's recorded seconds per call of each runtime at ``batch x tokens`` (empty: none recorded)."""
+    if cache_dir is None:
+        return {}
+    times = _read_cache(Path(cache_dir) / CACHE_FILE).get(cache_key(batch, tokens))
+    return dict(times) if isinstance(times, dict) else {}
 
 
 def record(cache_dir: str | os.PathLike, batch: int, tokens: int, times: dict[str, float]) -> str:

@@ -223,7 +223,7 @@ def test_cli_exports_a_ptq_run(float_checkpoint, tmp_path, tiny_imdb_dir, cache_
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (["format=onnx", "int8=maybe"], "int8=maybe: must be true, false or scaled"),
+        (["format=onnx", "int8=maybe"], "int8=maybe: must be true, false, scaled or auto"),
         (["format=hf", "int8=scaled", *PTQ], "int8=scaled: only with format=onnx"),
         (["format=onnx", "int8=scaled"], "int8=scaled: the run quantizes no linear layer"),
         (

@@ -217,7 +217,7 @@ def test_fake_quantized_checkpoint_without_its_recipe_is_refused_naming_the_key(
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["format=onnx", "int8=maybe"], "error: int8=maybe: must be true, false or scaled"),
+        (["format=onnx", "int8=maybe"], "error: int8=maybe: must be true, false, scaled or auto"),
         (["format=hf", "int8=true"], "error: int8=true: only with format=onnx"),
         (["format=tflite"], "error: format=tflite: must be one of mxint8, hf, onnx"),
     ],

@@ -8,8 +8,8 @@ length and side), and the tokenizer's files: the folder alone turns texts into l
 
 A path is an export when it is one of: a ``format=mxint8`` folder (``mxint8_config.json`` and
 ``model.safetensors``), a ``format=hf`` folder (``config.json`` and ``model.safetensors``), or an ONNX export
-(``config.json`` beside ``*.onnx``: the folder runs ``model.onnx``, or its only graph; a path to one of its
-``.onnx`` files runs that one, e.g. ``model_int8.onnx``). Weights as a pickle are never read (a pickle can run
+(``config.json`` beside ``*.onnx`` or a ``*.pt2`` package: the folder runs ``model.onnx``, or its only graph; a
+path to one of its files runs that one, e.g. ``model_int8.onnx``). Weights as a pickle are never read (a pickle can run
 code when loaded).
 """
 
@@ -35,15 +35,18 @@ PICKLED_WEIGHTS = ("pytorch_model.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 INPUTS_KEY = "adls_inputs"
 ONNX_DEFAULT = "model.onnx"
 EXPORT_KINDS = ("mxint8", "hf", "onnx")
+#: files that are a whole compiled model, by the kind of export they make: ONNX graphs (ONNX Runtime) and
+#: AOTInductor packages (``format=onnx int8=auto`` where PT2E int8 is the fastest, :mod:`adls_lightning.export.pt2e`)
+GRAPH_SUFFIXES = {".onnx": "onnx", ".pt2": "pt2"}
 
 
 @dataclass(frozen=True)
 class ExportFolder:
-    """A checked export: its folder, its format, and for ``onnx`` the graph that runs."""
+    """A checked export: its folder, its format, and for ``onnx`` and ``pt2`` the graph that runs."""
 
     folder: Path
     kind: str
-    onnx_file: Path | None = None
+    graph_file: Path | None = None
 
     @property
     def config(self) -> dict[str, Any]:
@@ -116,14 +119,17 @@ def check_safetensors(path: Path) -> None:
         ) from None
 
 
-def _onnx_export(path: Path, usage: str) -> ExportFolder | None:
-    """The ONNX export ``path`` names (its folder, or one of its ``.onnx`` files), or None when it is none."""
+def _graph_export(path: Path, usage: str) -> ExportFolder | None:
+    """The compiled-graph export ``path`` names (its folder, or one of its :data:`GRAPH_SUFFIXES` files: an ONNX
+    graph or a ``.pt2`` package), or None when it is none."""
     if path.is_file():
-        if path.suffix != ".onnx":
-            raise ConfigError(f"{path}: a file, expected an exported folder or its .onnx file ({usage})")
+        if path.suffix not in GRAPH_SUFFIXES:
+            raise ConfigError(
+                f"{path}: a file, expected an exported folder or its .onnx or .pt2 file ({usage})"
+            )
         folder, graph = path.parent, path
     else:
-        graphs = sorted(path.glob("*.onnx"))
+        graphs = sorted(p for suffix in GRAPH_SUFFIXES for p in path.glob(f"*{suffix}"))
         if not graphs:
             return None
         folder = path
@@ -131,16 +137,17 @@ def _onnx_export(path: Path, usage: str) -> ExportFolder | None:
         graph = (default or graphs)[0] if len(graphs) == 1 or default else None
         if graph is None:
             names = ", ".join(g.name for g in graphs)
-            raise ConfigError(f"{path}: several ONNX graphs ({names}); valid: the path of the one to run")
+            raise ConfigError(f"{path}: several graphs ({names}); valid: the path of the one to run")
+    kind = GRAPH_SUFFIXES[graph.suffix]
     if not (folder / HF_CONFIG_FILE).is_file():
         raise ConfigError(
-            f"{folder}: an ONNX export ({graph.name}) without {HF_CONFIG_FILE} (written before exports held "
+            f"{folder}: an {'ONNX' if kind == 'onnx' else 'AOTInductor'} export ({graph.name}) without {HF_CONFIG_FILE} (written before exports held "
             "their labels); export the checkpoint again"
         )
     read_json(folder / HF_CONFIG_FILE)
     if graph.stat().st_size == 0:
         raise ConfigError(f"{graph}: an empty file; export the checkpoint again")
-    return ExportFolder(folder, "onnx", graph)
+    return ExportFolder(folder, kind, graph)
 
 
 def check_folder(path: Path, usage: str = "an exported folder") -> ExportFolder:
@@ -154,9 +161,9 @@ def check_folder(path: Path, usage: str = "an exported folder") -> ExportFolder:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: no such folder; expected an exported folder ({usage})")
-    onnx = _onnx_export(path, usage)
-    if onnx is not None:
-        return onnx
+    graph = _graph_export(path, usage)
+    if graph is not None:
+        return graph
     # a per-layer mixed export (issue 60: adls-budget out=, adls_lightning/export/mixed.py): format=hf's files
     # checked as below, its layers' choices here; kind "mixed"
     from adls_lightning.export.mixed import MIXED_CONFIG_FILE, read_mixed_config
@@ -218,7 +225,8 @@ class OnnxClassifier(nn.Module):
 
 
 def load_folder(path: Path, recipe: ExportRecipe | None = None, usage: str = "an exported folder"):
-    """The export's model (a PyTorch classifier, or :class:`OnnxClassifier` for an ONNX export), with its
+    """The export's model (a PyTorch classifier; :class:`OnnxClassifier` for an ONNX export,
+    :class:`~adls_lightning.export.pt2e.Pt2Classifier` for a ``.pt2`` package), with its
     compression recipe applied (activation quantizers and pruning).
 
     Raises:
@@ -229,7 +237,11 @@ def load_folder(path: Path, recipe: ExportRecipe | None = None, usage: str = "an
     folder = export.folder
     try:
         if export.kind == "onnx":
-            model = OnnxClassifier(export.onnx_file)
+            model = OnnxClassifier(export.graph_file)
+        elif export.kind == "pt2":
+            from adls_lightning.export.pt2e import Pt2Classifier
+
+            model = Pt2Classifier(export.graph_file)
         elif export.kind == "mxint8":
             model = load_packed(folder)
         elif export.kind == "mixed":  # issue 60: each linear layer in its own runtime (export/mixed.py)
@@ -246,19 +258,22 @@ def load_folder(path: Path, recipe: ExportRecipe | None = None, usage: str = "an
     except Exception as error:  # noqa: BLE001 - torch, transformers and ONNX Runtime each raise their own types
         # a config, weights or graph that do not build the model they describe (edited, cut, mixed from two exports)
         raise ConfigError(
-            f"{export.onnx_file or folder}: its files do not load as a model ({type(error).__name__}: "
+            f"{export.graph_file or folder}: its files do not load as a model ({type(error).__name__}: "
             f"{str(error).splitlines()[0][:200] if str(error) else ''}); export the checkpoint again"
         ) from None
-    if export.kind == "onnx":
-        # the export refuses activation compression for ONNX: a recipe asking for it is not from the export
+    if export.kind in GRAPH_SUFFIXES.values():
+        # the export refuses activation compression for graphs: a recipe asking for it is not from the export
         if recipe is not None and (recipe.activation_quant or recipe.activation_prune):
-            raise ConfigError(f"{folder}: its recipe acts on activations, which an ONNX graph does not carry")
+            raise ConfigError(
+                f"{folder}: its recipe acts on activations, which a compiled graph does not carry"
+            )
         return model
     return apply_recipe(model, folder, recipe) if recipe is not None else model
 
 
 __all__ = [
     "EXPORT_KINDS",
+    "GRAPH_SUFFIXES",
     "HF_CONFIG_FILE",
     "INPUTS_KEY",
     "PICKLED_WEIGHTS",

@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -41,7 +42,8 @@ class ExportSettings:
     #: regexes of linear layer names left float (``format=mxint8``)
     exclude: tuple[str, ...] = ("classifier",)
     pack_embeddings: bool = False
-    #: ``format=onnx``: True (ONNX Runtime's dynamic int8 beside the float graph), ``"scaled"`` (the run's int8)
+    #: ``format=onnx``: True (ONNX Runtime's dynamic int8 beside the float graph), ``"scaled"`` (the run's int8),
+    #: ``"auto"`` (the int8 runtime measured fastest on this CPU kind: :func:`export_fastest_int8`)
     int8: bool | str = False
     #: ``format=onnx``: True (GPTQ 4-bit codes as ``MatMulNBits``), ``"int8_inputs"`` (inputs quantized per block)
     int4: bool | str = False
@@ -86,9 +88,13 @@ def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exp
     with tempfile.TemporaryDirectory() as fp32_dir:
         model.save_pretrained(fp32_dir)
         fp32_bytes = folder_bytes(Path(fp32_dir), [WEIGHTS_FILE])
+    int8_file, int8_choice = None, None
     if settings.format == "onnx":
         out.mkdir(parents=True, exist_ok=True)
-        summary = export_onnx_files(model, out, bool(settings.int8))
+        summary = export_onnx_files(model, out, settings.int8 is True)
+        if settings.int8 == "auto":
+            int8_file, written, int8_choice = export_fastest_int8(model, out, loaded.config, settings.check)
+            summary += f"; {written}"
     elif settings.format == "hf":
         out.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out)
@@ -125,14 +131,16 @@ def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exp
             f"{', input activations pruned' if recipe.activation_prune else ''} ({RECIPE_FILE}: "
             "python -m adls_lightning.export.evaluate applies it)"
         )
+    if int8_choice:
+        lines.append(int8_choice)
     if loaded.note:
         lines.append(f"note: {loaded.note}")
     artifact = out
     if settings.format == "onnx":
         from adls_lightning.export import onnx as onnx_export
 
-        # int8=true: the dynamic int8 graph is the one asked for; model.onnx is the float reference beside it
-        artifact = out / (onnx_export.ONNX_INT8_FILE if settings.int8 else onnx_export.ONNX_FILE)
+        # int8=true|auto: the int8 file is the one asked for; model.onnx is the float reference beside it
+        artifact = int8_file or out / (onnx_export.ONNX_INT8_FILE if settings.int8 else onnx_export.ONNX_FILE)
     return Exported(loaded, artifact, lines, reference=reference, runs_formats=settings.format == "mxint8")
 
 
@@ -300,6 +308,84 @@ def refuse_compression_beyond_weights(loaded: LoadedRun, format: str) -> None:
             "format=mxint8: the run quantized its weights (e.g. with quant=); packing those values as MXINT8 would "
             "quantize them a second time; valid: format=hf, or the float checkpoint of a run without quant="
         )
+
+
+#: how many training batches calibrate the PT2E graph's static activation scales (as quant.calibration.batches)
+PT2E_CALIBRATION_BATCHES = 16
+
+
+def export_fastest_int8(model: nn.Module, out: Path, cfg: Any, check: CheckSettings) -> tuple[Path, str, str]:
+    """``format=onnx int8=auto``: beside ``model.onnx``, the int8 model in the runtime measured fastest for this
+    CPU kind (:func:`adls_lightning.int8_runtime.best_int8_runtime` at the self-check's largest batch, its tokens
+    and threads; cached per CPU kind) among those a file can hold: ONNX Runtime's dynamic int8
+    (``model_int8.onnx``) or, where torchao is installed, PT2E static int8 compiled by AOTInductor
+    (:mod:`adls_lightning.export.pt2e`, oneDNN's int8 kernels: AMX-INT8 where the CPU has it). torch's dynamic
+    int8 has no file format: when it measures fastest the next one is written and the line says so. Returns the
+    file, what was written and why that runtime (a line starting ``int8=auto:``)."""
+    from adls_lightning import int8_runtime
+    from adls_lightning.export import onnx as onnx_export
+    from adls_lightning.export import pt2e
+    from adls_lightning.gemm import cpu_name
+    from adls_lightning.search.cost import torch_threads
+
+    writable = [int8_runtime.ORT_DYNAMIC]
+    why_not_pt2e = pt2e.pt2e_available()
+    if why_not_pt2e is None:
+        writable.append(int8_runtime.PT2E)
+    cache_dir = (cfg.get("paths") or {}).get("cache_dir")
+    batch = max(check.batches)
+    with torch_threads(check.threads):
+        choice = int8_runtime.best_int8_runtime(
+            cache_dir, model, batch=batch, tokens=check.tokens, among=writable
+        )
+        times = int8_runtime.cached_times(cache_dir, batch, check.tokens)
+    measured = ", ".join(
+        f"{name} {1e3 * t:.1f} ms" for name, t in sorted(times.items(), key=lambda kv: kv[1])
+    )
+    why = (
+        f"int8=auto: {choice} ({measured or 'not timed'} at batch {batch} x {check.tokens} tokens, "
+        f"{check.threads} thread(s); CPU {cpu_name()}, {' '.join(int8_runtime.int8_flags()) or 'no int8 flags'})"
+    )
+    fastest = min(times, key=times.get) if times else choice
+    if fastest != choice:
+        why += f"; {fastest} measured faster but has no file format"
+    if why_not_pt2e is not None:
+        why += f"; {int8_runtime.PT2E} not measured: {why_not_pt2e}"
+    if choice == int8_runtime.PT2E:
+        path = out / pt2e.PT2E_FILE
+        batches, source = pt2e_calibration_batches(model, cfg)
+        layers = pt2e.write_pt2e_package(model, batches, path)
+        written = (
+            f"{path.name} {path.stat().st_size / 1e6:.1f} MB ({layers} linear layers in static int8, calibrated on "
+            f"{source}; AOTInductor package): {pt2e.check_package(path, model).describe()}"
+        )
+        return path, written, why
+    path = out / onnx_export.ONNX_INT8_FILE
+    onnx_export.quantize_int8(out / onnx_export.ONNX_FILE, path)
+    int8_check, _ = onnx_export.compare(path, model, onnx_export.sample_inputs(model))
+    return path, f"{path.name} {path.stat().st_size / 1e6:.1f} MB: {int8_check.describe()}", why
+
+
+def pt2e_calibration_batches(model: nn.Module, cfg: Any) -> tuple[list[dict], str]:
+    """:data:`PT2E_CALIBRATION_BATCHES` of the run's training batches (token type ids left out: the package takes
+    ids and mask), or random token ids when the run's data cannot be built here; and where they came from."""
+    from itertools import islice
+
+    from adls_lightning.export import int8 as int8_export
+    from adls_lightning.export.onnx import INPUT_NAMES, sample_inputs
+
+    try:
+        batches = [
+            {name: batch[name] for name in INPUT_NAMES}
+            for batch in islice(int8_export.training_batches(cfg), PT2E_CALIBRATION_BATCHES)
+        ]
+        if batches:
+            return batches, f"{len(batches)} training batches of the run's data"
+        reason = "its training split is empty"
+    except Exception as error:  # noqa: BLE001 - the data's own failures (files, hub, cache) are not the export's
+        reason = f"{type(error).__name__}: {' '.join(str(error).split())[:160]}"
+    batches = [sample_inputs(model, rows=8, tokens=128, seed=seed) for seed in range(4)]
+    return batches, f"4 batches of random token ids (the run's data: {reason})"
 
 
 def export_onnx_files(model: nn.Module, out: Path, int8: bool) -> str:

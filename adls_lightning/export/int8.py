@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import math
 import tempfile
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -190,24 +190,27 @@ def uncalibrated(model: nn.Module) -> list[ScaledIntegerQuantizer]:
     return [q for q in scaled_quantizers(model) if q.granularity == "tensor" and not q.is_static]
 
 
-def calibrate_as_run(model: nn.Module, cfg: Any) -> int:
-    """Calibrate ``model``'s static scales as the run's quantization callback does: ``quant.calibration.batches``
-    training batches of the run's data (seeded with its seed); returns the batches run (0: none configured)."""
+def training_batches(cfg: Any) -> Iterator[dict[str, torch.Tensor]]:
+    """The run's training batches (its data, shuffled with its seed, as its quantization callback calibrates on
+    them), each as the model's inputs."""
     import lightning as L
 
     from adls_lightning.build import build
 
-    count = int(((cfg.get("quant") or {}).get("calibration") or {}).get("batches") or 0)
-    if not count:
-        return 0
     L.seed_everything(cfg.get("seed"), verbose=False)
     data = build(cfg.data, "data")
     data.setup("fit")
+    for batch in data.train_dataloader():
+        yield {key: batch[key] for key in MODEL_INPUTS if key in batch}
 
-    def forward(batch):
-        return model(**{key: batch[key] for key in MODEL_INPUTS if key in batch})
 
-    return calibrate(model, data.train_dataloader(), forward, count)
+def calibrate_as_run(model: nn.Module, cfg: Any) -> int:
+    """Calibrate ``model``'s static scales as the run's quantization callback does: ``quant.calibration.batches``
+    training batches of the run's data (seeded with its seed); returns the batches run (0: none configured)."""
+    count = int(((cfg.get("quant") or {}).get("calibration") or {}).get("batches") or 0)
+    if not count:
+        return 0
+    return calibrate(model, training_batches(cfg), lambda batch: model(**batch), count)
 
 
 # ------------------------------------------------------------------------------------------------ the graph

@@ -38,7 +38,7 @@ from torch import nn
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.gemm import cpu_name
-from adls_lightning.search.cost import clock_for, time_calls
+from adls_lightning.search.cost import clock_for, time_calls, torch_threads
 
 EXPORT_JSON = "export.json"
 CHECK_MODES = ("full", "agreement", "none")
@@ -183,9 +183,7 @@ def speedups(
 ) -> dict:
     """Per batch size: the baseline's and the artifact's median time of one batch of ``settings.tokens`` tokens
     at ``settings.threads`` threads, over interleaved rounds, and their ratio."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(settings.threads)
-    try:
+    with torch_threads(settings.threads):
         artifact = load_artifact()  # an ONNX Runtime session takes torch's thread count when it is made
         measured = {}
         for batch in settings.batches:
@@ -203,8 +201,6 @@ def speedups(
                 "baseline_ms": base * 1e3,
                 "artifact_ms": art * 1e3,
             }
-    finally:
-        torch.set_num_threads(saved)
     return measured
 
 

@@ -4,7 +4,11 @@
 Options: ``group_size=32``, ``exclude=classifier`` (comma-separated module names left float),
 ``pack_embeddings=false`` (also pack the word embeddings), ``int8=false`` (``format=onnx`` only: ``true`` also
 writes ONNX Runtime's dynamic int8 model; ``scaled`` writes instead the int8 graph of a ``quant=int8_scaled`` run
-with the run's own weight codes and calibrated activation scales, :mod:`adls_lightning.export.int8`),
+with the run's own weight codes and calibrated activation scales, :mod:`adls_lightning.export.int8`; ``auto``
+writes beside ``model.onnx`` the int8 model in the runtime measured fastest for this CPU kind, cached:
+ONNX Runtime's dynamic int8, or where ``torchao`` is installed PT2E int8 compiled by AOTInductor into
+``model_int8_pt2e.pt2``, oneDNN's int8 kernels and AMX-INT8 where the CPU has it,
+:func:`adls_lightning.export.from_checkpoint.export_fastest_int8`),
 ``int4=false`` (``format=onnx`` only: ``true`` writes instead ``model_int4.onnx``, the 4-bit weights of a
 ``quant=w4_gptq`` run as ONNX Runtime's ``MatMulNBits`` with the run's own codes and group steps, float inputs;
 ``int8_inputs``: the same, the kernel quantizing each block of inputs to int8; :mod:`adls_lightning.export.int4`),
@@ -42,6 +46,8 @@ from adls_lightning.export.selfcheck import CheckSettings
 from adls_lightning.logs import configure_tool
 from adls_lightning.tools.options import FLAGS, HelpRequested, check_writable, flag_option, split_options
 
+#: ``int8=`` values besides the flags: the run's own int8 codes, or the runtime measured fastest on this CPU
+INT8_WORDS = ("scaled", "auto")
 OPTIONS = {
     "ckpt": None,
     "out": None,
@@ -89,10 +95,10 @@ def check_options(options: dict[str, str | None]) -> ExportSettings:
             re.compile(pattern)
         except re.error as error:
             raise ConfigError(f"exclude={options['exclude']}: {pattern!r} is not a regex ({error})") from None
-    int8: bool | str = "scaled" if str(options["int8"]).lower() == "scaled" else None
-    if int8 is None:
-        if str(options["int8"]).lower() not in FLAGS:
-            raise ConfigError(f"int8={options['int8']}: must be true, false or scaled")
+    int8: bool | str | None = str(options["int8"]).lower()
+    if int8 not in INT8_WORDS:
+        if int8 not in FLAGS:
+            raise ConfigError(f"int8={options['int8']}: must be true, false, {' or '.join(INT8_WORDS)}")
         int8 = flag_option(options, "int8")
     if int8 and options["format"] != "onnx":
         raise ConfigError(
