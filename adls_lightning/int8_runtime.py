@@ -115,7 +115,7 @@ def _pt2e(model: torch.nn.Module, inputs: dict[str, torch.Tensor], _work: Path) 
         compiled(*args)  # compiles now, not in the first timed round
 
     def run(input_ids, attention_mask):
-        with torch.no_grad(), inductor_config.patch(freezing=True):
+        with torch.no_grad():
             return compiled(input_ids, attention_mask)
 
     return run
@@ -180,6 +180,44 @@ def measure(
     return time_runners(runners, inputs, repeats)
 
 
+def runtime_times(
+    cache_dir: str | os.PathLike | None,
+    model: torch.nn.Module | None = None,
+    batch: int = 8,
+    tokens: int = 128,
+    measure_fn: Callable[..., dict[str, float]] | None = None,
+    flags: str | None = None,
+) -> tuple[dict[str, float], str]:
+    """Seconds per ``batch x tokens`` call of each int8 runtime for this CPU kind, and where they came from: the
+    cached answer in ``cache_dir/int8_runtime.json`` if this CPU kind has one (``"cached"``); else measured on
+    ``model`` (by ``measure_fn``, default :func:`measure`) and cached (``"measured"``); empty without a cached answer
+    or a model to measure."""
+    key = cache_key(batch, tokens, flags)
+    cache = Path(cache_dir) / CACHE_FILE if cache_dir is not None else None
+    entries = _read_cache(cache)
+    times = entries.get(key)
+    if isinstance(times, dict) and times and set(times) <= set(RUNTIMES):
+        return dict(times), "cached"
+    if model is None:
+        return {}, "none cached"
+    times = (measure_fn or measure)(model, batch, tokens)
+    if times and cache is not None:
+        entries[key] = times
+        _write_cache(cache, entries)
+    return dict(times or {}), "measured"
+
+
+def fastest(times: dict[str, float], among: Collection[str] | None = None) -> str | None:
+    """The runtime of ``times`` with the shortest time, among ``among`` (default: all); None when none is timed."""
+    usable = {name: t for name, t in times.items() if among is None or name in among}
+    return min(usable, key=usable.get) if usable else None
+
+
+def describe_times(times: dict[str, float]) -> str:
+    """``name 12.3 ms, ...``, fastest first."""
+    return ", ".join(f"{name} {1e3 * t:.1f} ms" for name, t in sorted(times.items(), key=lambda kv: kv[1]))
+
+
 def best_int8_runtime(
     cache_dir: str | os.PathLike | None,
     model: torch.nn.Module | None = None,
@@ -189,54 +227,30 @@ def best_int8_runtime(
     flags: str | None = None,
     among: Collection[str] | None = None,
 ) -> str | None:
-    """The fastest int8 runtime (one of :data:`RUNTIMES`) for this CPU kind at ``batch x tokens``: the cached
-    answer in ``cache_dir/int8_runtime.json`` if this CPU kind has one; else measured on ``model`` (by ``measure_fn``,
-    default :func:`measure`) and cached; None without a cached answer or a model to measure, or when none of
-    ``among`` (the runtimes the caller can use; default all) was timed. Logs one line starting ``int8 runtime:``
-    with every runtime's time."""
-    key = cache_key(batch, tokens, flags)
-    cache = Path(cache_dir) / CACHE_FILE if cache_dir is not None else None
-    entries = _read_cache(cache)
-    times = entries.get(key)
-    source = "cached"
-    if not (isinstance(times, dict) and times and set(times) <= set(RUNTIMES)):
-        if model is None:
-            return None
-        times = (measure_fn or measure)(model, batch, tokens)
-        if not times:
-            return None
-        source = "measured"
-        if cache is not None:
-            entries[key] = times
-            _write_cache(cache, entries)
-    usable = {name: t for name, t in times.items() if among is None or name in among}
-    if not usable:
+    """The fastest int8 runtime (one of :data:`RUNTIMES`) for this CPU kind at ``batch x tokens``, of
+    :func:`runtime_times`; None without a cached answer or a model to measure, or when none of ``among`` (the
+    runtimes the caller can use; default all) was timed. Logs one line starting ``int8 runtime:`` with every
+    runtime's time."""
+    times, source = runtime_times(cache_dir, model, batch, tokens, measure_fn, flags)
+    best = fastest(times, among)
+    if best is None:
         return None
-    best = min(usable, key=usable.get)
-    fastest = min(times, key=times.get)
+    overall = fastest(times)
     log.info(
         "int8 runtime: %s%s (%s at %dx%d tokens, %d thread(s): %s; CPU %s, %s)",
         best,
-        f", the fastest of {', '.join(sorted(usable))}; {fastest} is faster but not usable here"
-        if best != fastest
+        f", the fastest of {', '.join(sorted(n for n in times if n in among))}; {overall} is faster but not usable here"
+        if best != overall and among is not None
         else "",
         source,
         batch,
         tokens,
         torch.get_num_threads(),
-        ", ".join(f"{name} {1e3 * t:.1f} ms" for name, t in sorted(times.items(), key=lambda kv: kv[1])),
+        describe_times(times),
         cpu_name(),
         " ".join(int8_flags(flags)) or "no int8 flags",
     )
     return best
-
-
-def cached_times(cache_dir: str | os.PathLike | None, batch: int, tokens: int) -> dict[str, float]:
-    """This CPU kind's recorded seconds per call of each runtime at ``batch x tokens`` (empty: none recorded)."""
-    if cache_dir is None:
-        return {}
-    times = _read_cache(Path(cache_dir) / CACHE_FILE).get(cache_key(batch, tokens))
-    return dict(times) if isinstance(times, dict) else {}
 
 
 def record(cache_dir: str | os.PathLike, batch: int, tokens: int, times: dict[str, float]) -> str:

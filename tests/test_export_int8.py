@@ -225,6 +225,8 @@ def test_cli_exports_a_ptq_run(float_checkpoint, tmp_path, tiny_imdb_dir, cache_
     [
         (["format=onnx", "int8=maybe"], "int8=maybe: must be true, false, scaled or auto"),
         (["format=hf", "int8=scaled", *PTQ], "int8=scaled: only with format=onnx"),
+        (["format=mxint8", "int8=auto"], "int8=auto: only with format=onnx"),
+        (["format=onnx", "int8=auto", "quant=int8_scaled"], "format=onnx: layer"),
         (["format=onnx", "int8=scaled"], "int8=scaled: the run quantizes no linear layer"),
         (
             ["format=onnx", "int8=scaled", "quant=int8", "quant.mode=ptq"],

@@ -99,8 +99,8 @@ def test_best_runtime_among_those_usable(tmp_path):
         among = ["ort-dynamic", "pt2e-x86-inductor"]
         assert int8_runtime.best_int8_runtime(tmp_path, None, 8, 128, among=among) == "pt2e-x86-inductor"
         assert int8_runtime.best_int8_runtime(tmp_path, None, 8, 128, among=["other"]) is None
-        assert int8_runtime.cached_times(tmp_path, 8, 128)["ort-dynamic"] == 0.010
-        assert int8_runtime.cached_times(tmp_path, 1, 128) == {}
+        assert int8_runtime.runtime_times(tmp_path, None, 8, 128)[0]["ort-dynamic"] == 0.010
+        assert int8_runtime.runtime_times(tmp_path, None, 1, 128)[0] == {}
 
 
 @pytest.fixture(scope="module")

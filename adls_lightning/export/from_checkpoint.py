@@ -43,7 +43,7 @@ class ExportSettings:
     exclude: tuple[str, ...] = ("classifier",)
     pack_embeddings: bool = False
     #: ``format=onnx``: True (ONNX Runtime's dynamic int8 beside the float graph), ``"scaled"`` (the run's int8),
-    #: ``"auto"`` (the int8 runtime measured fastest on this CPU kind: :func:`export_fastest_int8`)
+    #: ``"auto"`` (the int8 runtime measured fastest on this CPU kind: :func:`choose_int8_runtime`)
     int8: bool | str = False
     #: ``format=onnx``: True (GPTQ 4-bit codes as ``MatMulNBits``), ``"int8_inputs"`` (inputs quantized per block)
     int4: bool | str = False
@@ -90,10 +90,15 @@ def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exp
         fp32_bytes = folder_bytes(Path(fp32_dir), [WEIGHTS_FILE])
     int8_file, int8_choice = None, None
     if settings.format == "onnx":
-        out.mkdir(parents=True, exist_ok=True)
-        summary = export_onnx_files(model, out, settings.int8 is True)
+        from adls_lightning.int8_runtime import ORT_DYNAMIC, PT2E
+
+        runtime = None
         if settings.int8 == "auto":
-            int8_file, written, int8_choice = export_fastest_int8(model, out, loaded.config, settings.check)
+            runtime, int8_choice = choose_int8_runtime(model, loaded.config, settings.check)
+        out.mkdir(parents=True, exist_ok=True)
+        summary = export_onnx_files(model, out, settings.int8 is True or runtime == ORT_DYNAMIC)
+        if runtime == PT2E:
+            int8_file, written = export_pt2e_file(model, out, loaded.config)
             summary += f"; {written}"
     elif settings.format == "hf":
         out.mkdir(parents=True, exist_ok=True)
@@ -314,16 +319,15 @@ def refuse_compression_beyond_weights(loaded: LoadedRun, format: str) -> None:
 PT2E_CALIBRATION_BATCHES = 16
 
 
-def export_fastest_int8(model: nn.Module, out: Path, cfg: Any, check: CheckSettings) -> tuple[Path, str, str]:
-    """``format=onnx int8=auto``: beside ``model.onnx``, the int8 model in the runtime measured fastest for this
-    CPU kind (:func:`adls_lightning.int8_runtime.best_int8_runtime` at the self-check's largest batch, its tokens
-    and threads; cached per CPU kind) among those a file can hold: ONNX Runtime's dynamic int8
-    (``model_int8.onnx``) or, where torchao is installed, PT2E static int8 compiled by AOTInductor
-    (:mod:`adls_lightning.export.pt2e`, oneDNN's int8 kernels: AMX-INT8 where the CPU has it). torch's dynamic
-    int8 has no file format: when it measures fastest the next one is written and the line says so. Returns the
-    file, what was written and why that runtime (a line starting ``int8=auto:``)."""
+def choose_int8_runtime(model: nn.Module, cfg: Any, check: CheckSettings) -> tuple[str, str]:
+    """``format=onnx int8=auto``'s runtime: the one measured fastest for this CPU kind
+    (:func:`adls_lightning.int8_runtime.runtime_times` at the self-check's largest batch, its tokens and threads;
+    cached per CPU kind) among those a file can hold: ONNX Runtime's dynamic int8 (``model_int8.onnx``) or, where
+    torchao is installed, PT2E static int8 compiled by AOTInductor (:func:`export_pt2e_file`: oneDNN's int8
+    kernels, AMX-INT8 where the CPU has it). torch's dynamic int8 has no file format: when it measures fastest the
+    next one is chosen. ONNX Runtime's when nothing could be timed. Returns it and a line starting ``int8=auto:``
+    that says why."""
     from adls_lightning import int8_runtime
-    from adls_lightning.export import onnx as onnx_export
     from adls_lightning.export import pt2e
     from adls_lightning.gemm import cpu_name
     from adls_lightning.search.cost import torch_threads
@@ -332,38 +336,37 @@ def export_fastest_int8(model: nn.Module, out: Path, cfg: Any, check: CheckSetti
     why_not_pt2e = pt2e.pt2e_available()
     if why_not_pt2e is None:
         writable.append(int8_runtime.PT2E)
-    cache_dir = (cfg.get("paths") or {}).get("cache_dir")
     batch = max(check.batches)
-    with torch_threads(check.threads):
-        choice = int8_runtime.best_int8_runtime(
-            cache_dir, model, batch=batch, tokens=check.tokens, among=writable
+    with torch_threads(check.threads):  # the cache is kept per thread count
+        times, _ = int8_runtime.runtime_times(
+            (cfg.get("paths") or {}).get("cache_dir"), model, batch, check.tokens
         )
-        times = int8_runtime.cached_times(cache_dir, batch, check.tokens)
-    measured = ", ".join(
-        f"{name} {1e3 * t:.1f} ms" for name, t in sorted(times.items(), key=lambda kv: kv[1])
-    )
+    choice = int8_runtime.fastest(times, writable) or int8_runtime.ORT_DYNAMIC
     why = (
-        f"int8=auto: {choice} ({measured or 'not timed'} at batch {batch} x {check.tokens} tokens, "
-        f"{check.threads} thread(s); CPU {cpu_name()}, {' '.join(int8_runtime.int8_flags()) or 'no int8 flags'})"
+        f"int8=auto: {choice} ({int8_runtime.describe_times(times) or 'not timed'} at batch {batch} x "
+        f"{check.tokens} tokens, {check.threads} thread(s); CPU {cpu_name()}, "
+        f"{' '.join(int8_runtime.int8_flags()) or 'no int8 flags'})"
     )
-    fastest = min(times, key=times.get) if times else choice
-    if fastest != choice:
-        why += f"; {fastest} measured faster but has no file format"
+    overall = int8_runtime.fastest(times) or choice
+    if overall != choice:
+        why += f"; {overall} measured faster but has no file format"
     if why_not_pt2e is not None:
         why += f"; {int8_runtime.PT2E} not measured: {why_not_pt2e}"
-    if choice == int8_runtime.PT2E:
-        path = out / pt2e.PT2E_FILE
-        batches, source = pt2e_calibration_batches(model, cfg)
-        layers = pt2e.write_pt2e_package(model, batches, path)
-        written = (
-            f"{path.name} {path.stat().st_size / 1e6:.1f} MB ({layers} linear layers in static int8, calibrated on "
-            f"{source}; AOTInductor package): {pt2e.check_package(path, model).describe()}"
-        )
-        return path, written, why
-    path = out / onnx_export.ONNX_INT8_FILE
-    onnx_export.quantize_int8(out / onnx_export.ONNX_FILE, path)
-    int8_check, _ = onnx_export.compare(path, model, onnx_export.sample_inputs(model))
-    return path, f"{path.name} {path.stat().st_size / 1e6:.1f} MB: {int8_check.describe()}", why
+    return choice, why
+
+
+def export_pt2e_file(model: nn.Module, out: Path, cfg: Any) -> tuple[Path, str]:
+    """:data:`~adls_lightning.export.pt2e.PT2E_FILE` in ``out``: ``model`` in PT2E static int8, calibrated on the
+    run's training batches and compiled by AOTInductor, checked against ``model``; the file and what was written."""
+    from adls_lightning.export import pt2e
+
+    path = out / pt2e.PT2E_FILE
+    batches, source = pt2e_calibration_batches(model, cfg)
+    layers = pt2e.write_pt2e_package(model, batches, path)
+    return path, (
+        f"{path.name} {path.stat().st_size / 1e6:.1f} MB ({layers} linear layers in static int8, calibrated on "
+        f"{source}; AOTInductor package): {pt2e.check_package(path, model).describe()}"
+    )
 
 
 def pt2e_calibration_batches(model: nn.Module, cfg: Any) -> tuple[list[dict], str]:

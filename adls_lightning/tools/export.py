@@ -8,7 +8,7 @@ with the run's own weight codes and calibrated activation scales, :mod:`adls_lig
 writes beside ``model.onnx`` the int8 model in the runtime measured fastest for this CPU kind, cached:
 ONNX Runtime's dynamic int8, or where ``torchao`` is installed PT2E int8 compiled by AOTInductor into
 ``model_int8_pt2e.pt2``, oneDNN's int8 kernels and AMX-INT8 where the CPU has it,
-:func:`adls_lightning.export.from_checkpoint.export_fastest_int8`),
+:func:`adls_lightning.export.from_checkpoint.choose_int8_runtime`),
 ``int4=false`` (``format=onnx`` only: ``true`` writes instead ``model_int4.onnx``, the 4-bit weights of a
 ``quant=w4_gptq`` run as ONNX Runtime's ``MatMulNBits`` with the run's own codes and group steps, float inputs;
 ``int8_inputs``: the same, the kernel quantizing each block of inputs to int8; :mod:`adls_lightning.export.int4`),
