@@ -257,6 +257,7 @@ def record(cache_dir: str | os.PathLike, batch: int, tokens: int, times: dict[st
     """Write measured ``times`` (seconds per call per runtime) as this CPU kind's answer; returns the fastest."""
     cache = Path(cache_dir) / CACHE_FILE
     entries = _read_cache(cache)
-    entries[cache_key(batch, tokens)] = {k: v for k, v in times.items() if k in RUNTIMES}
+    kept = {k: v for k, v in times.items() if k in RUNTIMES}
+    entries[cache_key(batch, tokens)] = kept
     _write_cache(cache, entries)
-    return min(entries[cache_key(batch, tokens)], key=entries[cache_key(batch, tokens)].get)
+    return fastest(kept)
