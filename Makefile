@@ -18,7 +18,7 @@ TEST_THREADS ?= $(or $(OMP_NUM_THREADS),1)
 CHECK_TEST_THREADS = @[[ "$(TEST_THREADS)" =~ ^[1-9][0-9]*$$ ]] || { echo "error: TEST_THREADS=$(TEST_THREADS) \
 	(or OMP_NUM_THREADS): must be a positive integer, OpenMP threads per test process" >&2; exit 2; }
 
-.PHONY: help install train test test-fast lint format docs cuda-check gpu-check portable-check bench lab4 clean
+.PHONY: help install train test test-int8 test-fast lint format docs cuda-check gpu-check portable-check bench lab4 clean
 # Every target with a `## ` comment is listed; digits belong in the names too (lab4 was hidden by [a-zA-Z_-]).
 help: ## show this help
 	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -36,9 +36,24 @@ install: $(VENV)/.installed ## create .venv with torch, the project (and its C++
 train: install ## fine-tune MiniLM + LoRA on IMDb with the CPU preset (offline, about 10-15 min on 2 cores)
 	$(PY) train.py experiment=cpu $(ARGS)
 
-test: install ## run the whole test suite
+test: install ## run the whole test suite, then the PT2E int8 tests with torchao (test-int8)
 	$(CHECK_TEST_THREADS)
 	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-int8
+
+# torchao (PT2E int8, the optional extra '.[int8]') is not installed into .venv: once there, PEFT imports it for
+# every LoRA layer it builds. The tests that need it run with it on PYTHONPATH from its own folder (about 2 min);
+# the version is the one tested.
+TORCHAO_SPEC ?= torchao==0.18.0
+INT8_EXTRA := $(VENV)/int8-extra
+$(INT8_EXTRA)/.installed: $(VENV)/.installed
+	$(PY) -m pip install --quiet --no-deps --target $(INT8_EXTRA) "$(TORCHAO_SPEC)"
+	touch $@
+
+test-int8: $(INT8_EXTRA)/.installed ## the int8 runtime and int8=auto export tests with torchao (PT2E) on PYTHONPATH
+	$(CHECK_TEST_THREADS)
+	PYTHONPATH=$(INT8_EXTRA) OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(PYTEST_WORKERS) \
+		tests/test_int8_runtime.py tests/test_export_int8_auto.py $(PYTEST_ARGS)
 
 test-fast: install ## tests without the slow (real-model) ones
 	$(CHECK_TEST_THREADS)

@@ -28,10 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from adls_lightning.data.inputs import model_inputs
 from adls_lightning.errors import ConfigError
-
-#: what the teacher is given of a batch (labels would only make it compute a loss of its own)
-TEACHER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def check_distillation(temperature: Any, weight: Any, key: str = "compress") -> None:
@@ -79,7 +77,7 @@ class Distiller:
 
     Args:
         model: The model to copy (e.g. the Hugging Face model before compression, LoRA merged); called with the
-            batch's :data:`TEACHER_INPUTS` and returning an output with ``.logits``.
+            batch's inputs (:func:`~adls_lightning.data.inputs.model_inputs`), returning an output with ``.logits``.
         temperature: ``T``.
         weight: ``w``.
     """
@@ -93,7 +91,7 @@ class Distiller:
     @torch.no_grad()
     def teacher_logits(self, batch: Mapping[str, Any]) -> Tensor:
         """The teacher's logits for a batch (eval mode, no graph)."""
-        return self.teacher(**{key: batch[key] for key in TEACHER_INPUTS if key in batch}).logits
+        return self.teacher(**model_inputs(batch)).logits
 
     def loss(
         self, batch: Mapping[str, Any], student_logits: Tensor, task_loss: Tensor

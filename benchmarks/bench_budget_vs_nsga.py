@@ -37,13 +37,13 @@ from pathlib import Path
 import optuna
 import torch
 
+from adls_lightning.data.inputs import model_inputs
 from adls_lightning.export.mixed import load_mixed
 from adls_lightning.export.mixed_save import save_mixed
 from adls_lightning.gemm import cpu_name
 from adls_lightning.search import budget, cost
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 SHOWN_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
 
 
@@ -52,22 +52,18 @@ def take_rows(loader, rows: int) -> list[dict[str, torch.Tensor]]:
     batches, taken = [], 0
     for batch in loader:
         keep = min(rows - taken, int(batch["input_ids"].shape[0]))
-        batches.append({k: v[:keep] for k, v in batch.items() if k in (*MODEL_INPUTS, "labels")})
+        batches.append({k: v[:keep] for k, v in model_inputs(batch, labels=True).items()})
         taken += keep
         if taken >= rows:
             break
     return batches
 
 
-def inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in batch.items() if k in MODEL_INPUTS}
-
-
 @torch.inference_mode()
 def accuracy(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]) -> float:
     right = total = 0
     for batch in batches:
-        predicted = model(**inputs(batch)).logits.argmax(-1)
+        predicted = model(**model_inputs(batch)).logits.argmax(-1)
         right += int((predicted == batch["labels"]).sum())
         total += int(batch["labels"].numel())
     return right / total
@@ -111,7 +107,7 @@ def main() -> None:
     data.setup("fit")
     data.setup("test")
     held = take_rows(data.test_dataloader(), args.rows)
-    calibration = [inputs(b) for b in take_rows(data.val_dataloader(), args.calibration)]
+    calibration = [model_inputs(b) for b in take_rows(data.val_dataloader(), args.calibration)]
     rows = sum(int(b["labels"].numel()) for b in held)
 
     table = cost.cost_table(model, args.batch, args.tokens, args.threads, args.cache_dir)

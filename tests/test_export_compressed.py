@@ -165,9 +165,10 @@ def test_weights_only_formats_refuse_activation_compression_in_one_line(exported
     out = tmp_path / "out"
     code, _, stderr = call(main, f"ckpt={ckpt}", f"out={out}", f"format={format}")
     assert code == 2
+    scaled = "int8=scaled (a quant=int8_scaled run's grid as an int8 graph), " if format == "onnx" else ""
     assert stderr.strip().splitlines() == [
         f"error: format={format}: layer bert.encoder.layer.0.attention.self.query quantizes its data_in as integer, "
-        f"which a {format} folder does not carry; valid: format=hf (its {RECIPE_FILE} carries it), or export the "
+        f"which a {format} folder does not carry; valid: {scaled}format=hf (its {RECIPE_FILE} carries it), or export the "
         "weights alone by overriding the run's activation settings (e.g. prune.activation=null)"
     ]
     assert not out.exists()

@@ -8,11 +8,9 @@ from typing import Any, TypedDict
 
 import lightning as L
 
+from adls_lightning.data.inputs import model_inputs
 from adls_lightning.errors import ConfigError
 from adls_lightning.typed_settings import section
-
-#: the batch entries a calibration forward gives the model (labels would only add the loss)
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 class CalibrationSettings(TypedDict, total=False):
@@ -42,6 +40,6 @@ def model_forward(pl_module: L.LightningModule) -> Callable[[Mapping[str, Any]],
 
     def forward(batch: Mapping[str, Any]) -> Any:
         batch = pl_module.transfer_batch_to_device(batch, pl_module.device, 0)
-        return pl_module(**{key: batch[key] for key in MODEL_INPUTS if key in batch})
+        return pl_module(**model_inputs(batch))
 
     return forward

@@ -29,13 +29,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from adls_lightning.callbacks.calibration import (
-    MODEL_INPUTS,
     CalibrationSettings,
     calibration_batches,
     model_forward,
 )
 from adls_lightning.callbacks.trainer_control import forget_best_checkpoints
 from adls_lightning.compression_record import merge_into, pruning_record, structured_sizes
+from adls_lightning.data.inputs import model_inputs
 from adls_lightning.distill import Distiller, attach_distiller, check_distillation, student_model
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
@@ -658,7 +658,7 @@ class StructuredPruning(PruningCallback):
 
         def loss(batch: Mapping[str, Any]) -> torch.Tensor:
             batch = pl_module.transfer_batch_to_device(batch, pl_module.device, 0)
-            return pl_module(**{key: batch[key] for key in (*MODEL_INPUTS, "labels") if key in batch}).loss
+            return pl_module(**model_inputs(batch, labels=True)).loss
 
         return trainer.datamodule.train_dataloader(), loss, self.calibration_batches
 

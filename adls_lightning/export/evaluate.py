@@ -15,22 +15,19 @@ from pathlib import Path
 
 import torch
 
+from adls_lightning.data.inputs import model_inputs
 from adls_lightning.export.folder import OnnxClassifier
 from adls_lightning.export.mixed import MIXED_CONFIG_FILE
 from adls_lightning.gemm import batch_rows, gemm_for
 from adls_lightning.precision import inference_model
 from adls_lightning.runs.loading import compose_train_config
 
-#: the batch keys a sequence classifier takes (token types: sentence pairs of the families that use them)
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-
 
 @torch.inference_mode()
 def predictions(model, loader) -> tuple[torch.Tensor, torch.Tensor]:
     predicted, labels = [], []
     for batch in loader:
-        inputs = {key: batch[key] for key in MODEL_INPUTS if key in batch}
-        logits = model(**inputs).logits
+        logits = model(**model_inputs(batch)).logits
         predicted.append(logits.argmax(-1))
         labels.append(batch["labels"])
     return torch.cat(predicted), torch.cat(labels)

@@ -303,8 +303,10 @@ def refuse_compression_beyond_weights(loaded: LoadedRun, format: str) -> None:
     quantized weights in another format, is refused in one line naming the layer and the format."""
     found = loaded.activation_compression()
     if found:
+        # a scaled int8 run (quant=int8_scaled) has its own int8 route, which keeps its activation grid
+        scaled = "int8=scaled (a quant=int8_scaled run's grid as an int8 graph), " if format == "onnx" else ""
         raise ConfigError(
-            f"format={format}: {found}, which a {format} folder does not carry; valid: format=hf (its "
+            f"format={format}: {found}, which a {format} folder does not carry; valid: {scaled}format=hf (its "
             f"{RECIPE_FILE} carries it), or export the weights alone by overriding the run's activation settings "
             "(e.g. prune.activation=null)"
         )

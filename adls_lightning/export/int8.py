@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from adls_lightning.data.inputs import model_inputs
 from adls_lightning.errors import ConfigError
 from adls_lightning.layers import swap_module
 from adls_lightning.quant.linear import QuantLinear
@@ -55,8 +56,6 @@ QMAX = 127
 #: (tests/test_export_int8.py).
 INT8_ATOL = 0.25
 INT8_RTOL = 0.1
-# the model inputs a calibration forward gives (labels would only add the loss)
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 @dataclass
@@ -201,7 +200,7 @@ def training_batches(cfg: Any) -> Iterator[dict[str, torch.Tensor]]:
     data = build(cfg.data, "data")
     data.setup("fit")
     for batch in data.train_dataloader():
-        yield {key: batch[key] for key in MODEL_INPUTS if key in batch}
+        yield model_inputs(batch)
 
 
 def calibrate_as_run(model: nn.Module, cfg: Any) -> int:

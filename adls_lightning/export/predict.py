@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from adls_lightning.data.inputs import MODEL_INPUTS
 from adls_lightning.errors import ConfigError
 from adls_lightning.export.compressed import ExportRecipe
 from adls_lightning.export.folder import INPUTS_KEY, check_folder, load_folder
@@ -24,8 +25,6 @@ from adls_lightning.export.folder import INPUTS_KEY, check_folder, load_folder
 USAGE = "adls-predict DIR [TEXT ...] [file=PATH] [batch_size=32]"
 #: what a folder holds when the export saved its tokenizer (one of them is enough for ``AutoTokenizer``)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
-#: the inputs a sequence classifier takes (token types only for pairs, as the run's data module gives them)
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 PAIR_SEPARATOR = "\t"
 
 Text = str | tuple[str, str]

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from adls_lightning.data.inputs import model_inputs
 from adls_lightning.errors import ConfigError
 from adls_lightning.gemm import cpu_name
 from adls_lightning.search.cost import clock_for, time_calls, torch_threads
@@ -63,7 +64,6 @@ FASTER_METHODS = (
     "structured pruning (prune=structured_0.5, then format=onnx) or int8 ONNX (quant=int8_scaled, then format=onnx "
     "int8=scaled)"
 )
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def held_batches(
         batches, taken = [], 0
         for batch in data.test_dataloader():
             keep = min(rows - taken, len(batch["input_ids"]))
-            batches.append({key: batch[key][:keep] for key in MODEL_INPUTS if key in batch})
+            batches.append({key: value[:keep] for key, value in model_inputs(batch).items()})
             taken += keep
             if taken >= rows:
                 break

@@ -158,11 +158,12 @@ def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
     from omegaconf import OmegaConf
 
     from adls_lightning.build import build
+    from adls_lightning.data.inputs import model_inputs
     from adls_lightning.data.tasks import build_metric
     from adls_lightning.export.compressed import run_compression, run_overrides
     from adls_lightning.overrides import merge_overrides, override_key
     from adls_lightning.quant.scaled import calibrate
-    from adls_lightning.runs.loading import compose_train_config, load_checkpoint_model, model_inputs
+    from adls_lightning.runs.loading import compose_train_config, load_checkpoint_model
 
     preset = options["quant"]
     # quant.* overrides shape the preset; the run's model and data take the rest

@@ -31,16 +31,9 @@ from adls_lightning.overrides import merge_overrides, override_key
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = PROJECT_ROOT / "conf"
-#: the inputs of a Hugging Face sequence classifier that a tokenized batch holds (its labels are not one)
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # the state keys of a linear layer pruned through torch.nn.utils.parametrize (adls_lightning.prune.WeightMask)
 PRUNED_WEIGHT = ".parametrizations.weight.original"
 PRUNING_MASK = ".parametrizations.weight.0.mask"
-
-
-def model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
-    """The model's inputs of a batch (:data:`MODEL_INPUTS`), without its labels."""
-    return {key: batch[key] for key in MODEL_INPUTS if key in batch}
 
 
 def fake_quantized_key(state: dict, model_keys: set[str]) -> str | None:

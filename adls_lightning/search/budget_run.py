@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adls_lightning.data.inputs import model_inputs
 from adls_lightning.errors import ConfigError
 
 DEPLOYED = "deployed"
 RESULT_FILE = "budget.json"
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,6 @@ class Measured:
     chosen_metric: float
     #: median ms per batch: ``{"fp32": ..., "chosen": ...}``
     ms: dict[str, float]
-
-
-def _inputs(batch: dict) -> dict:
-    return {key: batch[key] for key in MODEL_INPUTS if key in batch}
 
 
 def read_assignment(path: Path) -> dict[str, str]:
@@ -137,7 +133,7 @@ def calibration_batches(data, rows: int) -> list[dict]:
     """Validation batches holding at least ``rows`` rows (the model's inputs only)."""
     batches, seen = [], 0
     for batch in data.val_dataloader():
-        batches.append(_inputs(batch))
+        batches.append(model_inputs(batch))
         seen += int(batch["input_ids"].shape[0])
         if seen >= rows:
             break
@@ -181,7 +177,7 @@ def evaluate_model(model, data) -> float:
     metric = build_metric(task.main_metric, task.num_labels)
     with torch.inference_mode():
         for batch in data.test_dataloader():
-            logits = model(**_inputs(batch)).logits
+            logits = model(**model_inputs(batch)).logits
             predicted = logits.squeeze(-1) if task.is_regression else logits.argmax(-1)
             metric.update(predicted, batch["labels"])
     return float(metric.compute())

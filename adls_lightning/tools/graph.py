@@ -109,14 +109,13 @@ def build_model(cfg: DictConfig) -> torch.nn.Module:
 
 def tokenized_inputs(cfg: DictConfig) -> dict[str, torch.Tensor]:
     """The ``text`` sentences through the model's tokenizer, padded to one length, with labels 1, 0, 1, ..."""
+    from adls_lightning.data.inputs import model_inputs
     from adls_lightning.models import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model.backbone.name_or_path)
     pairs = list(cfg.text_pair) if cfg.get("text_pair") else None
     encoded = tokenizer(list(cfg.text), pairs, padding=True, return_tensors="pt")
-    inputs = {
-        name: encoded[name] for name in ("input_ids", "attention_mask", "token_type_ids") if name in encoded
-    }
+    inputs = model_inputs(encoded)
     inputs.setdefault("token_type_ids", torch.zeros_like(encoded["input_ids"]))
     inputs["labels"] = torch.tensor([(i + 1) % 2 for i in range(len(cfg.text))])
     return inputs
