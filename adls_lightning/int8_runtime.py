@@ -42,6 +42,11 @@ TORCH_DYNAMIC = "torch-dynamic"
 ORT_DYNAMIC = "ort-dynamic"
 PT2E = "pt2e-x86-inductor"
 RUNTIMES = (TORCH_DYNAMIC, ORT_DYNAMIC, PT2E)
+#: the runtimes of a run's own int8 grid (``format=onnx int8=scaled``): ONNX Runtime's QDQ graph and PT2E with the
+#: run's steps fixed (:func:`adls_lightning.export.pt2e.write_run_codes_package`), timed as the files they write
+ORT_QDQ = "ort-qdq"
+PT2E_RUN_CODES = "pt2e-run-codes"
+RUN_CODE_RUNTIMES = (ORT_QDQ, PT2E_RUN_CODES)
 CACHE_FILE = "int8_runtime.json"
 #: the CPU flags that decide int8 matrix rates: VNNI dot products (AVX-512 / AVX) and AMX's int8 tiles
 INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx2")
@@ -55,8 +60,9 @@ def int8_flags(flags: str | None = None) -> list[str]:
     return [f for f in INT8_FLAGS if f in present]
 
 
-def cache_key(batch: int, tokens: int, flags: str | None = None) -> str:
-    """This CPU kind and run shape: model name, int8 flags, threads, torch and ONNX Runtime versions, batch x tokens."""
+def cache_key(batch: int, tokens: int, flags: str | None = None, runtimes: tuple[str, ...] = RUNTIMES) -> str:
+    """This CPU kind and run shape: model name, int8 flags, threads, torch and ONNX Runtime versions, batch x tokens
+    (and the runtimes compared, when they are not :data:`RUNTIMES`)."""
     try:
         import onnxruntime
 
@@ -71,6 +77,7 @@ def cache_key(batch: int, tokens: int, flags: str | None = None) -> str:
             f"torch={torch.__version__}",
             f"ort={ort}",
             f"{batch}x{tokens}",
+            *([] if runtimes == RUNTIMES else [",".join(runtimes)]),
         ]
     )
 
@@ -94,7 +101,21 @@ def _ort_dynamic(model: torch.nn.Module, _inputs: dict[str, torch.Tensor], work:
     fp32_path, int8_path = work / onnx_export.ONNX_FILE, work / onnx_export.ONNX_INT8_FILE
     onnx_export.export_onnx(model, fp32_path)
     onnx_export.quantize_int8(fp32_path, int8_path)
-    session = onnx_export.onnx_session(int8_path)
+    return file_runner(int8_path)
+
+
+def file_runner(path: Path) -> Runner:
+    """An exported graph as a runner: an ONNX file in ONNX Runtime (loaded now), or a ``.pt2`` package."""
+    if path.suffix == ".pt2":
+        from adls_lightning.export.pt2e import Pt2Classifier
+
+        package = Pt2Classifier(path)
+        return lambda input_ids, attention_mask: (
+            package(input_ids=input_ids, attention_mask=attention_mask).logits
+        )
+    from adls_lightning.export import onnx as onnx_export
+
+    session = onnx_export.onnx_session(path)
 
     def run(input_ids, attention_mask):
         logits = onnx_export.onnx_logits(session, {"input_ids": input_ids, "attention_mask": attention_mask})
@@ -176,8 +197,9 @@ def measure(
 ) -> dict[str, float]:
     """Seconds per ``batch x tokens`` forward of each available int8 runtime on ``model`` (:func:`time_runners`)."""
     inputs = sample_batch(batch, tokens, model.config.vocab_size)
-    runners = build_runners(model, inputs, skipped=skipped)
-    return time_runners(runners, inputs, repeats)
+    with tempfile.TemporaryDirectory(prefix="adls-int8-") as work:  # the graphs are loaded, then not needed
+        runners = build_runners(model, inputs, skipped=skipped, work=Path(work))
+        return time_runners(runners, inputs, repeats)
 
 
 def runtime_times(
@@ -187,16 +209,18 @@ def runtime_times(
     tokens: int = 128,
     measure_fn: Callable[..., dict[str, float]] | None = None,
     flags: str | None = None,
+    runtimes: tuple[str, ...] = RUNTIMES,
 ) -> tuple[dict[str, float], str]:
     """Seconds per ``batch x tokens`` call of each int8 runtime for this CPU kind, and where they came from: the
     cached answer in ``cache_dir/int8_runtime.json`` if this CPU kind has one (``"cached"``); else measured on
     ``model`` (by ``measure_fn``, default :func:`measure`) and cached (``"measured"``); empty without a cached answer
-    or a model to measure."""
-    key = cache_key(batch, tokens, flags)
+    or a model to measure. ``runtimes``: the set compared (:data:`RUNTIMES`, or :data:`RUN_CODE_RUNTIMES` with a
+    ``measure_fn`` that times them), cached apart."""
+    key = cache_key(batch, tokens, flags, runtimes)
     cache = Path(cache_dir) / CACHE_FILE if cache_dir is not None else None
     entries = _read_cache(cache)
     times = entries.get(key)
-    if isinstance(times, dict) and times and set(times) <= set(RUNTIMES):
+    if isinstance(times, dict) and times and set(times) <= set(runtimes):
         return dict(times), "cached"
     if model is None:
         return {}, "none cached"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,11 +138,12 @@ def main() -> None:
         return run
 
     times_by_batch = {}
+    work = tempfile.TemporaryDirectory(prefix="adls-int8-")  # the runtimes' graph files, removed at exit
     for batch in args.batch:
         inputs = int8_runtime.sample_batch(batch, args.tokens, model.config.vocab_size)
         skipped: dict[str, str] = {}
         runners = {FP32: torch_runner(model), BF16: torch_runner(bf16)}
-        runners.update(int8_runtime.build_runners(model, inputs, skipped=skipped))
+        runners.update(int8_runtime.build_runners(model, inputs, skipped=skipped, work=Path(work.name)))
         times = int8_runtime.time_runners(runners, inputs, args.repeats)
         times_by_batch[batch] = times
         print(

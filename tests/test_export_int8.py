@@ -226,6 +226,11 @@ def test_cli_exports_a_ptq_run(float_checkpoint, tmp_path, tiny_imdb_dir, cache_
         (["format=onnx", "int8=maybe"], "int8=maybe: must be true, false, scaled or auto"),
         (["format=hf", "int8=scaled", *PTQ], "int8=scaled: only with format=onnx"),
         (["format=mxint8", "int8=auto"], "int8=auto: only with format=onnx"),
+        (
+            ["format=onnx", "int8=scaled", "int8_runtime=fast"],
+            "int8_runtime=fast: must be one of auto, onnx, pt2e",
+        ),
+        (["format=onnx", "int8=true", "int8_runtime=onnx"], "int8_runtime=onnx: only with int8=scaled"),
         (["format=onnx", "int8=auto", "quant=int8_scaled"], "format=onnx: layer"),
         (["format=onnx", "int8=scaled"], "int8=scaled: the run quantizes no linear layer"),
         (

@@ -45,6 +45,9 @@ class ExportSettings:
     #: ``format=onnx``: True (ONNX Runtime's dynamic int8 beside the float graph), ``"scaled"`` (the run's int8),
     #: ``"auto"`` (the int8 runtime measured fastest on this CPU kind: :func:`choose_int8_runtime`)
     int8: bool | str = False
+    #: ``int8=scaled``'s runtime: ``auto`` (the one measured faster on this CPU kind at the run's own codes:
+    #: :func:`scaled_int8_runtime`), ``onnx`` (ONNX Runtime's QDQ graph) or ``pt2e`` (an AOTInductor package)
+    int8_runtime: str = "auto"
     #: ``format=onnx``: True (GPTQ 4-bit codes as ``MatMulNBits``), ``"int8_inputs"`` (inputs quantized per block)
     int4: bool | str = False
     check: CheckSettings = field(default_factory=CheckSettings)
@@ -244,25 +247,102 @@ def export_scaled_int8(settings: ExportSettings, overrides: Sequence[str]) -> Ex
                 f"; input scales calibrated here on {batches} training batches (a PTQ checkpoint has none)"
             )
     # refuses what the graph cannot carry before anything is written
-    if not int8_export.scaled_int8_layers(model):
+    layers = int8_export.scaled_int8_layers(model)
+    if not layers:
         raise ConfigError(
             "int8=scaled: the run quantizes no linear layer; pass its quant=int8_scaled overrides (a float "
             "checkpoint: quant=int8_scaled quant.mode=ptq), or int8=true for ONNX Runtime's dynamic int8"
         )
     out = settings.out
     out.mkdir(parents=True, exist_ok=True)
-    path = out / int8_export.INT8_SCALED_FILE
-    layers = int8_export.export_int8_graph(model, path)
+    path, choice = scaled_int8_runtime(model, layers, loaded.config, settings)
     check = int8_export.check_int8(path, model)
     tokenizer_saved = write_graph_folder(loaded, out, len(layers))
+    engine = "the AOTInductor package" if path.suffix == ".pt2" else "ONNX Runtime"
     line = (
         f"exported onnx int8=scaled to {out}: {path.name} {path.stat().st_size / 1e6:.1f} MB, {len(layers)} linear "
-        f"layers on the run's int8 grid (weights per output channel, static input scales){calibrated}; ONNX "
-        f"Runtime vs the fake-quantized PyTorch model on {onnx_export.SAMPLE_ROWS}×{onnx_export.SAMPLE_TOKENS} "
+        f"layers on the run's int8 grid (weights per output channel, static input scales){calibrated}; {engine} "
+        f"vs the fake-quantized PyTorch model on {onnx_export.SAMPLE_ROWS}×{onnx_export.SAMPLE_TOKENS} "
         f"tokens: {check.describe()} (tolerance {int8_export.INT8_ATOL:g} + {int8_export.INT8_RTOL:g}·|logit|)"
         f"{' (tokenizer included)' if tokenizer_saved else ''}"
     )
-    return Exported(loaded, path, [line], reference=model, runs_formats=True)
+    return Exported(loaded, path, [choice, line] if choice else [line], reference=model, runs_formats=True)
+
+
+def scaled_int8_runtime(
+    model: nn.Module, layers: dict[str, Any], cfg: Any, settings: ExportSettings
+) -> tuple[Path, str]:
+    """``int8=scaled``'s file in ``settings.out``, in the runtime ``settings.int8_runtime`` names, or with
+    ``auto`` the one measured faster at the run's own codes for this CPU kind (cached per CPU kind, threads and
+    shape as ``int8=auto``'s choice; where nothing is cached both files are written and timed at the self-check's
+    largest batch, and the slower one removed): ONNX Runtime's QDQ graph
+    (:data:`~adls_lightning.export.int8.INT8_SCALED_FILE`) or, where torchao is installed, PT2E on the run's grid
+    compiled by AOTInductor (:data:`~adls_lightning.export.pt2e.RUN_CODES_FILE`: oneDNN's int8 kernels, AMX-INT8
+    where the CPU has it). Returns the file and a line starting ``int8_runtime=auto:`` (empty when one was named)."""
+    from adls_lightning import int8_runtime
+    from adls_lightning.export import int8 as int8_export
+    from adls_lightning.export import pt2e
+    from adls_lightning.gemm import cpu_name
+    from adls_lightning.search.cost import torch_threads
+
+    out = settings.out
+    files = {
+        int8_runtime.ORT_QDQ: (out / int8_export.INT8_SCALED_FILE, int8_export.export_int8_graph),
+        int8_runtime.PT2E_RUN_CODES: (
+            out / pt2e.RUN_CODES_FILE,
+            lambda fake, path: pt2e.write_run_codes_package(fake, layers, path),
+        ),
+    }
+
+    def write(runtime: str) -> Path:
+        path, writer = files[runtime]
+        writer(model, path)
+        return path
+
+    why_not_pt2e = pt2e.pt2e_available()
+    if settings.int8_runtime != "auto":
+        # int8_runtime=pt2e without torchao was refused with the options, before anything was read
+        runtime = int8_runtime.PT2E_RUN_CODES if settings.int8_runtime == "pt2e" else int8_runtime.ORT_QDQ
+        return write(runtime), ""
+    if why_not_pt2e is not None:
+        path = write(int8_runtime.ORT_QDQ)
+        return (
+            path,
+            f"int8_runtime=auto: {int8_runtime.ORT_QDQ} ({int8_runtime.PT2E_RUN_CODES} not measured: {why_not_pt2e})",
+        )
+
+    check = settings.check
+    batch = max(check.batches)
+
+    def measure_files(fake: nn.Module, rows: int, tokens: int) -> dict[str, float]:
+        runners = {
+            runtime: int8_runtime.file_runner(write(runtime)) for runtime in int8_runtime.RUN_CODE_RUNTIMES
+        }
+        return int8_runtime.time_runners(
+            runners, int8_runtime.sample_batch(rows, tokens, fake.config.vocab_size)
+        )
+
+    with torch_threads(check.threads):  # the cache is kept per thread count
+        times, source = int8_runtime.runtime_times(
+            (cfg.get("paths") or {}).get("cache_dir"),
+            model,
+            batch,
+            check.tokens,
+            measure_files,
+            runtimes=int8_runtime.RUN_CODE_RUNTIMES,
+        )
+    runtime = int8_runtime.fastest(times) or int8_runtime.ORT_QDQ
+    path = files[runtime][0]
+    for other, (other_path, _) in files.items():
+        if other != runtime:
+            other_path.unlink(missing_ok=True)  # timed here, not chosen
+    if not path.exists():
+        write(runtime)
+    return path, (
+        f"int8_runtime=auto: {runtime} ({source}: {int8_runtime.describe_times(times) or 'not timed'} at batch "
+        f"{batch} x {check.tokens} tokens, {check.threads} thread(s); CPU {cpu_name()}, "
+        f"{' '.join(int8_runtime.int8_flags()) or 'no int8 flags'})"
+    )
 
 
 def export_int4(settings: ExportSettings, overrides: Sequence[str]) -> Exported:

@@ -369,7 +369,8 @@ def export_int8_graph(fake_model: nn.Module, out_path: Path) -> dict[str, Scaled
 
 
 def check_int8(path: Path, fake_model: nn.Module):
-    """ONNX Runtime's logits of ``path`` vs ``fake_model``'s on the export's sample batch.
+    """The logits of ``path`` (ONNX Runtime's, or a ``.pt2`` package's) vs ``fake_model``'s on the export's
+    sample batch.
 
     Raises:
         ExportCheckError: a logit off by more than ``INT8_ATOL + INT8_RTOL·|logit|`` (the argmax agreement is
@@ -380,7 +381,15 @@ def check_int8(path: Path, fake_model: nn.Module):
     inputs = onnx_export.sample_inputs(fake_model)
     with torch.inference_mode():
         expected = onnx_export.LogitsOnly(fake_model)(**inputs).numpy()
-    actual = onnx_export.onnx_logits(onnx_export.onnx_session(path), inputs)
+    if path.suffix == ".pt2":
+        from adls_lightning.export.pt2e import Pt2Classifier
+
+        engine = "the AOTInductor package's"
+        with torch.inference_mode():
+            actual = Pt2Classifier(path)(**inputs).logits.numpy()
+    else:
+        engine = "ONNX Runtime"
+        actual = onnx_export.onnx_logits(onnx_export.onnx_session(path), inputs)
     check = onnx_export.OnnxCheck(
         max_abs_diff=float(np.abs(actual - expected).max()),
         argmax_agree=int((actual.argmax(-1) == expected.argmax(-1)).sum()),
@@ -388,7 +397,7 @@ def check_int8(path: Path, fake_model: nn.Module):
     )
     if not np.allclose(actual, expected, rtol=INT8_RTOL, atol=INT8_ATOL):
         raise onnx_export.ExportCheckError(
-            f"{path}: ONNX Runtime int8 logits differ from the fake-quantized PyTorch model's by up to "
+            f"{path}: {engine} int8 logits differ from the fake-quantized PyTorch model's by up to "
             f"{check.max_abs_diff:.3g} (tolerance {INT8_ATOL:g} + {INT8_RTOL:g}·|logit|), argmax agrees "
             f"{check.argmax_agree}/{check.rows}; the file is left for inspection"
         )

@@ -7,6 +7,11 @@ split) and int8 weights per output channel; ``torch.export`` captures ``(input_i
 with the batch and sequence axes dynamic, and AOTInductor compiles it ahead of time with freezing (the int8
 weights packed for oneDNN at compile) into one ``.pt2`` file.
 
+:func:`write_run_codes_package` writes a ``quant=int8_scaled`` run the same way but on the run's own grid
+(``format=onnx int8=scaled``, where it measures faster than ONNX Runtime's QDQ graph): each quantized layer's
+weight codes and per-channel steps, and its calibrated static input step, fixed in the graph instead of observed,
+so the package computes the run's integers (:func:`run_codes_quantizer`).
+
 Quantizing needs ``torchao`` (``pip install 'adls-lightning[int8]'``: torch 2.13 no longer ships PT2E); running
 the package needs torch alone (:class:`Pt2Classifier`, ``torch._inductor.aoti_load_package``). Compiling needs the
 C++ compiler inductor uses (about 35 s for MiniLM on one core).
@@ -27,9 +32,12 @@ import torch
 from torch import nn
 
 from adls_lightning.errors import ConfigError
+from adls_lightning.export.int8 import QMAX
 from adls_lightning.export.onnx import INPUT_NAMES, LogitsOnly, OnnxCheck, sample_inputs
 
 PT2E_FILE = "model_int8_pt2e.pt2"
+#: ``format=onnx int8=scaled`` in PT2E (:func:`write_run_codes_package`)
+RUN_CODES_FILE = "model_int8_scaled.pt2"
 #: the largest batch the package accepts (its dynamic batch axis needs a bound for inductor's guards)
 MAX_BATCH = 1024
 
@@ -90,9 +98,14 @@ def write_pt2e_package(model: nn.Module, batches: Sequence[dict[str, torch.Tenso
     """``model`` quantized by :func:`quantize_pt2e` on ``batches`` and compiled by AOTInductor into ``path``
     (written whole or not at all); returns the number of int8 linear layers in the compiled graph."""
     converted, example = quantize_pt2e(model, batches)
-    layers = sum(1 for node in converted.graph.nodes if node.target == torch.ops.aten.linear.default)
+    compile_package(converted, example, _dynamic_shapes(model), path)
+    return sum(1 for node in converted.graph.nodes if node.target == torch.ops.aten.linear.default)
+
+
+def compile_package(converted: nn.Module, example: tuple, dynamic_shapes: tuple, path: Path) -> None:
+    """A converted PT2E graph compiled by AOTInductor with freezing into ``path``, written whole or not at all."""
     with torch.no_grad():
-        exported = torch.export.export(converted, example, dynamic_shapes=_dynamic_shapes(model))
+        exported = torch.export.export(converted, example, dynamic_shapes=dynamic_shapes)
         # compiled beside the target and renamed over it: a killed compile leaves no package that looks whole
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as work:
             partial = Path(work) / path.name  # the packager takes only names ending in .pt2
@@ -100,7 +113,151 @@ def write_pt2e_package(model: nn.Module, batches: Sequence[dict[str, torch.Tenso
                 exported, package_path=str(partial), inductor_configs={"freezing": True}
             )
             os.replace(partial, path)
-    return layers
+
+
+# ------------------------------------------------------------------------------- the run's own int8 grid
+def run_channel_observer(steps: torch.Tensor) -> type:
+    """An observer class for a weight whose per-output-channel steps are the run's: it observes nothing and
+    returns them (zero points 0), so the graph's codes are ``round(w / step)``, the run's integers."""
+    from torchao.quantization.pt2e.observer import ObserverBase
+
+    class RunChannelSteps(ObserverBase):
+        def __init__(self, **_: Any) -> None:
+            super().__init__(dtype=torch.int8)
+            self.qscheme, self.ch_axis = torch.per_channel_symmetric, 0
+            self.quant_min, self.quant_max = -QMAX, QMAX
+            self.register_buffer("scale", steps.detach().float().clone())
+            self.register_buffer("zero_point", torch.zeros(steps.numel(), dtype=torch.int64))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+        def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.scale, self.zero_point
+
+    return RunChannelSteps
+
+
+#: uint8 activations (what oneDNN's int8 linear takes) holding the run's symmetric codes: ``code + 128``, and
+#: ``quant_min`` 1 keeps the run's lowest code, -127
+ACTIVATION_ZERO = 128
+
+
+def run_codes_quantizer(steps_by_weight: dict[str, Any]):
+    """A PT2E ``Quantizer`` that annotates each ``aten.linear`` whose weight (a ``get_attr`` target of the
+    captured graph) is in ``steps_by_weight`` with the run's grid: the input on its static step (uint8, zero
+    point :data:`ACTIVATION_ZERO`), the weight on its per-channel steps; every other op stays float, as in the
+    run. ``steps_by_weight``: target -> an object with ``input_scale`` and ``weight_scale``
+    (:class:`adls_lightning.export.int8.ScaledInt8Layer`)."""
+    from torchao.quantization.pt2e.quantizer.quantizer import (
+        FixedQParamsQuantizationSpec,
+        QuantizationAnnotation,
+        QuantizationSpec,
+        Quantizer,
+    )
+
+    class RunCodesQuantizer(Quantizer):
+        def annotate(self, graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            for node in graph_module.graph.nodes:
+                if node.target != torch.ops.aten.linear.default or node.args[1].op != "get_attr":
+                    continue
+                layer = steps_by_weight.get(node.args[1].target)
+                if layer is None:
+                    continue
+                node.meta["quantization_annotation"] = QuantizationAnnotation(
+                    input_qspec_map={
+                        node.args[0]: FixedQParamsQuantizationSpec(
+                            dtype=torch.uint8,
+                            scale=float(layer.input_scale),
+                            zero_point=ACTIVATION_ZERO,
+                            quant_min=ACTIVATION_ZERO - QMAX,
+                            quant_max=ACTIVATION_ZERO + QMAX,
+                            qscheme=torch.per_tensor_affine,
+                        ),
+                        node.args[1]: QuantizationSpec(
+                            dtype=torch.int8,
+                            observer_or_fake_quant_ctr=run_channel_observer(layer.weight_scale),
+                            quant_min=-QMAX,
+                            quant_max=QMAX,
+                            qscheme=torch.per_channel_symmetric,
+                            ch_axis=0,
+                        ),
+                    },
+                    _annotated=True,
+                )
+            return graph_module
+
+        def validate(self, graph_module: torch.fx.GraphModule) -> None:
+            annotated = {
+                node.args[1].target
+                for node in graph_module.graph.nodes
+                if "quantization_annotation" in node.meta and node.target == torch.ops.aten.linear.default
+            }
+            missing = sorted(set(steps_by_weight) - annotated)
+            if missing:
+                raise ConfigError(f"int8=scaled: no linear node reads {missing[0]} in the captured graph")
+
+    return RunCodesQuantizer()
+
+
+class _DividedInput(nn.Module):
+    """SmoothQuant's layer as the run computes it: the input divided by the factors, then the linear layer."""
+
+    def __init__(self, linear: nn.Linear, smooth: torch.Tensor) -> None:
+        super().__init__()
+        self.linear = linear
+        self.register_buffer("smooth", smooth.detach().float().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x / self.smooth)
+
+
+def quantize_run_codes(fake_model: nn.Module, layers: dict[str, Any]) -> tuple[nn.Module, tuple]:
+    """``fake_model`` (a fake-quantized classifier, left untouched) as a converted PT2E graph on the run's grid:
+    ``layers`` (:func:`adls_lightning.export.int8.scaled_int8_layers`) become plain linear layers holding
+    ``codes · step`` (SmoothQuant's division kept before them), which :func:`run_codes_quantizer` quantizes on
+    the run's steps, so the graph's weight codes are ``layers``' own; returns it and its example arguments.
+
+    Raises:
+        ConfigError: torchao is not installed, or a layer has no linear node in the captured graph.
+    """
+    why = pt2e_available()
+    if why is not None:
+        raise ConfigError(f"int8=scaled PT2E: {why}")
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from adls_lightning.layers import swap_module
+    from adls_lightning.quant.transform import find_linear_layers
+
+    carrier = copy.deepcopy(fake_model).eval()
+    planted: dict[int, Any] = {}
+    for layer in find_linear_layers(carrier):
+        spec = layers.get(layer.name)
+        if spec is None:
+            continue
+        module = layer.module
+        plain = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+        with torch.no_grad():
+            plain.weight.copy_(spec.codes.float() * spec.weight_scale[:, None])
+            if module.bias is not None:
+                plain.bias.copy_(module.bias)
+        swap_module(carrier, layer.path, plain if spec.smooth is None else _DividedInput(plain, spec.smooth))
+        planted[id(plain.weight)] = spec
+    wrapped = LogitsOnly(carrier).eval()
+    steps_by_weight = {name: planted[id(p)] for name, p in wrapped.named_parameters() if id(p) in planted}
+    inputs = sample_inputs(fake_model)
+    example = (inputs["input_ids"][:2], inputs["attention_mask"][:2])
+    with torch.no_grad():
+        captured = torch.export.export(wrapped, example, dynamic_shapes=_dynamic_shapes(fake_model)).module()
+        prepared = prepare_pt2e(captured, run_codes_quantizer(steps_by_weight))
+        prepared(*example)  # nothing to observe: every step is fixed
+        return convert_pt2e(prepared), example
+
+
+def write_run_codes_package(fake_model: nn.Module, layers: dict[str, Any], path: Path) -> None:
+    """:func:`quantize_run_codes` compiled by AOTInductor into ``path`` (written whole or not at all)."""
+    converted, example = quantize_run_codes(fake_model, layers)
+    compile_package(converted, example, _dynamic_shapes(fake_model), path)
 
 
 def check_package(path: Path, model: nn.Module) -> OnnxCheck:
@@ -140,9 +297,14 @@ class Pt2Classifier(nn.Module):
 __all__ = [
     "MAX_BATCH",
     "PT2E_FILE",
+    "RUN_CODES_FILE",
     "Pt2Classifier",
     "check_package",
+    "compile_package",
     "pt2e_available",
     "quantize_pt2e",
+    "quantize_run_codes",
+    "run_codes_quantizer",
     "write_pt2e_package",
+    "write_run_codes_package",
 ]

@@ -4,7 +4,10 @@
 Options: ``group_size=32``, ``exclude=classifier`` (comma-separated module names left float),
 ``pack_embeddings=false`` (also pack the word embeddings), ``int8=false`` (``format=onnx`` only: ``true`` also
 writes ONNX Runtime's dynamic int8 model; ``scaled`` writes instead the int8 graph of a ``quant=int8_scaled`` run
-with the run's own weight codes and calibrated activation scales, :mod:`adls_lightning.export.int8`; ``auto``
+with the run's own weight codes and calibrated activation scales, :mod:`adls_lightning.export.int8`, in the
+runtime ``int8_runtime=auto`` measures faster on this CPU kind at those codes: ONNX Runtime's QDQ graph
+``model_int8_scaled.onnx`` or, where ``torchao`` is installed, the PT2E package ``model_int8_scaled.pt2``;
+``int8_runtime=onnx`` or ``pt2e`` names one; ``auto``
 writes beside ``model.onnx`` the int8 model in the runtime measured fastest for this CPU kind, cached:
 ONNX Runtime's dynamic int8, or where ``torchao`` is installed PT2E int8 compiled by AOTInductor into
 ``model_int8_pt2e.pt2``, oneDNN's int8 kernels and AMX-INT8 where the CPU has it,
@@ -48,6 +51,8 @@ from adls_lightning.tools.options import FLAGS, HelpRequested, check_writable, f
 
 #: ``int8=`` values besides the flags: the run's own int8 codes, or the runtime measured fastest on this CPU
 INT8_WORDS = ("scaled", "auto")
+#: ``int8_runtime=`` (``int8=scaled``): measured faster here, ONNX Runtime's QDQ graph, or the PT2E package
+INT8_RUNTIMES = ("auto", "onnx", "pt2e")
 OPTIONS = {
     "ckpt": None,
     "out": None,
@@ -56,6 +61,7 @@ OPTIONS = {
     "exclude": "classifier",
     "pack_embeddings": "false",
     "int8": "false",
+    "int8_runtime": "auto",
     "int4": "false",
     "overwrite": "false",
     **CHECK_OPTIONS,
@@ -105,6 +111,21 @@ def check_options(options: dict[str, str | None]) -> ExportSettings:
             f"int8={options['int8']}: only with format=onnx (ONNX Runtime's int8); format={options['format']} "
             "takes int8=false"
         )
+    int8_runtime = str(options["int8_runtime"]).lower()
+    if int8_runtime not in INT8_RUNTIMES:
+        raise ConfigError(
+            f"int8_runtime={options['int8_runtime']}: must be one of {', '.join(INT8_RUNTIMES)}"
+        )
+    if int8_runtime != "auto" and int8 != "scaled":
+        raise ConfigError(
+            f"int8_runtime={options['int8_runtime']}: only with int8=scaled (the runtime of the run's own int8 "
+            f"codes); int8={options['int8']} takes int8_runtime=auto"
+        )
+    if int8_runtime == "pt2e":
+        from adls_lightning.export.pt2e import pt2e_available
+
+        if (why := pt2e_available()) is not None:
+            raise ConfigError(f"int8_runtime=pt2e: {why}")
     int4: bool | str = "int8_inputs" if str(options["int4"]).lower() == "int8_inputs" else None
     if int4 is None:
         if str(options["int4"]).lower() not in FLAGS:
@@ -123,6 +144,7 @@ def check_options(options: dict[str, str | None]) -> ExportSettings:
         exclude=exclude,
         pack_embeddings=flag_option(options, "pack_embeddings"),
         int8=int8,
+        int8_runtime=int8_runtime,
         int4=int4,
         check=CheckSettings.from_options(options),
         tool_keys=tuple(OPTIONS),
