@@ -75,6 +75,8 @@ from adls_lightning.script_args import (  # noqa: E402
 BASELINE = "torch eager fp32"
 FAKE_QUANT = "fake-quant int8 (scaled)"
 SCALED_INT8 = "ours int8 (scaled, static)"
+#: the same codes as an AOTInductor package (``int8=scaled int8_runtime=pt2e``), where torchao is installed
+SCALED_INT8_PT2E = "ours int8 (scaled, PT2E)"
 VARIANTS = (
     BASELINE,
     "ours fp32",
@@ -218,6 +220,23 @@ def build_variants(model, work: Path, fake_quant=None) -> list[Variant]:
         variants.append(
             Variant(SCALED_INT8, ort_runner(int8_path), f"ONNX Runtime QDQ, {len(layers)} linears")
         )
+        from adls_lightning.export import pt2e
+
+        why = pt2e.pt2e_available()
+        if why is None:
+            package = work / pt2e.RUN_CODES_FILE
+            pt2e.write_run_codes_package(fake_quant, layers, package)
+            int8_export.check_int8(package, fake_quant)  # the export's own check
+            runner = pt2e.Pt2Classifier(package)
+            variants.append(
+                Variant(
+                    SCALED_INT8_PT2E,
+                    lambda rows: torch_runner(runner, torch.inference_mode),
+                    f"AOTInductor (oneDNN int8), {len(layers)} linears",
+                )
+            )
+        else:
+            print(f"{SCALED_INT8_PT2E}: left out ({why})")
     return variants
 
 
@@ -312,13 +331,13 @@ def accuracy(variants: list[Variant], overrides: list[str], rows: int) -> int:
     return len(labels)
 
 
-def int8_against_fake_quant(variants: list[Variant]) -> dict[str, float] | None:
-    """The int8 export's accuracy minus the fake-quantized model's, the share of equal labels, and the largest
-    logit difference and the median one."""
-    found = {v.name: v for v in variants if v.name in (FAKE_QUANT, SCALED_INT8)}
+def int8_against_fake_quant(variants: list[Variant], name: str = SCALED_INT8) -> dict[str, float] | None:
+    """The int8 export's (``name``'s) accuracy minus the fake-quantized model's, the share of equal labels, and
+    the largest logit difference and the median one."""
+    found = {v.name: v for v in variants if v.name in (FAKE_QUANT, name)}
     if len(found) < 2 or found[FAKE_QUANT].predictions is None:
         return None
-    fake, int8 = found[FAKE_QUANT], found[SCALED_INT8]
+    fake, int8 = found[FAKE_QUANT], found[name]
     return {
         "accuracy_difference": int8.accuracy - fake.accuracy,
         "agree": float((int8.predictions == fake.predictions).mean()),
@@ -496,13 +515,16 @@ def main() -> None:
     )
     table = markdown(variants, columns, rows_used)
     print(table)
-    against = int8_against_fake_quant(variants) if rows_used else None
-    if against:
-        print(
-            f"\n{SCALED_INT8} vs {FAKE_QUANT}: accuracy {against['accuracy_difference'] * 100:+.2f} pt, same label "
-            f"on {against['agree']:.1%} of the {rows_used} reviews; |Δlogit| max "
-            f"{against['max_abs_logit_difference']:.3g}, median {against['median_abs_logit_difference']:.3g}"
-        )
+    against = {}
+    for name in (SCALED_INT8, SCALED_INT8_PT2E):
+        against[name] = int8_against_fake_quant(variants, name) if rows_used else None
+        if against[name]:
+            print(
+                f"\n{name} vs {FAKE_QUANT}: accuracy {against[name]['accuracy_difference'] * 100:+.2f} pt, same "
+                f"label on {against[name]['agree']:.1%} of the {rows_used} reviews; |Δlogit| max "
+                f"{against[name]['max_abs_logit_difference']:.3g}, median "
+                f"{against[name]['median_abs_logit_difference']:.3g}"
+            )
     if args.figure:
         title = f"{ckpt.name if args.ckpt else 'tiny random BERT'}; {cpu_name()}; median of {args.repeats}"
         figure(variants, columns, args.figure, title)
@@ -513,7 +535,8 @@ def main() -> None:
                 {
                     "columns": columns,
                     "accuracy_rows": rows_used,
-                    "int8_vs_fake_quant": against,
+                    "int8_vs_fake_quant": against[SCALED_INT8],
+                    "pt2e_int8_vs_fake_quant": against[SCALED_INT8_PT2E],
                     "gemm_gflops": gemm,
                     "peak_gflops_per_core": per_core,
                     "variants": [
