@@ -225,7 +225,7 @@ def build_variants(model, work: Path, fake_quant=None) -> list[Variant]:
         why = pt2e.pt2e_available()
         if why is None:
             package = work / pt2e.RUN_CODES_FILE
-            pt2e.write_run_codes_package(fake_quant, layers, package)
+            pt2e.write_run_codes_package(fake_quant, layers, int8_export.QMAX, package)
             int8_export.check_int8(package, fake_quant)  # the export's own check
             runner = pt2e.Pt2Classifier(package)
             variants.append(

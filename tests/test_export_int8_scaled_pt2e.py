@@ -42,7 +42,7 @@ def converted(tiny_bert):
     model, batches = int8_scaled_model(tiny_bert)
     calibrate(model, batches, lambda ids: model(input_ids=ids), CALIBRATION_BATCHES)
     ranges = record_input_ranges(model, batches[:CALIBRATION_BATCHES])
-    graph, _ = pt2e.quantize_run_codes(model, int8_export.scaled_int8_layers(model))
+    graph, _ = pt2e.quantize_run_codes(model, int8_export.scaled_int8_layers(model), int8_export.QMAX)
     return model, graph, ranges
 
 

@@ -290,7 +290,7 @@ def scaled_int8_runtime(
         int8_runtime.ORT_QDQ: (out / int8_export.INT8_SCALED_FILE, int8_export.export_int8_graph),
         int8_runtime.PT2E_RUN_CODES: (
             out / pt2e.RUN_CODES_FILE,
-            lambda fake, path: pt2e.write_run_codes_package(fake, layers, path),
+            lambda fake, path: pt2e.write_run_codes_package(fake, layers, int8_export.QMAX, path),
         ),
     }
 

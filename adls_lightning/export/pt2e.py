@@ -32,7 +32,6 @@ import torch
 from torch import nn
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.export.int8 import QMAX
 from adls_lightning.export.onnx import INPUT_NAMES, LogitsOnly, OnnxCheck, sample_inputs
 
 PT2E_FILE = "model_int8_pt2e.pt2"
@@ -116,7 +115,7 @@ def compile_package(converted: nn.Module, example: tuple, dynamic_shapes: tuple,
 
 
 # ------------------------------------------------------------------------------- the run's own int8 grid
-def run_channel_observer(steps: torch.Tensor) -> type:
+def run_channel_observer(steps: torch.Tensor, qmax: int) -> type:
     """An observer class for a weight whose per-output-channel steps are the run's: it observes nothing and
     returns them (zero points 0), so the graph's codes are ``round(w / step)``, the run's integers."""
     from torchao.quantization.pt2e.observer import ObserverBase
@@ -125,7 +124,7 @@ def run_channel_observer(steps: torch.Tensor) -> type:
         def __init__(self, **_: Any) -> None:
             super().__init__(dtype=torch.int8)
             self.qscheme, self.ch_axis = torch.per_channel_symmetric, 0
-            self.quant_min, self.quant_max = -QMAX, QMAX
+            self.quant_min, self.quant_max = -qmax, qmax
             self.register_buffer("scale", steps.detach().float().clone())
             self.register_buffer("zero_point", torch.zeros(steps.numel(), dtype=torch.int64))
 
@@ -143,7 +142,7 @@ def run_channel_observer(steps: torch.Tensor) -> type:
 ACTIVATION_ZERO = 128
 
 
-def run_codes_quantizer(steps_by_weight: dict[str, Any]):
+def run_codes_quantizer(steps_by_weight: dict[str, Any], qmax: int):
     """A PT2E ``Quantizer`` that annotates each ``aten.linear`` whose weight (a ``get_attr`` target of the
     captured graph) is in ``steps_by_weight`` with the run's grid: the input on its static step (uint8, zero
     point :data:`ACTIVATION_ZERO`), the weight on its per-channel steps; every other op stays float, as in the
@@ -170,15 +169,15 @@ def run_codes_quantizer(steps_by_weight: dict[str, Any]):
                             dtype=torch.uint8,
                             scale=float(layer.input_scale),
                             zero_point=ACTIVATION_ZERO,
-                            quant_min=ACTIVATION_ZERO - QMAX,
-                            quant_max=ACTIVATION_ZERO + QMAX,
+                            quant_min=ACTIVATION_ZERO - qmax,
+                            quant_max=ACTIVATION_ZERO + qmax,
                             qscheme=torch.per_tensor_affine,
                         ),
                         node.args[1]: QuantizationSpec(
                             dtype=torch.int8,
-                            observer_or_fake_quant_ctr=run_channel_observer(layer.weight_scale),
-                            quant_min=-QMAX,
-                            quant_max=QMAX,
+                            observer_or_fake_quant_ctr=run_channel_observer(layer.weight_scale, qmax),
+                            quant_min=-qmax,
+                            quant_max=qmax,
                             qscheme=torch.per_channel_symmetric,
                             ch_axis=0,
                         ),
@@ -212,11 +211,12 @@ class _DividedInput(nn.Module):
         return self.linear(x / self.smooth)
 
 
-def quantize_run_codes(fake_model: nn.Module, layers: dict[str, Any]) -> tuple[nn.Module, tuple]:
+def quantize_run_codes(fake_model: nn.Module, layers: dict[str, Any], qmax: int) -> tuple[nn.Module, tuple]:
     """``fake_model`` (a fake-quantized classifier, left untouched) as a converted PT2E graph on the run's grid:
     ``layers`` (:func:`adls_lightning.export.int8.scaled_int8_layers`) become plain linear layers holding
     ``codes · step`` (SmoothQuant's division kept before them), which :func:`run_codes_quantizer` quantizes on
-    the run's steps, so the graph's weight codes are ``layers``' own; returns it and its example arguments.
+    the run's steps, so the graph's weight codes are ``layers``' own (``qmax``: the grid's largest code, 127 for
+    the run's symmetric int8); returns it and its example arguments.
 
     Raises:
         ConfigError: torchao is not installed, or a layer has no linear node in the captured graph.
@@ -249,14 +249,14 @@ def quantize_run_codes(fake_model: nn.Module, layers: dict[str, Any]) -> tuple[n
     example = (inputs["input_ids"][:2], inputs["attention_mask"][:2])
     with torch.no_grad():
         captured = torch.export.export(wrapped, example, dynamic_shapes=_dynamic_shapes(fake_model)).module()
-        prepared = prepare_pt2e(captured, run_codes_quantizer(steps_by_weight))
+        prepared = prepare_pt2e(captured, run_codes_quantizer(steps_by_weight, qmax))
         prepared(*example)  # nothing to observe: every step is fixed
         return convert_pt2e(prepared), example
 
 
-def write_run_codes_package(fake_model: nn.Module, layers: dict[str, Any], path: Path) -> None:
+def write_run_codes_package(fake_model: nn.Module, layers: dict[str, Any], qmax: int, path: Path) -> None:
     """:func:`quantize_run_codes` compiled by AOTInductor into ``path`` (written whole or not at all)."""
-    converted, example = quantize_run_codes(fake_model, layers)
+    converted, example = quantize_run_codes(fake_model, layers, qmax)
     compile_package(converted, example, _dynamic_shapes(fake_model), path)
 
 
