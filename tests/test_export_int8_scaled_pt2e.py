@@ -21,6 +21,7 @@ from adls_lightning.export import pt2e
 from adls_lightning.export.folder import load_folder
 from adls_lightning.quant.linear import QuantLinear
 from adls_lightning.quant.scaled import calibrate
+from adls_lightning.quant.smoothquant import smooth
 from adls_lightning.search.cost import torch_threads
 from adls_lightning.tools.export import main
 from tests.helpers import TINY, call, trained_checkpoint
@@ -104,6 +105,45 @@ def test_graph_computes_the_fake_quantized_models_logits(converted):
         actual_far = graph(ids[:, :1].repeat(1, 9), mask)
     assert torch.allclose(actual, expected, atol=1e-5, rtol=0), (actual - expected).abs().max()
     assert torch.allclose(actual_far, expected_far, atol=1e-5, rtol=0)
+
+
+@needs_torchao
+def test_layers_reading_one_input_keep_their_own_steps(tiny_bert):
+    """Query, key and value read the same tensor; with steps of their own (LSQ learns one per layer) each linear
+    node must dequantize its input on its own step, not one shared with its neighbours."""
+    import dataclasses
+
+    model, batches = int8_scaled_model(tiny_bert, seed=2)
+    calibrate(model, batches, lambda ids: model(input_ids=ids), CALIBRATION_BATCHES)
+    layers = {
+        name: dataclasses.replace(layer, input_scale=layer.input_scale * (1 + 0.01 * index))
+        for index, (name, layer) in enumerate(int8_export.scaled_int8_layers(model).items())
+    }
+    graph, _ = pt2e.quantize_run_codes(model, layers, int8_export.QMAX)
+    steps = {}
+    for linear in (node for node in graph.graph.nodes if node.target == torch.ops.aten.linear.default):
+        codes = getattr(graph, linear.args[1].args[0].target)
+        [name] = [name for name, layer in layers.items() if torch.equal(layer.codes, codes)]
+        steps[name] = linear.args[0].args[1]
+    assert steps == pytest.approx({name: layer.input_scale for name, layer in layers.items()}, rel=1e-7)
+
+
+@needs_torchao
+def test_smoothquant_layers_divide_their_input_before_the_runs_codes(tiny_bert):
+    """SmoothQuant's layers: the input divided by the factors, then quantized on the run's step, times the codes
+    of ``w · s``: the graph computes the smoothed fake-quantized model's logits."""
+    model, batches = int8_scaled_model(tiny_bert, seed=1)
+    smoothed, _ = smooth(model, batches, lambda ids: model(input_ids=ids), CALIBRATION_BATCHES, alpha=0.5)
+    assert smoothed
+    calibrate(model, batches, lambda ids: model(input_ids=ids), CALIBRATION_BATCHES)
+    layers = int8_export.scaled_int8_layers(model)
+    assert sorted(name for name, layer in layers.items() if layer.smooth is not None) == sorted(smoothed)
+    graph, _ = pt2e.quantize_run_codes(model, layers, int8_export.QMAX)
+    ids = torch.randint(0, model.config.vocab_size, (4, 11), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        actual = graph(ids, torch.ones_like(ids))
+    assert torch.allclose(actual, expected, atol=1e-5, rtol=0), (actual - expected).abs().max()
 
 
 @pytest.fixture(scope="module")
