@@ -193,6 +193,20 @@ def test_default_cpu_run_on_a_bf16_cpu_measured_faster_trains_in_bf16(compose_cf
     assert str(trainer.precision) == "bf16-mixed"
 
 
+@pytest.mark.parametrize("quant", ["int8_scaled", "mxint8_packed"])
+def test_auto_keeps_a_quantizing_run_in_fp32_on_a_bf16_cpu(compose_cfg, monkeypatch, caplog, quant):
+    """bf16 would round the fake-quantized values off the integer grid the run simulates (and exports): a run
+    with quant= stays fp32 under auto, without measuring, and says why; an explicit bf16-mixed is honoured."""
+    monkeypatch.setattr(precision, "cpu_flags", lambda: AMX_FLAGS)
+    monkeypatch.setattr(precision, "measure", _never_measure)
+    with caplog.at_level(logging.INFO, logger="adls_lightning.app.training"):
+        assert str(_trainer_of(compose_cfg, [f"quant={quant}"]).precision) == "32-true"
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("trainer.precision=auto:")]
+    assert line.startswith("trainer.precision=auto: 32-true (the run quantizes"), line
+    overrides = [f"quant={quant}", "trainer.precision=bf16-mixed"]
+    assert str(_trainer_of(compose_cfg, overrides).precision) == "bf16-mixed"
+
+
 def test_explicit_fp32_is_honoured_on_a_bf16_cpu(compose_cfg, monkeypatch):
     monkeypatch.setattr(precision, "cpu_flags", lambda: AMX_FLAGS)
     monkeypatch.setattr(precision, "measure", _never_measure)
