@@ -242,6 +242,12 @@ def describe_times(times: dict[str, float]) -> str:
     return ", ".join(f"{name} {1e3 * t:.1f} ms" for name, t in sorted(times.items(), key=lambda kv: kv[1]))
 
 
+def describe_setting(batch: int, tokens: int, threads: int) -> str:
+    """Where times were taken: ``batch B x T tokens, N thread(s); CPU <model>, <its int8 flags>``."""
+    flags = " ".join(int8_flags()) or "no int8 flags"
+    return f"batch {batch} x {tokens} tokens, {threads} thread(s); CPU {cpu_name()}, {flags}"
+
+
 def best_int8_runtime(
     cache_dir: str | os.PathLike | None,
     model: torch.nn.Module | None = None,

@@ -282,7 +282,6 @@ def scaled_int8_runtime(
     from adls_lightning import int8_runtime
     from adls_lightning.export import int8 as int8_export
     from adls_lightning.export import pt2e
-    from adls_lightning.gemm import cpu_name
     from adls_lightning.search.cost import torch_threads
 
     out = settings.out
@@ -339,9 +338,8 @@ def scaled_int8_runtime(
     if not path.exists():
         write(runtime)
     return path, (
-        f"int8_runtime=auto: {runtime} ({source}: {int8_runtime.describe_times(times) or 'not timed'} at batch "
-        f"{batch} x {check.tokens} tokens, {check.threads} thread(s); CPU {cpu_name()}, "
-        f"{' '.join(int8_runtime.int8_flags()) or 'no int8 flags'})"
+        f"int8_runtime=auto: {runtime} ({source}: {int8_runtime.describe_times(times) or 'not timed'} at "
+        f"{int8_runtime.describe_setting(batch, check.tokens, check.threads)})"
     )
 
 
@@ -411,7 +409,6 @@ def choose_int8_runtime(model: nn.Module, cfg: Any, check: CheckSettings) -> tup
     that says why."""
     from adls_lightning import int8_runtime
     from adls_lightning.export import pt2e
-    from adls_lightning.gemm import cpu_name
     from adls_lightning.search.cost import torch_threads
 
     writable = [int8_runtime.ORT_DYNAMIC]
@@ -425,9 +422,8 @@ def choose_int8_runtime(model: nn.Module, cfg: Any, check: CheckSettings) -> tup
         )
     choice = int8_runtime.fastest(times, writable) or int8_runtime.ORT_DYNAMIC
     why = (
-        f"int8=auto: {choice} ({int8_runtime.describe_times(times) or 'not timed'} at batch {batch} x "
-        f"{check.tokens} tokens, {check.threads} thread(s); CPU {cpu_name()}, "
-        f"{' '.join(int8_runtime.int8_flags()) or 'no int8 flags'})"
+        f"int8=auto: {choice} ({int8_runtime.describe_times(times) or 'not timed'} at "
+        f"{int8_runtime.describe_setting(batch, check.tokens, check.threads)})"
     )
     overall = int8_runtime.fastest(times) or choice
     if overall != choice:
