@@ -24,61 +24,20 @@ from adls_lightning.quant.linear import QuantLinear
 from adls_lightning.quant.scaled import calibrate
 from adls_lightning.tools.export import main
 from tests.helpers import TINY, compose_config, trained_checkpoint
+from tests.int8_helpers import (
+    CALIBRATION_BATCHES,
+    PTQ,
+    SMALL_DATA,
+    TINY_LINEARS,
+    int8_scaled_model,
+    record_input_ranges,
+)
 
-# the tiny data set (tests/conftest.py: 400 training reviews) with a run's sizes that fit it
-SMALL_DATA = ["data.train_size=64", "data.val_size=16", "data.test_size=40", "data.max_length=32"]
-PTQ = ["quant=int8_scaled", "quant.mode=ptq"]
-# tiny_bert: 2 layers x (query, key, value, attention output, intermediate, output) + pooler + classifier
-TINY_LINEARS = 14
-CALIBRATION_BATCHES = 3
 # The int8 graph and the fake-quantized model compute on the same integer grid; only the order of float sums
 # differs (fake quantization sums float products, the engine exact int32 sums scaled once), a few float32 ulps per
 # layer. A code moves only where a value lies within that much of a rounding boundary, which on these tiny models
 # measured never (|Δ| ~1e-9). 1e-5 is far above that and far below one code step (s_in·s_w ~1e-4 here).
 TIGHT = 1e-5
-
-
-def int8_scaled_model(tiny_bert, seed: int = 0):
-    """A tiny BERT quantized by the ``quant=int8_scaled`` preset's own recipe (composed from conf/), with weights
-    of std 1/sqrt(fan_in) so its labels depend on the input, and random calibration batches of token ids."""
-    model = tiny_bert(seed=seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if parameter.dim() == 2 and "embeddings" not in name:
-                parameter.normal_(0, parameter.shape[1] ** -0.5)
-    cfg = compose_config("train", [*TINY, "quant=int8_scaled"])
-    quantize_model(model, _quant_recipe(cfg.quant.config, "quant.config"))
-    generator = torch.Generator().manual_seed(seed)
-    batches = [torch.randint(0, model.config.vocab_size, (4, 12), generator=generator) for _ in range(5)]
-    return model.eval(), batches
-
-
-def record_input_ranges(model, batches) -> dict[str, float]:
-    """max |input| of every quantized layer over ``batches`` of the float model (the quantizers passing through,
-    as in calibration), by forward pre-hooks: the range min-max calibration must have recorded."""
-    ranges: dict[str, float] = {}
-    layers = {name: m for name, m in model.named_modules() if isinstance(m, QuantLinear)}
-
-    def hook(name):
-        def record(module, args):
-            ranges[name] = max(ranges.get(name, 0.0), float(args[0].abs().max()))
-
-        return record
-
-    handles = [layer.register_forward_pre_hook(hook(name)) for name, layer in layers.items()]
-    saved = {name: layer.data_in_quantizer for name, layer in layers.items()}
-    try:
-        for layer in layers.values():
-            layer.data_in_quantizer = None  # calibration passes inputs through unquantized
-        with torch.no_grad():
-            for ids in batches:
-                model(input_ids=ids)
-    finally:
-        for name, layer in layers.items():
-            layer.data_in_quantizer = saved[name]
-        for handle in handles:
-            handle.remove()
-    return ranges
 
 
 @pytest.fixture(scope="module")

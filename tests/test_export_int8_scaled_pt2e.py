@@ -25,7 +25,7 @@ from adls_lightning.quant.smoothquant import smooth
 from adls_lightning.search.cost import torch_threads
 from adls_lightning.tools.export import main
 from tests.helpers import TINY, call, trained_checkpoint
-from tests.test_export_int8 import (
+from tests.int8_helpers import (
     CALIBRATION_BATCHES,
     PTQ,
     SMALL_DATA,
