@@ -214,10 +214,14 @@ def test_auto_writes_the_runtime_cached_as_faster(
     cache = tmp_path / "runtime_cache"
     record_run_code_times(cache, times)
     out = tmp_path / "out"
+    out.mkdir()
+    for stale in (pt2e.RUN_CODES_FILE, int8_export.INT8_SCALED_FILE):  # an earlier export's files
+        (out / stale).write_bytes(b"stale")
     data = [f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache}", *SMALL_DATA]
-    code, stdout, stderr = export_scaled(float_checkpoint, out, data)
+    code, stdout, stderr = export_scaled(float_checkpoint, out, data, "overwrite=true")
     assert code == 0, stderr[-3000:]
     assert sorted(p.name for p in out.glob("model*")) == [written]
+    assert (out / written).stat().st_size > 1000  # written by this export, not the stale one
     [line] = [line for line in stdout.splitlines() if line.startswith("int8_runtime=auto:")]
     fastest = min(times, key=times.get)
     assert line.startswith(f"int8_runtime=auto: {fastest} (cached: {fastest} 10.0 ms"), line

@@ -298,11 +298,11 @@ def scaled_int8_runtime(
         writer(model, path)
         return path
 
-    why_not_pt2e = pt2e.pt2e_available()
     if settings.int8_runtime != "auto":
         # int8_runtime=pt2e without torchao was refused with the options, before anything was read
         runtime = int8_runtime.PT2E_RUN_CODES if settings.int8_runtime == "pt2e" else int8_runtime.ORT_QDQ
         return write(runtime), ""
+    why_not_pt2e = pt2e.pt2e_available()
     if why_not_pt2e is not None:
         path = write(int8_runtime.ORT_QDQ)
         return (
@@ -335,7 +335,9 @@ def scaled_int8_runtime(
     for other, (other_path, _) in files.items():
         if other != runtime:
             other_path.unlink(missing_ok=True)  # timed here, not chosen
-    if not path.exists():
+    if (
+        source != "measured"
+    ):  # a measurement wrote both; a file left by an earlier export (overwrite=true) is stale
         write(runtime)
     return path, (
         f"int8_runtime=auto: {runtime} ({source}: {int8_runtime.describe_times(times) or 'not timed'} at "
