@@ -5,7 +5,9 @@ calibrated static per-tensor scale, zero point 0) and ``DequantizeLinear`` on an
 run's weight codes (one scale per output channel): the QDQ form, which ONNX Runtime's graph optimizer fuses into
 integer kernels (``MatMulIntegerToFloat`` / ``QGemm``: int8 x int8 products summed in int32, scaled to float
 once). What the run kept float stays float: embeddings, LayerNorm, attention's two matmuls and softmax, biases
-(added in float, as the fake quantizer adds them), and any layer the run did not quantize.
+(added in float, as the fake quantizer adds them), and any layer the run did not quantize. A run that also
+quantizes those encoder points (``quant=int8_scaled_all``) keeps their rounding, on their calibrated steps, as float
+operations of the graph (:func:`~adls_lightning.quant.scaled.fix_calibrated_grids` makes them traceable).
 
 Exactness against the fake-quantized model (what the run evaluated): the weight codes are the fake quantizer's
 ``clamp(round(w / s), -127, 127)`` (checked on export: ``codes * s`` equals the quantizer's output bit for bit),
@@ -39,7 +41,12 @@ from adls_lightning.data.inputs import model_inputs
 from adls_lightning.errors import ConfigError
 from adls_lightning.layers import swap_module
 from adls_lightning.quant.linear import QuantLinear
-from adls_lightning.quant.scaled import ScaledIntegerQuantizer, calibrate, scaled_quantizers
+from adls_lightning.quant.scaled import (
+    ScaledIntegerQuantizer,
+    calibrate,
+    fix_calibrated_grids,
+    scaled_quantizers,
+)
 from adls_lightning.quant.smoothquant import Smoothed
 from adls_lightning.quant.transform import find_linear_layers
 
@@ -361,6 +368,9 @@ def export_int8_graph(fake_model: nn.Module, out_path: Path) -> dict[str, Scaled
             "int8=true (ONNX Runtime's dynamic int8 of the float model)"
         )
     float_model = bake_weights(copy.deepcopy(fake_model))
+    fix_calibrated_grids(
+        float_model
+    )  # the encoder points' grids (quant=int8_scaled_all), as torch.export reads them
     with tempfile.TemporaryDirectory() as tmp:
         fp32_path = Path(tmp) / "model.onnx"
         export_onnx(float_model, fp32_path)

@@ -227,9 +227,13 @@ def quantize_run_codes(fake_model: nn.Module, layers: dict[str, Any], qmax: int)
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     from adls_lightning.layers import swap_module
+    from adls_lightning.quant.scaled import fix_calibrated_grids
     from adls_lightning.quant.transform import find_linear_layers
 
     carrier = copy.deepcopy(fake_model).eval()
+    fix_calibrated_grids(
+        carrier
+    )  # the encoder points' grids (quant=int8_scaled_all), as torch.export reads them
     planted: dict[int, Any] = {}
     for layer in find_linear_layers(carrier):
         spec = layers.get(layer.name)

@@ -182,15 +182,28 @@ class ScaledIntegerQuantizer(Quantizer):
         """Per-scale values (steps, zero points, one per row of :meth:`_sharing`) shaped to broadcast over rows."""
         return values[None, :] if self._per_column else values[:, None]
 
-    def _static_grid(self, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Steps and zero points of the recorded range (checked against ``rows``' channels for ``embedding``)."""
+    def _static_grid(self, channels: int | None = None) -> tuple[Tensor, Tensor]:
+        """Steps and zero points of the recorded range (checked against a tensor's ``channels`` for ``embedding``)."""
         low, high = self.min_val.reshape(-1), self.max_val.reshape(-1)
-        if rows is not None and self._per_column and low.numel() != rows.shape[1]:
+        if channels is not None and self._per_column and low.numel() != channels:
             raise ValueError(
                 f"granularity embedding: the recorded range has {low.numel()} channels, the tensor has "
-                f"{rows.shape[1]} (last dimension)"
+                f"{channels} (last dimension)"
             )
         return self._scale(low, high)
+
+    def _known_grid(self, values: Tensor) -> tuple[Tensor, Tensor]:
+        """The fixed or recorded steps and zero points of a ``tensor`` / ``embedding`` scale, shaped to broadcast
+        over ``values`` (per channel: along the last dimension)."""
+        if self.fixed_scale.numel():
+            scale, zero = self.fixed_scale.to(values.device), self.fixed_zero.to(values.device)
+            expected = values.shape[-1] if self._per_column and values.dim() else 1
+            if scale.numel() != expected:
+                raise ValueError(f"fixed scales for {scale.numel()} rows, the tensor has {expected}")
+        else:
+            scale, zero = self._static_grid(values.shape[-1] if values.dim() else 1)
+        shape = (-1,) if self._per_column else ()
+        return scale.reshape(shape), zero.reshape(shape)
 
     def _range(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         """Per row (min, max) by the observer (``moving_average`` reads one batch as ``minmax``)."""
@@ -269,7 +282,7 @@ class ScaledIntegerQuantizer(Quantizer):
         for ``embedding``)."""
         rows = self._rows(_float_compute(x).detach())
         if self.is_static:
-            return self._static_grid(rows)
+            return self._static_grid(rows.shape[1])
         return self._scale(*self._range(self._sharing(rows)))
 
     def fix(self, scale: Tensor, zero: Tensor) -> None:
@@ -355,6 +368,14 @@ class ScaledIntegerQuantizer(Quantizer):
         values = _float_compute(x)
         if self.granularity == "group" and values.shape[-1] % self.group_size:
             raise ValueError(self.check_last_dim(values.shape[-1]))
+        if self.granularity in STATIC_GRANULARITIES and (self.fixed_scale.numel() or self.is_static):
+            # a grid known before x: one step, or one per channel of the last dimension, broadcast over x as it
+            # is. Reshaped into rows, the quantizer of an int8 linear layer's output (the residual add's, in
+            # quant=int8_scaled_all) hides that layer from inductor's int8 patterns in a PT2E export.
+            scale, zero = self._known_grid(values)
+            out, codes = self._round(values, scale, zero)
+            mask = ((codes >= self.qmin) & (codes <= self.qmax)) if need_mask else None
+            return out.to(x.dtype), mask
         rows = self._rows(values)
         sharing = self._sharing(rows)
         if self.fixed_scale.numel():
@@ -363,8 +384,6 @@ class ScaledIntegerQuantizer(Quantizer):
                     f"fixed scales for {self.fixed_scale.numel()} rows, the tensor has {sharing.shape[0]}"
                 )
             scale, zero = self.fixed_scale.to(rows.device), self.fixed_zero.to(rows.device)
-        elif self.is_static:
-            scale, zero = self._static_grid(rows)
         else:
             scale, zero = self._scale(*self._range(sharing))
             # a row holding inf or NaN has no finite statistic (percentile would clip it silently): NaN
@@ -452,6 +471,20 @@ def calibrating(model: nn.Module) -> Iterator[list[ScaledIntegerQuantizer]]:
     finally:
         for quantizer in quantizers:
             quantizer.observing = False
+
+
+@torch.no_grad()
+def fix_calibrated_grids(model: nn.Module) -> int:
+    """Fix every calibrated static quantizer of ``model`` on the grid its recorded range gives
+    (:meth:`ScaledIntegerQuantizer.fix`): the same steps and zero points, now read without asking whether a range
+    was recorded, a question ``torch.export`` cannot trace (it reads a buffer's value). For a copy about to be
+    exported; returns the quantizers fixed."""
+    fixed = 0
+    for quantizer in static_quantizers(model):
+        if quantizer.is_static and not quantizer.fixed_scale.numel():
+            quantizer.fix(*quantizer._static_grid())
+            fixed += 1
+    return fixed
 
 
 @torch.no_grad()
