@@ -53,7 +53,8 @@ $(INT8_EXTRA)/.installed: $(VENV)/.installed
 test-int8: $(INT8_EXTRA)/.installed ## the int8 runtime and PT2E export tests (int8=auto, int8=scaled) with torchao on PYTHONPATH
 	$(CHECK_TEST_THREADS)
 	PYTHONPATH=$(INT8_EXTRA) OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(PYTEST_WORKERS) \
-		tests/test_int8_runtime.py tests/test_export_int8_auto.py tests/test_export_int8_scaled_pt2e.py $(PYTEST_ARGS)
+		tests/test_int8_runtime.py tests/test_export_int8_auto.py tests/test_export_int8_scaled_pt2e.py \
+		tests/test_export_int8_encoder_points.py $(PYTEST_ARGS)
 
 test-fast: install ## tests without the slow (real-model) ones
 	$(CHECK_TEST_THREADS)
