@@ -368,9 +368,8 @@ def export_int8_graph(fake_model: nn.Module, out_path: Path) -> dict[str, Scaled
             "int8=true (ONNX Runtime's dynamic int8 of the float model)"
         )
     float_model = bake_weights(copy.deepcopy(fake_model))
-    fix_calibrated_grids(
-        float_model
-    )  # the encoder points' grids (quant=int8_scaled_all), as torch.export reads them
+    # the encoder points' grids (quant=int8_scaled_all), in a form torch.export can trace
+    fix_calibrated_grids(float_model)
     with tempfile.TemporaryDirectory() as tmp:
         fp32_path = Path(tmp) / "model.onnx"
         export_onnx(float_model, fp32_path)

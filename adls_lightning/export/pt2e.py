@@ -231,9 +231,8 @@ def quantize_run_codes(fake_model: nn.Module, layers: dict[str, Any], qmax: int)
     from adls_lightning.quant.transform import find_linear_layers
 
     carrier = copy.deepcopy(fake_model).eval()
-    fix_calibrated_grids(
-        carrier
-    )  # the encoder points' grids (quant=int8_scaled_all), as torch.export reads them
+    # the encoder points' grids (quant=int8_scaled_all), in a form torch.export can trace
+    fix_calibrated_grids(carrier)
     planted: dict[int, Any] = {}
     for layer in find_linear_layers(carrier):
         spec = layers.get(layer.name)

@@ -370,8 +370,8 @@ class ScaledIntegerQuantizer(Quantizer):
             raise ValueError(self.check_last_dim(values.shape[-1]))
         if self.granularity in STATIC_GRANULARITIES and (self.fixed_scale.numel() or self.is_static):
             # a grid known before x: one step, or one per channel of the last dimension, broadcast over x as it
-            # is. Reshaped into rows, the quantizer of an int8 linear layer's output (the residual add's, in
-            # quant=int8_scaled_all) hides that layer from inductor's int8 patterns in a PT2E export.
+            # is. Reshaped into rows instead, a PT2E export of quant=int8_scaled_all ran each layer's fused
+            # softmax-and-rounding kernel as a scalar loop (0.45x fp32 eager; docs/inference.md)
             scale, zero = self._known_grid(values)
             out, codes = self._round(values, scale, zero)
             mask = ((codes >= self.qmin) & (codes <= self.qmax)) if need_mask else None
