@@ -18,15 +18,15 @@ TINY_LINEARS = 14
 CALIBRATION_BATCHES = 3
 
 
-def int8_scaled_model(tiny_bert, seed: int = 0):
-    """A tiny BERT quantized by the ``quant=int8_scaled`` preset's own recipe (composed from conf/), with weights
+def int8_scaled_model(tiny_bert, seed: int = 0, preset: str = "int8_scaled"):
+    """A tiny BERT quantized by the ``quant=<preset>`` preset's own recipe (composed from conf/), with weights
     of std 1/sqrt(fan_in) so its labels depend on the input, and random calibration batches of token ids."""
     model = tiny_bert(seed=seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if parameter.dim() == 2 and "embeddings" not in name:
                 parameter.normal_(0, parameter.shape[1] ** -0.5)
-    cfg = compose_config("train", [*TINY, "quant=int8_scaled"])
+    cfg = compose_config("train", [*TINY, f"quant={preset}"])
     quantize_model(model, _quant_recipe(cfg.quant.config, "quant.config"))
     generator = torch.Generator().manual_seed(seed)
     batches = [torch.randint(0, model.config.vocab_size, (4, 12), generator=generator) for _ in range(5)]

@@ -22,16 +22,14 @@ import torch
 
 from adls_lightning.export import int8 as int8_export
 from adls_lightning.export import pt2e
-from adls_lightning.export.compressed import _quant_recipe
 from adls_lightning.export.folder import load_folder
 from adls_lightning.export.onnx import LogitsOnly
-from adls_lightning.quant import quantize_model
 from adls_lightning.quant.points import quantized_points
 from adls_lightning.quant.scaled import calibrate, fix_calibrated_grids, static_quantizers
 from adls_lightning.runs.loading import load_checkpoint_model
 from adls_lightning.tools.export import main
-from tests.helpers import TINY, call, compose_config, trained_checkpoint
-from tests.int8_helpers import CALIBRATION_BATCHES, SMALL_DATA, TINY_LINEARS
+from tests.helpers import TINY, call, trained_checkpoint
+from tests.int8_helpers import CALIBRATION_BATCHES, SMALL_DATA, TINY_LINEARS, int8_scaled_model
 
 needs_torchao = pytest.mark.skipif(pt2e.pt2e_available() is not None, reason="torchao is not installed")
 ALL = ["quant=int8_scaled_all", "quant.mode=ptq"]
@@ -42,19 +40,11 @@ TINY_POINTS = 2 * 8 + 1
 
 @pytest.fixture(scope="module")
 def whole_encoder(tiny_bert):
-    """A tiny BERT on the ``quant=int8_scaled_all`` preset's own recipe (composed from conf/), calibrated on random
-    token ids, and a batch of other ids."""
-    model = tiny_bert(seed=0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if parameter.dim() == 2 and "embeddings" not in name:
-                parameter.normal_(0, parameter.shape[1] ** -0.5)
-    cfg = compose_config("train", [*TINY, "quant=int8_scaled_all"])
-    quantize_model(model, _quant_recipe(cfg.quant.config, "quant.config"))
-    generator = torch.Generator().manual_seed(0)
-    batches = [torch.randint(0, model.config.vocab_size, (4, 12), generator=generator) for _ in range(4)]
-    calibrate(model.eval(), batches, lambda ids: model(input_ids=ids), CALIBRATION_BATCHES)
-    other = torch.randint(0, model.config.vocab_size, (3, 9), generator=generator)
+    """A tiny BERT on the ``quant=int8_scaled_all`` preset's own recipe, calibrated on random token ids, and a
+    batch of other ids."""
+    model, batches = int8_scaled_model(tiny_bert, preset="int8_scaled_all")
+    calibrate(model, batches, lambda ids: model(input_ids=ids), CALIBRATION_BATCHES)
+    other = torch.randint(0, model.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(1))
     return model, other
 
 
