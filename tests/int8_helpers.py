@@ -1,7 +1,10 @@
 """Helpers shared by the int8 export tests (tests/test_export_int8*.py): a tiny BERT on the ``quant=int8_scaled``
-preset's grid, and the input ranges its calibration must record."""
+preset's grid, the input ranges its calibration must record, and a QAT run's checkpoint holding calibrated
+ranges."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -59,3 +62,29 @@ def record_input_ranges(model, batches) -> dict[str, float]:
         for handle in handles:
             handle.remove()
     return ranges
+
+
+def calibrated_run_checkpoint(run: Path, preset: str):
+    """A run folder ``run`` whose ``checkpoints/qat.ckpt`` holds a tiny merged model on ``quant=<preset>``'s recipe
+    with every static scale calibrated (as a QAT run's checkpoint holds them) and whose Hydra record names the
+    preset; returns the checkpoint and the module saved."""
+    import lightning
+    import yaml
+
+    from adls_lightning.lora import merge_lora
+    from adls_lightning.quant.scaled import calibrate
+    from tests.helpers import build_module
+
+    torch.manual_seed(1)
+    module = build_module(TINY)
+    merge_lora(module)
+    cfg = compose_config("train", [*TINY, f"quant={preset}"])
+    quantize_model(module.model, _quant_recipe(cfg.quant.config, "quant.config"))
+    ids = [torch.randint(0, module.model.config.vocab_size, (2, 10)) for _ in range(2)]
+    calibrate(module.model.eval(), ids, lambda batch: module.model(input_ids=batch), 2)
+    (run / "checkpoints").mkdir(parents=True)
+    (run / ".hydra").mkdir()
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([*TINY, f"quant={preset}"]))
+    ckpt = run / "checkpoints" / "qat.ckpt"
+    torch.save({"state_dict": module.state_dict(), "pytorch-lightning_version": lightning.__version__}, ckpt)
+    return ckpt, module

@@ -18,17 +18,16 @@ from onnx import numpy_helper
 
 from adls_lightning.export import int8 as int8_export
 from adls_lightning.export import onnx as onnx_export
-from adls_lightning.export.compressed import _quant_recipe
-from adls_lightning.quant import quantize_model
 from adls_lightning.quant.linear import QuantLinear
 from adls_lightning.quant.scaled import calibrate
 from adls_lightning.tools.export import main
-from tests.helpers import TINY, compose_config, trained_checkpoint
+from tests.helpers import TINY, trained_checkpoint
 from tests.int8_helpers import (
     CALIBRATION_BATCHES,
     PTQ,
     SMALL_DATA,
     TINY_LINEARS,
+    calibrated_run_checkpoint,
     int8_scaled_model,
     record_input_ranges,
 )
@@ -226,30 +225,12 @@ def test_self_check_fails_a_wrong_scale(exported, tmp_path):
 def test_cli_uses_the_ranges_a_qat_checkpoint_saved(tmp_path):
     """A checkpoint holding calibrated quantizer state (a QAT run's): its ranges are the graph's scales as saved,
     nothing is recalibrated (no data is even configured)."""
-    import lightning
-    import yaml
-
-    from adls_lightning.lora import merge_lora
-    from tests.helpers import build_module
-
-    torch.manual_seed(1)
-    module = build_module(TINY)
-    merge_lora(module)
-    cfg = compose_config("train", [*TINY, "quant=int8_scaled"])
-    quantize_model(module.model, _quant_recipe(cfg.quant.config, "quant.config"))
-    ids = [torch.randint(0, module.model.config.vocab_size, (2, 10)) for _ in range(2)]
-    calibrate(module.model, ids, lambda batch: module.model(input_ids=batch), 2)
+    ckpt, module = calibrated_run_checkpoint(tmp_path / "run", "int8_scaled")
     saved = {
         name: float(torch.maximum(-m.data_in_quantizer.min_val, m.data_in_quantizer.max_val)) / 127
         for name, m in module.model.named_modules()
         if isinstance(m, QuantLinear)
     }
-    run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    (run / ".hydra").mkdir()
-    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([*TINY, "quant=int8_scaled"]))
-    ckpt = run / "checkpoints" / "qat.ckpt"
-    torch.save({"state_dict": module.state_dict(), "pytorch-lightning_version": lightning.__version__}, ckpt)
 
     out = tmp_path / "out"
     code, stdout, stderr = call(f"ckpt={ckpt}", f"out={out}", "format=onnx", "int8=scaled")

@@ -22,16 +22,20 @@ import torch
 
 from adls_lightning.export import int8 as int8_export
 from adls_lightning.export import pt2e
-from adls_lightning.export.compressed import _quant_recipe
 from adls_lightning.export.folder import load_folder
 from adls_lightning.export.onnx import LogitsOnly
-from adls_lightning.quant import quantize_model
 from adls_lightning.quant.points import quantized_points
 from adls_lightning.quant.scaled import calibrate, fix_calibrated_grids, static_quantizers
 from adls_lightning.runs.loading import load_checkpoint_model
 from adls_lightning.tools.export import main
-from tests.helpers import TINY, call, compose_config, trained_checkpoint
-from tests.int8_helpers import CALIBRATION_BATCHES, SMALL_DATA, TINY_LINEARS, int8_scaled_model
+from tests.helpers import TINY, call, trained_checkpoint
+from tests.int8_helpers import (
+    CALIBRATION_BATCHES,
+    SMALL_DATA,
+    TINY_LINEARS,
+    calibrated_run_checkpoint,
+    int8_scaled_model,
+)
 
 needs_torchao = pytest.mark.skipif(pt2e.pt2e_available() is not None, reason="torchao is not installed")
 ALL = ["quant=int8_scaled_all", "quant.mode=ptq"]
@@ -146,26 +150,7 @@ def package_sources(package: Path) -> tuple[str, str]:
 def test_a_qat_checkpoint_exports_with_the_points_ranges_it_saved(tmp_path):
     """A checkpoint holding every point's calibrated ranges (a QAT run's) exports with them as saved: nothing is
     recalibrated (no data is even configured), and the graph computes that model's logits."""
-    import lightning
-    import yaml
-
-    from adls_lightning.lora import merge_lora
-    from tests.helpers import build_module
-
-    torch.manual_seed(1)
-    module = build_module(TINY)
-    merge_lora(module)
-    cfg = compose_config("train", [*TINY, "quant=int8_scaled_all"])
-    quantize_model(module.model, _quant_recipe(cfg.quant.config, "quant.config"))
-    ids = [torch.randint(0, module.model.config.vocab_size, (2, 10)) for _ in range(2)]
-    calibrate(module.model.eval(), ids, lambda batch: module.model(input_ids=batch), 2)
-    run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    (run / ".hydra").mkdir()
-    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([*TINY, "quant=int8_scaled_all"]))
-    ckpt = run / "checkpoints" / "qat.ckpt"
-    torch.save({"state_dict": module.state_dict(), "pytorch-lightning_version": lightning.__version__}, ckpt)
-
+    ckpt, module = calibrated_run_checkpoint(tmp_path / "run", "int8_scaled_all")
     out = tmp_path / "out"
     code, stdout, stderr = call(main, f"ckpt={ckpt}", f"out={out}", "format=onnx", "int8=scaled", *CHECK)
     assert code == 0, stderr[-3000:]
