@@ -75,7 +75,7 @@ def test_fixed_grids_keep_every_output_and_make_the_model_exportable(whole_encod
             LogitsOnly(fixed).eval(), (), {"input_ids": ids, "attention_mask": mask}
         )
         assert torch.equal(exported.module()(input_ids=ids, attention_mask=mask), expected)
-    # nothing left to fix: a second call fixes none, and a fixed quantizer keeps its steps
+    # nothing left to fix
     assert fix_calibrated_grids(fixed) == 0
 
 
@@ -152,7 +152,9 @@ def test_a_qat_checkpoint_exports_with_the_points_ranges_it_saved(tmp_path):
     recalibrated (no data is even configured), and the graph computes that model's logits."""
     ckpt, module = calibrated_run_checkpoint(tmp_path / "run", "int8_scaled_all")
     out = tmp_path / "out"
-    code, stdout, stderr = call(main, f"ckpt={ckpt}", f"out={out}", "format=onnx", "int8=scaled", *CHECK)
+    code, stdout, stderr = call(
+        main, f"ckpt={ckpt}", f"out={out}", "format=onnx", "int8=scaled", "int8_runtime=onnx", *CHECK
+    )
     assert code == 0, stderr[-3000:]
     assert "calibrated here" not in stdout
     inputs = other_shape()
