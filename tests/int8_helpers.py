@@ -21,6 +21,12 @@ TINY_LINEARS = 14
 CALIBRATION_BATCHES = 3
 
 
+def quantize_as_preset(model, preset: str) -> None:
+    """``model`` quantized in place by the ``quant=<preset>`` preset's own recipe (composed from conf/)."""
+    cfg = compose_config("train", [*TINY, f"quant={preset}"])
+    quantize_model(model, _quant_recipe(cfg.quant.config, "quant.config"))
+
+
 def int8_scaled_model(tiny_bert, seed: int = 0, preset: str = "int8_scaled"):
     """A tiny BERT quantized by the ``quant=<preset>`` preset's own recipe (composed from conf/), with weights
     of std 1/sqrt(fan_in) so its labels depend on the input, and random calibration batches of token ids."""
@@ -29,8 +35,7 @@ def int8_scaled_model(tiny_bert, seed: int = 0, preset: str = "int8_scaled"):
         for name, parameter in model.named_parameters():
             if parameter.dim() == 2 and "embeddings" not in name:
                 parameter.normal_(0, parameter.shape[1] ** -0.5)
-    cfg = compose_config("train", [*TINY, f"quant={preset}"])
-    quantize_model(model, _quant_recipe(cfg.quant.config, "quant.config"))
+    quantize_as_preset(model, preset)
     generator = torch.Generator().manual_seed(seed)
     batches = [torch.randint(0, model.config.vocab_size, (4, 12), generator=generator) for _ in range(5)]
     return model.eval(), batches
@@ -78,8 +83,7 @@ def calibrated_run_checkpoint(run: Path, preset: str):
     torch.manual_seed(1)
     module = build_module(TINY)
     merge_lora(module)
-    cfg = compose_config("train", [*TINY, f"quant={preset}"])
-    quantize_model(module.model, _quant_recipe(cfg.quant.config, "quant.config"))
+    quantize_as_preset(module.model, preset)
     ids = [torch.randint(0, module.model.config.vocab_size, (2, 10)) for _ in range(2)]
     calibrate(module.model.eval(), ids, lambda batch: module.model(input_ids=batch), 2)
     (run / "checkpoints").mkdir(parents=True)

@@ -335,9 +335,8 @@ def scaled_int8_runtime(
     for other, (other_path, _) in files.items():
         if other != runtime:
             other_path.unlink(missing_ok=True)  # timed here, not chosen
-    if (
-        source != "measured"
-    ):  # a measurement wrote both; a file left by an earlier export (overwrite=true) is stale
+    # a measurement wrote both files; otherwise a file left by an earlier export (overwrite=true) is stale
+    if source != "measured":
         write(runtime)
     return path, (
         f"int8_runtime=auto: {runtime} ({source}: {int8_runtime.describe_times(times) or 'not timed'} at "
