@@ -19,7 +19,7 @@ from adls_lightning.checkpoints import (
     light_state,
     read_checkpoint,
 )
-from adls_lightning.data.tasks import build_metric
+from adls_lightning.data.tasks import REGRESSION_BIAS_INITS, build_metric
 from adls_lightning.dropout import use_fast_dropout
 from adls_lightning.errors import ConfigError, require_choice
 from adls_lightning.lora import check_lora_targets
@@ -93,6 +93,12 @@ class SequenceClassifier(LightningModule):
             97 MB) and completes the rest from the freshly built model when loaded
             (:func:`~adls_lightning.checkpoints.light_state`); ``false`` writes full checkpoints. A run that changes
             its base (merged LoRA, quantized or pruned base weights, an unfrozen base) writes full ones regardless.
+        regression_bias_init: where a regression's new output layer starts: ``mean``, its bias at the training
+            targets' mean (the data module's :meth:`train_target_mean`, set when fitting starts), so the first
+            steps fit the spread, not the offset; ``zero``, the backbone's own initialisation (Hugging Face's
+            zero bias). With the preset's LoRA rate of 1e-3, STS-B (targets 0-5, mean 2.7) started at zero
+            collapsed to a constant output at one seed in three (docs/glue.md). Classification and a head
+            loaded from ``init_ckpt`` are left as they are.
         eval_precision: how validation and test compute (:func:`adls_lightning.precision.eval_precision`):
             ``auto`` casts the weights to bfloat16 once per evaluation pass where the run's ``trainer.precision``
             resolved to bf16 on a CPU (a bf16 copy: training keeps its fp32 weights), else evaluates as the trainer
@@ -118,6 +124,7 @@ class SequenceClassifier(LightningModule):
         test_splits: Sequence[str] = ("test",),
         light_checkpoints: bool = True,
         eval_precision: str = "auto",
+        regression_bias_init: str = "mean",
     ) -> None:
         super().__init__()
         if attn_implementation is not None:
@@ -142,6 +149,8 @@ class SequenceClassifier(LightningModule):
         self.init_ckpt = init_ckpt
         require_choice("init_head", init_head, ("checkpoint", "new"))
         self.init_head = init_head
+        require_choice("model.regression_bias_init", regression_bias_init, REGRESSION_BIAS_INITS)
+        self.regression_bias_init = regression_bias_init
         self.merge_lora_before_compress = merge_lora_before_compress
         self.merged_lr = merged_lr
         self.head_modules = tuple(lora.modules_to_save or ()) if lora is not None else ()
@@ -197,6 +206,41 @@ class SequenceClassifier(LightningModule):
         return complete_light_state(self, checkpoint, self.init_ckpt, "init_ckpt", copy=True)
 
     def setup(self, stage: str) -> None:
+        self._load_init_ckpt()
+        if stage == "fit" and not (self.init_ckpt and self.init_head == "checkpoint"):
+            self._start_regression_at_target_mean()
+
+    def _start_regression_at_target_mean(self) -> None:
+        """``regression_bias_init=mean``: the new regression head's trained output bias = the training targets'
+        mean. Before any resume: a ``ckpt_path`` checkpoint loads over it."""
+        if not self.regression or self.regression_bias_init != "mean":
+            return
+        datamodule = getattr(self._trainer, "datamodule", None)
+        mean = datamodule.train_target_mean() if hasattr(datamodule, "train_target_mean") else None
+        if mean is None:
+            return
+        # the trained copy only: PEFT's frozen original of a saved module is part of the base light checkpoints
+        # leave out
+        outputs = [
+            (name, module)
+            for name, module in self.named_modules()
+            if is_task_head_key(name)
+            and isinstance(module, torch.nn.Linear)
+            and module.out_features == 1
+            and module.bias is not None
+            and module.bias.requires_grad
+        ]
+        for _, module in outputs:
+            with torch.no_grad():
+                module.bias.fill_(mean)
+        log.info(
+            "Regression head: output bias starts at the training targets' mean %.4f (%s; "
+            "model.regression_bias_init=zero keeps the backbone's)",
+            mean,
+            ", ".join(name for name, _ in outputs) or "no trainable one-output layer found: left as built",
+        )
+
+    def _load_init_ckpt(self) -> None:
         if self.init_ckpt and not self._init_loaded:
             state = self._init_state
             if state is None:

@@ -114,6 +114,7 @@ CASES = [
     Case("precision-17", ("trainer.precision=17",), "trainer.precision"),
     Case("precision-fp8", ("trainer.precision=fp8",), "trainer.precision"),
     Case("eval-precision-fp16", ("model.eval_precision=fp16",), "model.eval_precision"),
+    Case("regression-bias-median", ("model.regression_bias_init=median",), "model.regression_bias_init"),
     Case("accelerator-unknown", ("trainer.accelerator=quantum",), "trainer.accelerator"),
     Case("max-epochs-zero", ("trainer.max_epochs=0",), "trainer.max_epochs"),
     Case("lora-r-zero", ("model.lora.r=0",), "model.lora.r"),

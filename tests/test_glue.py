@@ -64,7 +64,10 @@ def predictions(cfg, ckpt: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 @pytest.mark.parametrize("task", GLUE_ORDER)
 def test_glue_task_from_its_folder_trains_and_reports_its_official_metrics(compose_cfg, tmp_path, task):
     root = write_glue_task(tmp_path / "glue", task)
-    cfg = compose_cfg(glue_overrides(root, task))
+    # After one step the regression's outputs hardly vary; around the targets' mean (2.9, the default start) that
+    # spread is near float32's resolution and Pearson of two float32 passes differs at 1e-4: start at zero here.
+    at_zero = ["model.regression_bias_init=zero"] if task == "stsb" else []
+    cfg = compose_cfg([*glue_overrides(root, task), *at_zero])
     metrics = run(cfg)
     out = tmp_path / "run"
     assert json.loads((out / "metrics.json").read_text()) == pytest.approx(metrics)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from adls_lightning.data.settings import check_loader_settings
-from adls_lightning.data.tasks import check_swappable
+from adls_lightning.data.tasks import REGRESSION_BIAS_INITS, check_swappable
 from adls_lightning.errors import (
     ConfigError,
     informational_flags,
@@ -157,6 +157,12 @@ def validate_run_config(cfg: Mapping) -> None:
         require_fraction("model.warmup_ratio", _get(cfg, "model.warmup_ratio", 0.0))
     with problems.check():
         require_choice("model.eval_precision", _get(cfg, "model.eval_precision", "auto"), EVAL_PRECISIONS)
+    with problems.check():
+        require_choice(
+            "model.regression_bias_init",
+            _get(cfg, "model.regression_bias_init", "mean"),
+            REGRESSION_BIAS_INITS,
+        )
     with problems.check():
         require_choice("runtime.gemm", _get(cfg, "runtime.gemm", "auto"), GEMM_BACKENDS)
     init_head = cfg.get("init_head", "checkpoint")

@@ -193,6 +193,13 @@ class TextDataModule(LightningDataModule):
             self._task = Task(task.name, task.label_names, metrics, task.test_splits)
         return self._task
 
+    def train_target_mean(self) -> float | None:
+        """The mean of the training rows' targets for a regression task (after :meth:`setup`), else None: where a
+        fresh regression head's output starts (``model.regression_bias_init``)."""
+        if not self.task.is_regression or "train" not in self.splits:
+            return None
+        return float(self.splits["train"]["label"][:].double().mean())
+
     # ----------------------------------------------------------------------------------------------- tokenization
     @staticmethod
     def _fingerprint(tokenizer) -> str:

@@ -29,6 +29,9 @@ DEFAULT_MAIN_METRIC = "val/acc"
 METRIC_NAMES = ("acc", "f1", "mcc", "pearson", "spearman")
 CLASSIFICATION_METRICS = ("acc", "f1", "mcc")
 REGRESSION_METRICS = ("pearson", "spearman")
+#: where a new regression head's output bias starts (``model.regression_bias_init``): the training targets' mean, or
+#: the backbone's own initialisation
+REGRESSION_BIAS_INITS = ("mean", "zero")
 
 
 @dataclass(frozen=True)
