@@ -133,9 +133,50 @@ def load_tokenizer(name_or_path: str, key: str = "data.tokenizer") -> PreTrained
         raise unreachable_error(key, name_or_path, err) from None
 
 
-@functools.cache
+#: the models read from pretrained files in this process, by (name_or_path, num_labels): each with whether reading it
+#: drew the task head's initialisation from torch's RNG (:func:`_pretrained_template`)
+_TEMPLATES: dict[tuple[str, int], tuple[PreTrainedModel, bool]] = {}
+
+
+def _head_draws(model: PreTrainedModel) -> None:
+    """Draw from torch's RNG what initialising the task head's linear layers draws (a ``normal_`` per weight, in
+    module order), into scratch tensors: the model is not changed."""
+    for name, module in model.named_modules():
+        if is_task_head_key(name) and isinstance(module, torch.nn.Linear):
+            torch.empty_like(module.weight).normal_(std=model.config.initializer_range)
+
+
 def _pretrained_template(name_or_path: str, num_labels: int, key: str) -> PreTrainedModel:
-    # Read the weights once per process: Optuna trials and multirun jobs in one process deep-copy this template.
+    """The model as read from ``name_or_path``, read once per process (Optuna trials and multirun jobs in one process
+    deep-copy it), drawing from torch's RNG at every call what the read drew at the first.
+
+    Hugging Face draws the head a checkpoint lacks from torch's RNG while reading it. Were a later call to skip that
+    draw, every head and LoRA matrix after it would be drawn from another point of the seeded stream, and a multirun's
+    second job would not be the same run as ``train.py seed=S`` alone. A read whose draws are not the head's
+    initialisation is not kept: it is read again at every call.
+    """
+    cached = _TEMPLATES.get((name_or_path, num_labels))
+    if cached is not None:
+        template, drew_head = cached
+        if drew_head:
+            _head_draws(template)
+        return template
+    before = torch.get_rng_state()
+    template = _read_pretrained(name_or_path, num_labels, key)
+    after = torch.get_rng_state()
+    drew_head = not torch.equal(before, after)
+    if drew_head:  # check that the head's draws are what the read drew
+        torch.set_rng_state(before)
+        _head_draws(template)
+        repeatable = torch.equal(torch.get_rng_state(), after)
+        torch.set_rng_state(after)
+        if not repeatable:
+            return template
+    _TEMPLATES[(name_or_path, num_labels)] = (template, drew_head)
+    return template
+
+
+def _read_pretrained(name_or_path: str, num_labels: int, key: str) -> PreTrainedModel:
     try:
         with quiet_transformers_load(log):
             # A checkpoint fine-tuned on another task (an exported folder, a hub model with an MNLI head) has a

