@@ -156,6 +156,12 @@ def test_evaluate_runs_on_the_chosen_gemm_backend(exported, caplog):
     assert stderr.strip().splitlines() == ["error: runtime.gemm='mkl': must be one of auto, aten, onednn"], (
         stderr
     )
+    # the model's settings as train.py refuses them (evaluate takes the run's overrides, and the user's on top)
+    code, stdout, stderr = call(export_evaluate.main, str(folder), "model.regression_bias_init=median")
+    assert code == 2 and stdout == ""
+    assert stderr.strip().splitlines() == [
+        "error: model.regression_bias_init='median': must be one of mean, zero"
+    ]
 
 
 @pytest.mark.parametrize("exported", ["qat"], indirect=True)

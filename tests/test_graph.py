@@ -346,6 +346,22 @@ def test_bad_input_names_the_key(overrides, message, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "model.regression_bias_init=median",
+            "model.regression_bias_init='median': must be one of mean, zero",
+        ),
+        ("model.eval_precision=fp16", "model.eval_precision='fp16': must be one of auto, bf16, 32-true"),
+    ],
+)
+def test_bad_model_settings_are_refused_as_train_py_refuses_them(override, message, tmp_path):
+    result = run_command("model=tiny_random", f"out={tmp_path / 'out'}", override)
+    assert assert_one_line_error(result) == f"error: {message}"
+    assert not (tmp_path / "out").exists()
+
+
 def test_out_that_is_a_file_is_one_line_exit_2(tmp_path):
     a_file = tmp_path / "report.csv"
     a_file.write_text("keep me\n")

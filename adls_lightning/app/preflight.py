@@ -109,6 +109,47 @@ class Problems:
             raise ConfigError("; ".join(dict.fromkeys(self.found)))
 
 
+def validate_model_settings(cfg: Mapping) -> None:
+    """Check the ``model.*`` settings of a composed config that no object checks itself (what ``train.py``'s
+    pre-flight checks of them): for a command that builds the model without training it (``adls_lightning.graph``).
+
+    Raises:
+        ConfigError: naming every offending key.
+    """
+    problems = Problems()
+    _check_model_settings(cfg, problems)
+    problems.raise_all()
+
+
+def _check_model_settings(cfg: Mapping, problems: Problems) -> None:
+    lora = _get(cfg, "model.lora")
+    if lora:
+        with problems.check():
+            require_positive_int("model.lora.r", lora.get("r"))
+        with problems.check():
+            require_fraction("model.lora.lora_dropout", lora.get("lora_dropout", 0.0))
+    optimizer = _get(cfg, "model.optimizer") or {}
+    with problems.check():
+        require_positive_number("model.optimizer.lr", optimizer.get("lr"), allow_none=True)
+    with problems.check():
+        require_positive_number("model.merged_lr", _get(cfg, "model.merged_lr"), allow_none=True)
+    missing = object()
+    for flag in ("model.merge_lora_before_compress", "model.freeze_embeddings"):
+        value = _get(cfg, flag, missing)
+        if value is not missing and not isinstance(value, bool):
+            problems.found.append(f"{flag}={value!r}: must be true or false")
+    with problems.check():
+        require_fraction("model.warmup_ratio", _get(cfg, "model.warmup_ratio", 0.0))
+    with problems.check():
+        require_choice("model.eval_precision", _get(cfg, "model.eval_precision", "auto"), EVAL_PRECISIONS)
+    with problems.check():
+        require_choice(
+            "model.regression_bias_init",
+            _get(cfg, "model.regression_bias_init", "mean"),
+            REGRESSION_BIAS_INITS,
+        )
+
+
 def validate_run_config(cfg: Mapping) -> None:
     """Check the values of a composed ``train.yaml`` config that no object checks itself.
 
@@ -137,32 +178,7 @@ def validate_run_config(cfg: Mapping) -> None:
         require_positive_int("trainer.max_epochs", trainer.get("max_epochs"))
     with problems.check():
         validate_trainer(trainer)
-    lora = _get(cfg, "model.lora")
-    if lora:
-        with problems.check():
-            require_positive_int("model.lora.r", lora.get("r"))
-        with problems.check():
-            require_fraction("model.lora.lora_dropout", lora.get("lora_dropout", 0.0))
-    optimizer = _get(cfg, "model.optimizer") or {}
-    with problems.check():
-        require_positive_number("model.optimizer.lr", optimizer.get("lr"), allow_none=True)
-    with problems.check():
-        require_positive_number("model.merged_lr", _get(cfg, "model.merged_lr"), allow_none=True)
-    missing = object()
-    for flag in ("model.merge_lora_before_compress", "model.freeze_embeddings"):
-        value = _get(cfg, flag, missing)
-        if value is not missing and not isinstance(value, bool):
-            problems.found.append(f"{flag}={value!r}: must be true or false")
-    with problems.check():
-        require_fraction("model.warmup_ratio", _get(cfg, "model.warmup_ratio", 0.0))
-    with problems.check():
-        require_choice("model.eval_precision", _get(cfg, "model.eval_precision", "auto"), EVAL_PRECISIONS)
-    with problems.check():
-        require_choice(
-            "model.regression_bias_init",
-            _get(cfg, "model.regression_bias_init", "mean"),
-            REGRESSION_BIAS_INITS,
-        )
+    _check_model_settings(cfg, problems)
     with problems.check():
         require_choice("runtime.gemm", _get(cfg, "runtime.gemm", "auto"), GEMM_BACKENDS)
     init_head = cfg.get("init_head", "checkpoint")

@@ -28,6 +28,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
+from adls_lightning.app.preflight import validate_model_settings
 from adls_lightning.errors import ConfigError
 from adls_lightning.export.compressed import ExportRecipe
 from adls_lightning.export.evaluate import evaluation_setup, folder_predictions
@@ -64,6 +67,9 @@ def evaluate_folders(argv: Sequence[str]) -> None:
     run = next((recipe.run_overrides for recipe in recipes if recipe is not None), [])
     loader, cfg = evaluation_setup(merge_overrides(run, overrides), options=[])
     validate_gemm(cfg.runtime.gemm)
+    validate_model_settings(
+        {"model": OmegaConf.to_container(cfg.model, resolve=True)}
+    )  # as train.py checks them
     first = None
     for folder, model in zip(folders, models, strict=True):
         predicted, labels = folder_predictions(folder, model, loader, cfg)

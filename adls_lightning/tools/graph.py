@@ -22,8 +22,9 @@ from typing import Any
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from adls_lightning.app.preflight import validate_model_settings
 from adls_lightning.build import hydra_execution_whitelist
 from adls_lightning.errors import ConfigError, exit_with, informational_flags, refusing_in_one_line
 
@@ -53,6 +54,8 @@ def validate(cfg: DictConfig) -> None:
     from adls_lightning.graph.draw import ENGINES, FORMATS
     from adls_lightning.graph.passes import PASSES
 
+    # the model's own settings, as train.py checks them: the graph is built from the same model config
+    validate_model_settings({"model": OmegaConf.to_container(cfg.model, resolve=True)})
     _names("inputs", cfg.inputs)
     for index, case in enumerate(cfg.cases):
         _names(f"cases[{index}]", case)
