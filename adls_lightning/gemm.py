@@ -24,6 +24,7 @@ Library code: no Lightning imports.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -250,10 +251,14 @@ def model_linear_shapes(model: torch.nn.Module) -> Counter[LinearShape]:
     return shapes
 
 
+#: where the CPU describes itself (tests point it at another CPU's lines)
+CPUINFO = Path("/proc/cpuinfo")
+
+
 def _cpuinfo_field(names: tuple[str, ...]) -> str | None:
-    """The first ``/proc/cpuinfo`` line's value whose key is one of ``names``; None where there is none."""
+    """The first :data:`CPUINFO` line's value whose key is one of ``names``; None where there is none."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in CPUINFO.read_text().splitlines():
             key, _, value = line.partition(":")
             if key.strip() in names:
                 return value.strip()
@@ -263,8 +268,27 @@ def _cpuinfo_field(names: tuple[str, ...]) -> str | None:
 
 
 def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), the cache key's machine part."""
-    return _cpuinfo_field(("model name",)) or platform.processor() or platform.machine()
+    """The CPU's model name and, where ``/proc/cpuinfo`` gives them (x86), its family and model numbers.
+
+    A virtual machine's name is often generic: "AMD EPYC" on a Zen 3 guest (family 25, model 1; AVX2) and on a Zen 4
+    one (family 25, model 17; AVX-512 BF16) alike. The numbers tell such machines apart in logs and benchmarks."""
+    name = _cpuinfo_field(("model name",)) or platform.processor() or platform.machine()
+    family, model = _cpuinfo_field(("cpu family",)), _cpuinfo_field(("model",))
+    return f"{name} (family {family}, model {model})" if family and model else name
+
+
+def cpu_flags() -> str:
+    """The CPU's feature flags (``/proc/cpuinfo`` ``flags``, Arm ``Features``); empty where unreadable."""
+    return _cpuinfo_field(("flags", "Features")) or ""
+
+
+def cpu_kind(flags: str | None = None) -> str:
+    """The machine part of every measurement cache's key: :func:`cpu_name` and a digest of the CPU's flags (or
+    ``flags`` given). A name can hide which vector units a machine has (a hypervisor may also mask some), and a
+    timing taken on one kind must not decide for another that shares a cache folder."""
+    flags = cpu_flags() if flags is None else flags
+    digest = hashlib.sha1(" ".join(sorted(flags.split())).encode()).hexdigest()[:12]
+    return f"{cpu_name()}|flags={digest}"
 
 
 # Feature flags of bfloat16 arithmetic: Intel AMX and AVX-512 BF16 (x86 ``flags``), Armv8.6 BF16 (Arm ``Features``).
@@ -464,7 +488,7 @@ def choose(
         return "aten"
     rows = max(1, min(rows, TIMING_ROWS))
     key = [
-        cpu_name(),
+        cpu_kind(),
         f"threads={torch.get_num_threads()}",
         f"torch={torch.__version__}",
         f"rows={rows}",

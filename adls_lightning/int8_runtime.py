@@ -32,8 +32,7 @@ from pathlib import Path
 import torch
 
 from adls_lightning.export.pt2e import pt2e_available
-from adls_lightning.gemm import _read_cache, _write_cache, cpu_name
-from adls_lightning.precision import cpu_flags
+from adls_lightning.gemm import _read_cache, _write_cache, cpu_flags, cpu_kind, cpu_name
 from adls_lightning.search.cost import clock_for, time_calls
 
 log = logging.getLogger(__name__)
@@ -61,8 +60,8 @@ def int8_flags(flags: str | None = None) -> list[str]:
 
 
 def cache_key(batch: int, tokens: int, flags: str | None = None, runtimes: tuple[str, ...] = RUNTIMES) -> str:
-    """This CPU kind and run shape: model name, int8 flags, threads, torch and ONNX Runtime versions, batch x tokens
-    (and the runtimes compared, when they are not :data:`RUNTIMES`)."""
+    """This CPU kind and run shape: the CPU's kind (:func:`~adls_lightning.gemm.cpu_kind`), its int8 flags, threads,
+    torch and ONNX Runtime versions, batch x tokens (and the runtimes compared, when they are not :data:`RUNTIMES`)."""
     try:
         import onnxruntime
 
@@ -71,7 +70,7 @@ def cache_key(batch: int, tokens: int, flags: str | None = None, runtimes: tuple
         ort = "none"
     return "|".join(
         [
-            cpu_name(),
+            cpu_kind(flags),
             " ".join(int8_flags(flags)) or "no-int8-flags",
             f"threads={torch.get_num_threads()}",
             f"torch={torch.__version__}",

@@ -34,11 +34,12 @@ from adls_lightning.gemm import (
     BFLOAT16_FLAGS,
     TIMING_ROWS,
     LinearShape,
-    _cpuinfo_field,
     _flops,
     _gemm_calls,
     best_call_seconds,
     cached_timings,
+    cpu_flags,
+    cpu_kind,
     cpu_name,
     model_linear_shapes,
     native_bfloat16,
@@ -76,11 +77,6 @@ def validate(value: object) -> None:
     valid = valid_precisions()
     if str(value) not in valid or isinstance(value, bool):
         raise ConfigError(f"trainer.precision={value!r}: must be one of {', '.join(valid)}")
-
-
-def cpu_flags() -> str:
-    """The CPU's feature flags (``/proc/cpuinfo`` ``flags``, Arm ``Features``); empty where unreadable."""
-    return _cpuinfo_field(("flags", "Features")) or ""
 
 
 def bfloat16_flags(flags: str) -> list[str]:
@@ -176,7 +172,7 @@ def choose(
         return FP32
     rows = max(1, min(rows, TIMING_ROWS))
     key = [
-        cpu,
+        cpu_kind(flags),
         f"threads={torch.get_num_threads()}",
         f"torch={torch.__version__}",
         f"rows={rows}",

@@ -41,8 +41,7 @@ BF16 = "torch bf16 weights"
 
 
 def print_cpu() -> None:
-    from adls_lightning.gemm import cpu_name
-    from adls_lightning.precision import cpu_flags
+    from adls_lightning.gemm import cpu_flags, cpu_name
 
     flags = [
         f for f in cpu_flags().split() if f.startswith(("avx512_bf16", "avx512_vnni", "avx_vnni", "amx"))

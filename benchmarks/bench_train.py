@@ -267,8 +267,7 @@ def print_cpu() -> None:
     """The CPU this bench runs on: model name, threads, and the flags that decide its matrix units' rates."""
     import torch
 
-    from adls_lightning.gemm import cpu_name
-    from adls_lightning.precision import cpu_flags
+    from adls_lightning.gemm import cpu_flags, cpu_name
 
     flags = cpu_flags().split()
     shown = [f for f in flags if f.startswith(("avx", "amx", "fma")) or f in ("bf16", "i8mm")]

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+from adls_lightning import gemm
 from adls_lightning.errors import ConfigError
 from adls_lightning.search import cost
 
@@ -35,23 +36,31 @@ def test_cache_key_changes_with_the_cpu_model(tiny_bert, tmp_path, monkeypatch):
     model = tiny_bert()
     timing = Counting()
     kwargs = dict(cache_dir=tmp_path, measure_layers_fn=timing.layers, measure_models_fn=timing.models)
-    monkeypatch.setattr(cost, "cpu_name", lambda: "Fake CPU A")
+
+    def on_cpu(name: str, flags: str) -> None:
+        path = tmp_path / f"cpuinfo-{name}-{len(flags)}"
+        path.write_text(f"model name\t: {name}\nflags\t\t: {flags}\n")
+        monkeypatch.setattr(gemm, "CPUINFO", path)
+
+    on_cpu("Fake CPU A", "sse2 avx2")
     first = cost.cost_table(model, batch=2, tokens=8, **kwargs)
     assert len(timing.layer_calls) == 1 and timing.model_calls == 1
     again = cost.cost_table(model, batch=2, tokens=8, **kwargs)
     assert len(timing.layer_calls) == 1 and timing.model_calls == 1  # read from the cache
     assert again.latency_ms == first.latency_ms and set(again.sources.values()) == {"cached"}
-    monkeypatch.setattr(cost, "cpu_name", lambda: "Fake CPU B")
+    on_cpu("Fake CPU B", "sse2 avx2")
     cost.cost_table(model, batch=2, tokens=8, **kwargs)
     assert len(timing.layer_calls) == 2 and timing.model_calls == 2  # another CPU: measured anew
+    on_cpu("Fake CPU A", "sse2 avx2 avx512f")
+    cost.cost_table(model, batch=2, tokens=8, **kwargs)
+    assert (
+        len(timing.layer_calls) == 3 and timing.model_calls == 3
+    )  # the same name, other flags: measured anew
     keys = json.loads((tmp_path / cost.CACHE_FILE).read_text())
-    assert {key.split("|")[0] for key in keys} == {"Fake CPU A", "Fake CPU B"}
-    # the flags, threads and rows are in the key too
-    monkeypatch.setattr(cost, "cpu_flags", lambda: "sse2 avx2")
+    machines = {tuple(key.split("|")[:2]) for key in keys}  # (name, flags digest)
+    assert sorted(name for name, _ in machines) == ["Fake CPU A", "Fake CPU A", "Fake CPU B"]
+    # the threads and rows are in the key too
     assert cost.machine_key(1, 2, 8) != cost.machine_key(2, 2, 8) != cost.machine_key(1, 2, 16)
-    other_flags = cost.machine_key(1, 2, 8)
-    monkeypatch.setattr(cost, "cpu_flags", lambda: "sse2 avx2 avx512f")
-    assert cost.machine_key(1, 2, 8) != other_flags
     # one thread reads the thread's CPU clock, more threads the wall clock: never the same entries
     assert cost.machine_key(1, 2, 8).endswith("clock=cpu")
     assert cost.machine_key(2, 2, 8).endswith("clock=wall")

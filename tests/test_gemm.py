@@ -426,3 +426,73 @@ def test_measuring_leaves_the_global_random_stream_alone():
 )
 def test_native_bfloat16_reads_the_cpu_flags(flags, native):
     assert gemm.native_bfloat16(flags) is native
+
+
+# Two virtual machines of this project that call themselves by one name (/proc/cpuinfo, 2026-11-28 and 2026-11-29):
+# a Zen 4 guest with AVX-512 BF16 and a Zen 3 guest with AVX2 only.
+ZEN4_CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
+model name\t: AMD EPYC
+flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16 avx512_vnni
+"""
+ZEN3_CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC
+flags\t\t: fpu sse2 avx avx2 fma
+"""
+
+
+def on_cpu(monkeypatch, tmp_path, text: str, name: str) -> None:
+    """Make the library read ``text`` as this machine's /proc/cpuinfo."""
+    path = tmp_path / f"cpuinfo-{name}"
+    path.write_text(text)
+    monkeypatch.setattr(gemm, "CPUINFO", path)
+
+
+def test_cpus_sharing_a_name_are_told_apart(monkeypatch, tmp_path):
+    on_cpu(monkeypatch, tmp_path, ZEN4_CPUINFO, "zen4")
+    zen4 = (gemm.cpu_name(), gemm.cpu_kind())
+    on_cpu(monkeypatch, tmp_path, ZEN3_CPUINFO, "zen3")
+    zen3 = (gemm.cpu_name(), gemm.cpu_kind())
+    assert zen4[0] == "AMD EPYC (family 25, model 17)" and zen3[0] == "AMD EPYC (family 25, model 1)"
+    assert zen4[1] != zen3[1]
+    # the same family and model with a flag masked (a hypervisor may hide AVX-512) is another kind too
+    on_cpu(monkeypatch, tmp_path, ZEN4_CPUINFO.replace(" avx512_bf16", ""), "zen4-masked")
+    assert gemm.cpu_name() == zen4[0] and gemm.cpu_kind() not in (zen4[1], zen3[1])
+    # the flags' order does not matter; a CPU without family and model numbers (Arm) is named by its name alone
+    on_cpu(monkeypatch, tmp_path, ZEN4_CPUINFO.replace("fpu sse2", "sse2 fpu"), "zen4-reordered")
+    assert gemm.cpu_kind() == zen4[1]
+    on_cpu(monkeypatch, tmp_path, "model name\t: Neoverse\nFeatures\t: fp asimd bf16\n", "arm")
+    assert gemm.cpu_name() == "Neoverse" and gemm.cpu_flags() == "fp asimd bf16"
+
+
+def test_auto_cache_answers_only_the_cpu_kind_that_measured(monkeypatch, tmp_path):
+    """A cache folder shared by machines of one name (a checkout on a network disk) must not hand one kind's answer
+    to another: each kind measures once, then reads its own."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 8))
+    measure, calls = fake_measure({"aten": 1.0, "onednn": 0.5})
+    on_cpu(monkeypatch, tmp_path, ZEN4_CPUINFO, "zen4")
+    assert (
+        gemm.choose("auto", model, 64, tmp_path, measure_fn=measure, reference_fn=steady_reference)
+        == "onednn"
+    )
+    on_cpu(monkeypatch, tmp_path, ZEN3_CPUINFO, "zen3")
+    slower = fake_measure({"aten": 1.0, "onednn": 1.2})[0]
+    assert (
+        gemm.choose("auto", model, 64, tmp_path, measure_fn=slower, reference_fn=steady_reference) == "aten"
+    )
+    assert len(calls) == gemm.MEASUREMENTS  # the Zen 3 answer was measured there, not read from Zen 4's
+    keys = json.loads((tmp_path / gemm.CACHE_FILE).read_text())
+    assert sorted(k.split("|")[0] for k in keys) == [
+        "AMD EPYC (family 25, model 1)",
+        "AMD EPYC (family 25, model 17)",
+    ]
+    on_cpu(monkeypatch, tmp_path, ZEN4_CPUINFO, "zen4")
+    never = fake_measure({})[0]
+    assert (
+        gemm.choose("auto", model, 64, tmp_path, measure_fn=never, reference_fn=steady_reference) == "onednn"
+    )

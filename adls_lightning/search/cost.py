@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.gemm import _cpuinfo_field, _read_cache, _write_cache, cpu_name
+from adls_lightning.gemm import _read_cache, _write_cache, cpu_kind
 
 CACHE_FILE = "cost_table.json"
 CHOICES = ("fp32", "bf16", "int8", "mxint8", "w75", "w50", "identity")
@@ -227,19 +227,13 @@ def torch_threads(threads: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def cpu_flags() -> str:
-    """The CPU's feature flags (``/proc/cpuinfo``), the cache key's second machine part."""
-    return _cpuinfo_field(("flags", "Features")) or ""
-
-
 def machine_key(threads: int, batch: int, tokens: int) -> str:
-    """What a measurement depends on besides the layer: the CPU model, a digest of its flags, torch's version, the
-    threads, the rows (batch x tokens) and the clock read (:func:`clock_for`)."""
-    flags = hashlib.sha1(" ".join(sorted(cpu_flags().split())).encode()).hexdigest()[:12]
+    """What a measurement depends on besides the layer: the CPU's kind (:func:`~adls_lightning.gemm.cpu_kind`: its
+    name, family, model and a digest of its flags), torch's version, the threads, the rows (batch x tokens) and the
+    clock read (:func:`clock_for`)."""
     return "|".join(
         [
-            cpu_name(),
-            f"flags={flags}",
+            cpu_kind(),
             f"torch={torch.__version__}",
             f"threads={threads}",
             f"b{batch}xt{tokens}",
