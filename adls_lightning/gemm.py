@@ -14,7 +14,7 @@ evaluation) is reordered once into oneDNN's own layout (:class:`PackedWeights`) 
 
 :func:`choose` resolves ``auto``: it times both backends on the model's own linear shapes (forward, grad input,
 grad weight where the weight trains) and takes oneDNN only when it is faster by more than ``MARGIN``, so ``auto``
-never makes a run slower than torch's default. The answer is cached per CPU model, thread count, torch version
+never makes a run slower than torch's default. The answer is cached per CPU kind (:func:`cpu_kind`), thread count, torch version
 and shapes in a small JSON file -- but only a measurement that can be trusted (:func:`untrustworthy`): the
 timing is repeated and compared with a reference GEMM of the same process, and one taken under load (repeats that
 disagree, a CPU far below any CPU's rate) is used for nothing: the run takes aten, says why, and caches nothing.

@@ -13,7 +13,7 @@ The candidates run the same model's linear layers on int8 codes, each through an
 
 :func:`measure` times them at one ``batch x tokens`` and thread count (interleaved rounds, the median kept: load
 from other processes falls on all alike); :func:`best_int8_runtime` returns the fastest for this CPU kind, reading
-``paths.cache_dir/int8_runtime.json`` (keyed by CPU model, its int8 flags, threads, torch and ONNX Runtime versions,
+``paths.cache_dir/int8_runtime.json`` (keyed by CPU kind, its int8 flags, threads, torch and ONNX Runtime versions,
 shape) before measuring anything, as ``trainer.precision=auto`` caches its choice. ``benchmarks/bench_int8_runtimes.py``
 prints the table and records the answer where the int8 export can read it.
 

@@ -8,7 +8,7 @@ measuring anything. Where the flags are present, :func:`choose` decides the way 
 (:mod:`adls_lightning.gemm`, whose shapes, reference GEMM and cache it shares): it times one training step's GEMMs of
 every linear layer of the model at the run's batch rows, in fp32 (the faster of aten and oneDNN, the backend
 ``runtime.gemm=auto`` would take) and under bfloat16 autocast (weight and input casts included), takes bf16 only when
-it is faster by more than :data:`MARGIN`, caches the answer per CPU model, thread count, torch version and shapes
+it is faster by more than :data:`MARGIN`, caches the answer per CPU kind, thread count, torch version and shapes
 in ``paths.cache_dir/precision_choice.json`` and logs one line starting ``trainer.precision=auto:`` with the choice,
 both rates and the CPU model. A measurement taken under load (repeats that disagree, a reference GEMM below any
 CPU's rate) is used for nothing: the run keeps fp32, says why, and caches nothing.

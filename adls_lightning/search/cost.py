@@ -25,7 +25,7 @@ one measured remainder: the whole fp32 model's median latency minus the sum of i
 A prediction is ``remainder + sum of the chosen layers' latencies`` (:meth:`CostTable.predict`).
 
 Measurements are cached per machine in ``<cache_dir>/cost_table.json`` (the JSON helpers of
-:mod:`adls_lightning.gemm`): an entry's key holds the CPU model, its flags, the torch version, the threads, the
+:mod:`adls_lightning.gemm`): an entry's key holds the CPU kind (name, family, model, flags), the torch version, the threads, the
 rows and the shape and choice (:func:`machine_key`), so a table measured on one CPU is never read on another.
 
 Bytes are the weights' storage bytes (biases and scales included); BitOPs are ``rows x in x out x weight bits x

@@ -6,7 +6,7 @@ From a full-precision checkpoint (LoRA merged, as the export loads it) it
 
 1. prices every linear layer of the model in each runtime choice measured on this machine (fp32, bf16, int8,
    MXINT8 packed, structured widths 75 % / 50 % of each feed-forward pair; the cost table of
-   :mod:`adls_lightning.search.cost`, cached per CPU model in ``paths.cache_dir``) at ``batch x tokens`` on
+   :mod:`adls_lightning.search.cost`, cached per CPU kind in ``paths.cache_dir``) at ``batch x tokens`` on
    ``threads`` threads;
 2. scores each group's choices (query/key/value of one attention share one, and so do the two layers of a
    feed-forward pair) by how far the model's output distribution moves on ``calibration`` validation rows when
