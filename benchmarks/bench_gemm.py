@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from adls_lightning import gemm  # noqa: E402
 from adls_lightning.gemm import cpu_name, gemm_backend, onednn_available, onednn_linear  # noqa: E402
 from adls_lightning.script_args import Parser, batch_by_length, positive_float, positive_int  # noqa: E402
 
@@ -52,10 +53,10 @@ SHAPES = {"384->384": (384, 384), "384->1536": (384, 1536), "1536->384": (1536, 
 
 
 def cpuinfo() -> dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
+    """The first processor's fields of /proc/cpuinfo (the library's ``gemm.CPUINFO``; empty where there is none)."""
     fields: dict[str, str] = {}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in gemm.CPUINFO.read_text().splitlines():
             if not line.strip():
                 break
             key, _, value = line.partition(":")
@@ -95,8 +96,9 @@ def matrix_peaks(per_core_fp32: float) -> dict[str, tuple[float | None, str]]:
 
     bf16: AVX-512 BF16's ``vdpbf16ps`` does two bf16 products per fp32 lane (2x fp32); AMX-BF16's tile unit 1,024
     FLOP/cycle (16x fp32's 64 on the same core). int8: a VNNI ``vpdpbusd`` does four int8 products per 32-bit lane
-    (4x fp32, AVX-512 VNNI or AVX-VNNI at their widths); AMX-INT8 2,048 OP/cycle. None where the CPU has no such
-    unit (the format then runs on its fp32 or emulated path)."""
+    (4x fp32, AVX-512 VNNI or AVX-VNNI at their widths); AMX-INT8 2,048 OP/cycle; plain AVX2 needs ``vpmaddubsw``
+    then ``vpmaddwd`` (two multiplies where VNNI has one) for the same products, 2x fp32. None where the CPU has no
+    such unit (the format then runs on its fp32 or emulated path)."""
     info = cpuinfo()
     flags = set(info.get("flags", "").split())
     ghz = per_core_fp32 / max(1, _fp32_per_cycle(info))
@@ -110,6 +112,8 @@ def matrix_peaks(per_core_fp32: float) -> dict[str, tuple[float | None, str]]:
         int8 = (2048 * ghz, "AMX-INT8: 2048 OP/cycle")
     elif "avx512_vnni" in flags or "avx_vnni" in flags:
         int8 = (4 * per_core_fp32, "VNNI: 4x fp32")
+    elif "avx2" in flags:
+        int8 = (2 * per_core_fp32, "AVX2 vpmaddubsw + vpmaddwd, no VNNI: 2x fp32")
     else:
         int8 = (None, "no int8 dot-product unit")
     return {"fp32": (per_core_fp32, "FMA"), "bf16": bf16, "int8": int8}

@@ -42,6 +42,7 @@ from omegaconf import DictConfig, open_dict
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from adls_lightning import gemm
 from adls_lightning.build import build
 from adls_lightning.lora import merge_lora
 
@@ -549,3 +550,38 @@ def recorded_run(
     metrics = train_run(out, overrides, tiny_imdb_dir, cache_dir)
     monkeypatch.setattr(training, "instantiate_callbacks", build)
     return metrics, recorder
+
+
+# Two virtual machines of this project that call themselves by one name (/proc/cpuinfo, 2026-11-28 and 2026-11-29):
+# a Zen 4 guest with AVX-512 BF16 and a Zen 3 guest with AVX2 only; and an Intel Xeon with AMX.
+ZEN4_CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
+model name\t: AMD EPYC
+cpu MHz\t\t: 2600.000
+flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16 avx512_vnni
+"""
+ZEN3_CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC
+cpu MHz\t\t: 2450.000
+flags\t\t: fpu sse2 avx avx2 fma
+"""
+AMX_CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+cpu MHz\t\t: 2700.000
+flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
+"""
+
+
+def on_cpu(monkeypatch, tmp_path, text: str, name: str) -> None:
+    """Make the library read ``text`` as this machine's /proc/cpuinfo."""
+    path = tmp_path / f"cpuinfo-{name}"
+    path.write_text(text)
+    monkeypatch.setattr(gemm, "CPUINFO", path)

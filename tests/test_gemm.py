@@ -19,7 +19,7 @@ from adls_lightning import gemm
 from adls_lightning.app.preflight import validate_run_config
 from adls_lightning.app.training import run
 from adls_lightning.errors import ConfigError
-from tests.helpers import assert_one_line_error
+from tests.helpers import ZEN3_CPUINFO, ZEN4_CPUINFO, assert_one_line_error, on_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not gemm.onednn_available(), reason="this torch build has no oneDNN")
@@ -426,31 +426,6 @@ def test_measuring_leaves_the_global_random_stream_alone():
 )
 def test_native_bfloat16_reads_the_cpu_flags(flags, native):
     assert gemm.native_bfloat16(flags) is native
-
-
-# Two virtual machines of this project that call themselves by one name (/proc/cpuinfo, 2026-11-28 and 2026-11-29):
-# a Zen 4 guest with AVX-512 BF16 and a Zen 3 guest with AVX2 only.
-ZEN4_CPUINFO = """processor\t: 0
-vendor_id\t: AuthenticAMD
-cpu family\t: 25
-model\t\t: 17
-model name\t: AMD EPYC
-flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16 avx512_vnni
-"""
-ZEN3_CPUINFO = """processor\t: 0
-vendor_id\t: AuthenticAMD
-cpu family\t: 25
-model\t\t: 1
-model name\t: AMD EPYC
-flags\t\t: fpu sse2 avx avx2 fma
-"""
-
-
-def on_cpu(monkeypatch, tmp_path, text: str, name: str) -> None:
-    """Make the library read ``text`` as this machine's /proc/cpuinfo."""
-    path = tmp_path / f"cpuinfo-{name}"
-    path.write_text(text)
-    monkeypatch.setattr(gemm, "CPUINFO", path)
 
 
 def test_cpus_sharing_a_name_are_told_apart(monkeypatch, tmp_path):
