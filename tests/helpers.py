@@ -560,7 +560,7 @@ cpu family\t: 25
 model\t\t: 17
 model name\t: AMD EPYC
 cpu MHz\t\t: 2600.000
-flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_bf16 avx512_vnni
+flags\t\t: fpu sse sse2 pni ssse3 sse4_1 sse4_2 popcnt avx f16c fma avx2 bmi1 bmi2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512_vnni
 """
 ZEN3_CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -568,7 +568,7 @@ cpu family\t: 25
 model\t\t: 1
 model name\t: AMD EPYC
 cpu MHz\t\t: 2450.000
-flags\t\t: fpu sse2 avx avx2 fma
+flags\t\t: fpu sse sse2 pni ssse3 sse4_1 sse4_2 popcnt avx f16c fma avx2 bmi1 bmi2
 """
 AMX_CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -576,7 +576,7 @@ cpu family\t: 6
 model\t\t: 143
 model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
 cpu MHz\t\t: 2700.000
-flags\t\t: fpu sse2 avx avx2 fma avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
+flags\t\t: fpu sse sse2 pni ssse3 sse4_1 sse4_2 popcnt avx f16c fma avx2 bmi1 bmi2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
 """
 
 

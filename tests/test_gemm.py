@@ -439,7 +439,7 @@ def test_cpus_sharing_a_name_are_told_apart(monkeypatch, tmp_path):
     on_cpu(monkeypatch, tmp_path, ZEN4_CPUINFO.replace(" avx512_bf16", ""), "zen4-masked")
     assert gemm.cpu_name() == zen4[0] and gemm.cpu_kind() not in (zen4[1], zen3[1])
     # the flags' order does not matter; a CPU without family and model numbers (Arm) is named by its name alone
-    on_cpu(monkeypatch, tmp_path, ZEN4_CPUINFO.replace("fpu sse2", "sse2 fpu"), "zen4-reordered")
+    on_cpu(monkeypatch, tmp_path, ZEN4_CPUINFO.replace("fpu sse sse2", "sse2 fpu sse"), "zen4-reordered")
     assert gemm.cpu_kind() == zen4[1]
     on_cpu(monkeypatch, tmp_path, "model name\t: Neoverse\nFeatures\t: fp asimd bf16\n", "arm")
     assert gemm.cpu_name() == "Neoverse" and gemm.cpu_flags() == "fp asimd bf16"

@@ -16,14 +16,23 @@ Quantizing needs ``torchao`` (``pip install 'adls-lightning[int8]'``: torch 2.13
 the package needs torch alone (:class:`Pt2Classifier`, ``torch._inductor.aoti_load_package``). Compiling needs the
 C++ compiler inductor uses (about 35 s for MiniLM on one core).
 
+A package is machine code for the exporting CPU's instruction set: inductor compiles it with ``-march=native`` and
+its vector ISA's options (``-mavx512f ...``, ``-mamx-tile ...``), and a CPU without those instructions stops the
+process with an illegal instruction, no message. The package records the exporting CPU (:func:`compile_package`
+puts its name and instruction-set flags in AOTInductor's metadata, beside torch's own ``AOTI_CPU_ISA``), and
+:class:`Pt2Classifier` reads that record before loading and refuses, in one line, a package this CPU cannot run.
+
 Library code: no Lightning imports.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
+import platform
 import tempfile
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +42,7 @@ from torch import nn
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.export.onnx import INPUT_NAMES, LogitsOnly, OnnxCheck, sample_inputs
+from adls_lightning.gemm import cpu_flags, cpu_name
 
 PT2E_FILE = "model_int8_pt2e.pt2"
 #: ``format=onnx int8=scaled`` in PT2E (:func:`write_run_codes_package`)
@@ -102,16 +112,83 @@ def write_pt2e_package(model: nn.Module, batches: Sequence[dict[str, torch.Tenso
 
 
 def compile_package(converted: nn.Module, example: tuple, dynamic_shapes: tuple, path: Path) -> None:
-    """A converted PT2E graph compiled by AOTInductor with freezing into ``path``, written whole or not at all."""
+    """A converted PT2E graph compiled by AOTInductor with freezing into ``path``, written whole or not at all; its
+    metadata records the exporting CPU (:data:`CPU_KEY`, :data:`CPU_FLAGS_KEY`) for :func:`package_cpu_problem`."""
+    metadata = {CPU_KEY: cpu_name(), CPU_FLAGS_KEY: " ".join(isa_flags(cpu_flags()))}
     with torch.no_grad():
         exported = torch.export.export(converted, example, dynamic_shapes=dynamic_shapes)
         # compiled beside the target and renamed over it: a killed compile leaves no package that looks whole
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as work:
             partial = Path(work) / path.name  # the packager takes only names ending in .pt2
             torch._inductor.aoti_compile_and_package(
-                exported, package_path=str(partial), inductor_configs={"freezing": True}
+                exported,
+                package_path=str(partial),
+                inductor_configs={"freezing": True, "aot_inductor.metadata": metadata},
             )
             os.replace(partial, path)
+
+
+# ------------------------------------------------------------------------------- which CPU a package runs on
+#: the package metadata's keys for the exporting CPU: its name (:func:`~adls_lightning.gemm.cpu_name`) and flags
+CPU_KEY, CPU_FLAGS_KEY = "adls_cpu", "adls_cpu_flags"
+#: ``/proc/cpuinfo`` flags that name instruction-set extensions a compiler may emit under ``-march=native``
+#: (SSE to AVX-512 and AMX, FMA, F16C, BMI, the crypto and bit-manipulation sets), by prefix
+ISA_FLAG_PREFIXES = (
+    "sse", "ssse3", "pni", "popcnt", "abm", "movbe", "avx", "fma", "f16c", "bmi", "adx", "aes", "vaes",
+    "pclmulqdq", "vpclmulqdq", "gfni", "sha_ni", "amx",
+)  # fmt: skip
+#: the flags each word of torch's ``AOTI_CPU_ISA`` (the vector ISA inductor compiled for) needs, from the
+#: ``-m`` options of :mod:`torch._inductor.cpu_vec_isa`'s classes
+AOTI_ISA_FLAGS = {
+    "AVX2": ("avx2", "fma", "f16c"),
+    "AVX512": ("avx512f", "avx512dq", "avx512vl", "avx512bw", "fma"),
+    "AVX512_VNNI": ("avx512_vnni",),
+    "AMX_TILE": ("amx_tile", "amx_bf16", "amx_int8"),
+}
+
+
+def isa_flags(flags: str) -> list[str]:
+    """The instruction-set flags among ``flags`` (``/proc/cpuinfo``'s), sorted."""
+    return sorted(f for f in set(flags.split()) if f.startswith(ISA_FLAG_PREFIXES))
+
+
+def package_metadata(path: Path) -> dict[str, str]:
+    """The AOTInductor metadata of a ``.pt2`` package (its wrapper's ``*_metadata.json``), read from the archive
+    without loading its code; empty where it has none or cannot be read (loading it then says what is wrong)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [n for n in archive.namelist() if n.endswith("wrapper_metadata.json")]
+            meta = json.loads(archive.read(names[0])) if names else {}
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def package_cpu_problem(path: Path, flags: str | None = None) -> str | None:
+    """Why this CPU (its ``flags``, default ``/proc/cpuinfo``'s) cannot run the package at ``path``, or None.
+
+    It needs the machine it was compiled for (``AOTI_MACHINE``), the flags its vector ISA implies
+    (:data:`AOTI_ISA_FLAGS` of ``AOTI_CPU_ISA``) and, where it recorded them (packages exported since
+    2026-11-29), every instruction-set flag of the exporting CPU: ``-march=native`` lets the compiler use any."""
+    meta = package_metadata(path)
+    machine = meta.get("AOTI_MACHINE")
+    if machine and machine != platform.machine():
+        return f"compiled for {machine}, this machine is {platform.machine()}"
+    present = set((cpu_flags() if flags is None else flags).split())
+    if not present:
+        return None  # flags unreadable: nothing to compare against
+    needed = {f for word in meta.get("AOTI_CPU_ISA", "").split() for f in AOTI_ISA_FLAGS.get(word, ())}
+    needed |= set(meta.get(CPU_FLAGS_KEY, "").split())
+    missing = sorted(needed - present)
+    if not missing:
+        return None
+    where = meta.get(CPU_KEY, f"a CPU with {meta.get('AOTI_CPU_ISA', '?')}")
+    shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+    return (
+        f"compiled on {where} for its instruction set; this CPU ({cpu_name()}) lacks {shown}, and would stop "
+        "with an illegal instruction: export again on this kind of CPU, or run an ONNX graph (model.onnx, "
+        "model_int8.onnx), which runs on any CPU"
+    )
 
 
 # ------------------------------------------------------------------------------- the run's own int8 grid
@@ -284,6 +361,9 @@ class Pt2Classifier(nn.Module):
     def __init__(self, path: Path) -> None:
         super().__init__()
         self.path = path
+        problem = package_cpu_problem(path)
+        if problem is not None:
+            raise ConfigError(f"{path}: {problem}")
         self.runner = torch._inductor.aoti_load_package(str(path))
 
     def forward(self, **inputs: torch.Tensor) -> Any:
@@ -298,12 +378,18 @@ class Pt2Classifier(nn.Module):
 
 
 __all__ = [
+    "AOTI_ISA_FLAGS",
+    "CPU_FLAGS_KEY",
+    "CPU_KEY",
     "MAX_BATCH",
     "PT2E_FILE",
     "RUN_CODES_FILE",
     "Pt2Classifier",
     "check_package",
     "compile_package",
+    "isa_flags",
+    "package_cpu_problem",
+    "package_metadata",
     "pt2e_available",
     "quantize_pt2e",
     "quantize_run_codes",
