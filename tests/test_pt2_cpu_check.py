@@ -112,7 +112,11 @@ ZEN4_PACKAGE = {
     ("metadata", "cpuinfo", "missing"),
     [
         # exported on a Zen 4, deployed on a Zen 3 (both "AMD EPYC"): the AVX-512 sets are missing
-        (ZEN4_PACKAGE, ZEN3_CPUINFO, "avx512_bf16, avx512_vnni, avx512bw, avx512cd, avx512dq, avx512f, avx512vl"),
+        (
+            ZEN4_PACKAGE,
+            ZEN3_CPUINFO,
+            "avx512_bf16, avx512_vnni, avx512bw, avx512cd, avx512dq, avx512f, avx512vl",
+        ),
         # a package exported before the CPU was recorded: torch's AOTI_CPU_ISA alone still tells
         (
             {"AOTI_MACHINE": "x86_64", "AOTI_CPU_ISA": "AVX512"},
