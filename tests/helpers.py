@@ -553,32 +553,26 @@ def recorded_run(
     return metrics, recorder
 
 
+def cpuinfo_lines(vendor: str, family: int, model: int, name: str, mhz: int, flags: str) -> str:
+    """The first processor's lines of a /proc/cpuinfo, as the library reads them."""
+    fields = {"processor": 0, "vendor_id": vendor, "cpu family": family, "model": model, "model name": name}
+    return "".join(f"{k}\t: {v}\n" for k, v in {**fields, "cpu MHz": f"{mhz}.000", "flags": flags}.items())
+
+
+X86_BASE_FLAGS = "fpu sse sse2 pni ssse3 sse4_1 sse4_2 popcnt avx f16c fma avx2 bmi1 bmi2"
+AVX512_FLAGS = "avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512_vnni"
 # Two virtual machines of this project that call themselves by one name (/proc/cpuinfo, 2026-11-28 and 2026-11-29):
 # a Zen 4 guest with AVX-512 BF16 and a Zen 3 guest with AVX2 only; and an Intel Xeon with AMX.
-ZEN4_CPUINFO = """processor\t: 0
-vendor_id\t: AuthenticAMD
-cpu family\t: 25
-model\t\t: 17
-model name\t: AMD EPYC
-cpu MHz\t\t: 2600.000
-flags\t\t: fpu sse sse2 pni ssse3 sse4_1 sse4_2 popcnt avx f16c fma avx2 bmi1 bmi2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512_vnni
-"""
-ZEN3_CPUINFO = """processor\t: 0
-vendor_id\t: AuthenticAMD
-cpu family\t: 25
-model\t\t: 1
-model name\t: AMD EPYC
-cpu MHz\t\t: 2450.000
-flags\t\t: fpu sse sse2 pni ssse3 sse4_1 sse4_2 popcnt avx f16c fma avx2 bmi1 bmi2
-"""
-AMX_CPUINFO = """processor\t: 0
-vendor_id\t: GenuineIntel
-cpu family\t: 6
-model\t\t: 143
-model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
-cpu MHz\t\t: 2700.000
-flags\t\t: fpu sse sse2 pni ssse3 sse4_1 sse4_2 popcnt avx f16c fma avx2 bmi1 bmi2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8
-"""
+ZEN4_CPUINFO = cpuinfo_lines("AuthenticAMD", 25, 17, "AMD EPYC", 2600, f"{X86_BASE_FLAGS} {AVX512_FLAGS}")
+ZEN3_CPUINFO = cpuinfo_lines("AuthenticAMD", 25, 1, "AMD EPYC", 2450, X86_BASE_FLAGS)
+AMX_CPUINFO = cpuinfo_lines(
+    "GenuineIntel",
+    6,
+    143,
+    "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz",
+    2700,
+    f"{X86_BASE_FLAGS} {AVX512_FLAGS} amx_bf16 amx_tile amx_int8",
+)
 
 
 def on_cpu(monkeypatch, tmp_path, text: str, name: str) -> None:
