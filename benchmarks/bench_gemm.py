@@ -76,13 +76,8 @@ def peak(ghz: float | None) -> tuple[float, str]:
     info = cpuinfo()
     flags = set(info.get("flags", "").split())
     family = info.get("cpu family", "?")
-    if "avx512f" in flags:
-        per_cycle = 32 if info.get("vendor_id") == "AuthenticAMD" and family == "25" else 64
-        isa = "AVX-512"
-    elif {"avx2", "fma"} <= flags:
-        per_cycle, isa = 32, "AVX2+FMA"
-    else:
-        per_cycle, isa = 8, "SSE"
+    per_cycle = _fp32_per_cycle(info)
+    isa = "AVX-512" if "avx512f" in flags else "AVX2+FMA" if {"avx2", "fma"} <= flags else "SSE"
     source = "--ghz"
     if ghz is None:
         ghz = float(info.get("cpu MHz", "nan")) / 1000
