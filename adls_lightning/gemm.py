@@ -305,6 +305,26 @@ def native_bfloat16(flags: str | None = None) -> bool | None:
     return not BFLOAT16_FLAGS.isdisjoint(flags.split())
 
 
+#: x86 flags of an int8 dot product that sums u8 x s8 products in int32: VNNI's ``vpdpbusd``, AMX's int8 tiles
+INT8_DOT_PRODUCT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def u8s8_saturates(flags: str | None = None, machine: str | None = None) -> bool:
+    """Whether int8 matrix kernels that multiply uint8 by int8 saturate on this CPU (or one with ``flags`` on
+    ``machine``): ONNX Runtime's and oneDNN's (torch's PT2E int8).
+
+    An x86 CPU without :data:`INT8_DOT_PRODUCT_FLAGS` (AVX2 only, AVX-512 without VNNI) multiplies with
+    ``vpmaddubsw``, which adds each pair of u8 x s8 products in saturating int16: 2 * 255 * 127 > 32767, so pairs of
+    large activation codes against large weights of one sign are clipped. Both libraries compute exactly that on a
+    Zen 3 AMD EPYC (AVX2): ONNX Runtime's ``int8=scaled`` graph of the tiny model left its integer grid by up to
+    0.56 logits, and a PT2E linear compiled by inductor matched a saturating emulation to 1e-7 and the exact sum
+    only to 20 % of its outputs (docs/precision.md). Other architectures, and a CPU whose flags cannot be read, are
+    taken as exact."""
+    present = set((cpu_flags() if flags is None else flags).split())
+    x86 = (machine or platform.machine()) in ("x86_64", "AMD64", "i686", "i386")
+    return x86 and bool(present) and present.isdisjoint(INT8_DOT_PRODUCT_FLAGS)
+
+
 def _gemm_calls(shape: LinearShape, rows: int, backend: str) -> list[Callable[[], object]]:
     """The GEMMs one training step of this layer runs on ``backend``: forward, grad input, [grad weight]."""
     # A private generator: timing must not draw from the global one, or a run's data order and dropout masks would

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from adls_lightning.export.pt2e import pt2e_available
-from adls_lightning.gemm import _read_cache, _write_cache, cpu_flags, cpu_kind, cpu_name
+from adls_lightning.export.pt2e import pt2e_unusable
+from adls_lightning.gemm import _read_cache, _write_cache, cpu_flags, cpu_kind, cpu_name, u8s8_saturates
 from adls_lightning.search.cost import clock_for, time_calls
 
 log = logging.getLogger(__name__)
@@ -61,11 +61,13 @@ def int8_flags(flags: str | None = None) -> list[str]:
 
 def cache_key(batch: int, tokens: int, flags: str | None = None, runtimes: tuple[str, ...] = RUNTIMES) -> str:
     """This CPU kind and run shape: the CPU's kind (:func:`~adls_lightning.gemm.cpu_kind`), its int8 flags, threads,
-    torch and ONNX Runtime versions, batch x tokens (and the runtimes compared, when they are not :data:`RUNTIMES`)."""
+    torch and ONNX Runtime versions (and whether ONNX Runtime's int8 weights run as uint8 here,
+    :func:`~adls_lightning.gemm.u8s8_saturates`: times taken before that repair are not this code's), batch x
+    tokens (and the runtimes compared, when they are not :data:`RUNTIMES`)."""
     try:
         import onnxruntime
 
-        ort = onnxruntime.__version__
+        ort = onnxruntime.__version__ + ("+u8-weights" if u8s8_saturates(flags) else "")
     except ImportError:
         ort = "none"
     return "|".join(
@@ -179,7 +181,7 @@ def build_runners(
     work = Path(tempfile.mkdtemp(prefix="adls-int8-")) if work is None else work
     runners = {}
     for name in runtimes:
-        if name == PT2E and (why := pt2e_available()) is not None:
+        if name == PT2E and (why := pt2e_unusable()) is not None:
             skipped[name] = why
             continue
         try:

@@ -222,7 +222,7 @@ def build_variants(model, work: Path, fake_quant=None) -> list[Variant]:
         )
         from adls_lightning.export import pt2e
 
-        why = pt2e.pt2e_available()
+        why = pt2e.pt2e_unusable()
         if why is None:
             package = work / pt2e.RUN_CODES_FILE
             pt2e.write_run_codes_package(fake_quant, layers, int8_export.QMAX, package)

@@ -7,7 +7,10 @@ Rows (the same model: the pretrained MiniLM with a fresh two-label head by defau
   what ``model.eval_precision=auto`` evaluates with where the CPU computes bf16 natively), no autocast;
 * the int8 runtimes of :mod:`adls_lightning.int8_runtime`: ``torch-dynamic`` (``quantize_dynamic``, x86 engine),
   ``ort-dynamic`` (ONNX Runtime, the export's ``int8=true`` graph), ``pt2e-x86-inductor`` (torchao's PT2E flow with
-  the x86 inductor quantizer, compiled; left out, with the reason, where torchao is not installed).
+  the x86 inductor quantizer, compiled; left out, with the reason, where torchao is not installed or where this
+  CPU's int8 kernels saturate, :func:`adls_lightning.export.pt2e.saturation_problem`);
+* ``ort-dynamic as written``, only on x86 CPUs without VNNI: ``ort-dynamic``'s file in a plain session, whose u8 x s8
+  kernel saturates there (``ort-dynamic`` runs the weights as uint8, exactly): what exactness costs.
 
 Timing: random token ids without padding, ``batch x tokens``, one thread by default; every row warmed up, then
 ``--repeats`` rounds in which each row runs once in turn (load from other processes falls on all alike), the median
@@ -38,6 +41,21 @@ from adls_lightning.script_args import Parser, positive_int  # noqa: E402
 
 FP32 = "torch eager fp32"
 BF16 = "torch bf16 weights"
+#: where ONNX Runtime's u8 x s8 kernel saturates (x86 without VNNI), ``ort-dynamic`` runs its int8 weights as uint8
+#: (exact); this row runs the file as written, saturating, to show what exactness costs
+ORT_AS_WRITTEN = "ort-dynamic as written"
+
+
+def ort_as_written(path: Path):
+    from adls_lightning.export import onnx as onnx_export
+
+    session = onnx_export.onnx_session(path, exact_int8=False)
+
+    def run(input_ids, attention_mask):
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        return torch.from_numpy(onnx_export.onnx_logits(session, inputs))
+
+    return run
 
 
 def print_cpu() -> None:
@@ -124,6 +142,8 @@ def main() -> None:
     print_cpu()
 
     from adls_lightning import int8_runtime
+    from adls_lightning.export.onnx import ONNX_INT8_FILE
+    from adls_lightning.gemm import u8s8_saturates
     from adls_lightning.precision import bf16_inference_model
 
     model, tokenizer = load_model(args.tiny)
@@ -143,6 +163,9 @@ def main() -> None:
         skipped: dict[str, str] = {}
         runners = {FP32: torch_runner(model), BF16: torch_runner(bf16)}
         runners.update(int8_runtime.build_runners(model, inputs, skipped=skipped, work=Path(work.name)))
+        if u8s8_saturates() and int8_runtime.ORT_DYNAMIC in runners:
+            # the same file in a plain session: what exactness costs where the u8 x s8 kernel saturates
+            runners[ORT_AS_WRITTEN] = ort_as_written(Path(work.name) / ONNX_INT8_FILE)
         times = int8_runtime.time_runners(runners, inputs, args.repeats)
         times_by_batch[batch] = times
         print(

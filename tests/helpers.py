@@ -20,7 +20,6 @@ import glob
 import io
 import json
 import os
-import platform
 import shutil
 import socket
 import subprocess
@@ -580,24 +579,3 @@ def on_cpu(monkeypatch, tmp_path, text: str, name: str) -> None:
     path = tmp_path / f"cpuinfo-{name}"
     path.write_text(text)
     monkeypatch.setattr(gemm, "CPUINFO", path)
-
-
-def _has_int8_dot_product() -> bool:
-    """Whether ONNX Runtime's int8 GEMM here is exact: not x86, or an x86 CPU with VNNI / AMX-INT8 (or flags unread)."""
-    flags = set(gemm.cpu_flags().split())
-    return (
-        platform.machine() not in ("x86_64", "AMD64")
-        or not flags
-        or bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
-    )
-
-
-#: ONNX Runtime multiplies the int8 graph's uint8 activations by its int8 weights, on an x86 CPU without VNNI (AVX2
-#: only), with ``vpmaddubsw``, which adds each pair of products in saturating int16 (255 * 127 * 2 > 32767): there
-#: the ``int8=scaled`` graph's logits leave the run's integer grid (up to 0.56 on the tiny model, 2026-11-29, a Zen 3
-#: AMD EPYC). A defect of the graph on such CPUs, not fixed yet; these tests state what a VNNI CPU computes.
-ORT_U8S8_SATURATES = pytest.mark.xfail(
-    not _has_int8_dot_product(),
-    reason="ONNX Runtime's u8 x s8 GEMM saturates int16 pair sums on x86 without VNNI (the int8 graphs)",
-    strict=False,
-)

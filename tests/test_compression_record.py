@@ -33,7 +33,7 @@ from adls_lightning.export.folder import load_folder
 from adls_lightning.runs.loading import load_checkpoint_model
 from adls_lightning.tools import evaluate as export_evaluate
 from adls_lightning.tools.export import main
-from tests.helpers import ORT_U8S8_SATURATES, SHORT_RUN, call, recorded_run, train_run
+from tests.helpers import SHORT_RUN, call, recorded_run, train_run
 
 NO_LORA = ["model/lora=none"]
 FROM_FINE_TUNED = ["model.optimizer.lr=1e-4"]
@@ -239,7 +239,6 @@ def test_export_matches_no_callback_class_by_name():
 @pytest.mark.parametrize(
     "exported", ["smoothquant", "smoothquant_ptq", "lsq", "structured_int8"], indirect=True
 )
-@ORT_U8S8_SATURATES
 def test_int8_graph_carries_the_run_codes_and_scales(exported, tmp_path):
     """``format=onnx int8=scaled`` of SmoothQuant (the input divided by its factors, the codes of ``w · s``), LSQ
     (the learned steps) and structured + int8 runs: ONNX Runtime's logits on the run's test batches are the run's

@@ -6,6 +6,7 @@ captured at, and loads in ``adls-evaluate`` / ``adls-predict``; a damaged packag
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from adls_lightning.export.folder import check_folder, load_folder
 from adls_lightning.search.cost import torch_threads
 from adls_lightning.tools.export import main
 from adls_lightning.tools.predict import main as predict_main
-from tests.helpers import TINY, call, merged_model, trained_checkpoint
+from tests.helpers import TINY, ZEN3_CPUINFO, call, merged_model, on_cpu, trained_checkpoint
 
 CHECK = ["check=agreement", "check_rows=16"]
 
@@ -68,7 +69,7 @@ def test_the_cached_fastest_writable_runtime_is_written(tiny_ckpt, tmp_path):
 def test_torch_dynamic_fastest_has_no_file_so_the_next_is_written(tiny_ckpt, tmp_path):
     cache = tmp_path / "cache"
     times = {"torch-dynamic": 0.005, "ort-dynamic": 0.010}
-    if pt2e.pt2e_available() is None:
+    if pt2e.pt2e_unusable() is None:
         times["pt2e-x86-inductor"] = 0.020  # slower than ORT: ORT's file is still the one written
     record_times(cache, times)
     code, stdout, stderr = export_auto(tiny_ckpt, tmp_path / "out", cache)
@@ -91,6 +92,28 @@ def test_without_torchao_pt2e_is_not_chosen_even_when_cached_fastest(tiny_ckpt, 
     assert (tmp_path / "out" / onnx_export.ONNX_INT8_FILE).is_file()
 
 
+@pytest.mark.skipif(pt2e.pt2e_available() is not None, reason="torchao is not installed")
+def test_where_int8_kernels_saturate_pt2e_is_not_chosen_even_when_cached_fastest(
+    tiny_ckpt, tmp_path, monkeypatch
+):
+    """On an x86 CPU without VNNI (an AVX2 Zen 3's cpuinfo here) oneDNN's int8 kernels saturate: the PT2E package
+    is not written, whatever a cache says, and the line says why."""
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    on_cpu(monkeypatch, tmp_path, ZEN3_CPUINFO, "zen3")
+    cache = tmp_path / "cache"
+    record_times(cache, {"pt2e-x86-inductor": 0.001, "ort-dynamic": 0.010})
+    code, stdout, stderr = export_auto(tiny_ckpt, tmp_path / "out", cache)
+    assert code == 0, stderr[-3000:]
+    [line] = [line for line in stdout.splitlines() if line.startswith("int8=auto:")]
+    assert line.startswith("int8=auto: ort-dynamic"), line
+    assert (
+        "pt2e-x86-inductor not measured: this CPU (AMD EPYC (family 25, model 1)) has no int8 dot product"
+        in line
+    )
+    assert (tmp_path / "out" / onnx_export.ONNX_INT8_FILE).is_file()
+    assert not (tmp_path / "out" / pt2e.PT2E_FILE).exists()
+
+
 def test_best_runtime_among_those_usable(tmp_path):
     record_times(tmp_path, {"torch-dynamic": 0.001, "ort-dynamic": 0.010, "pt2e-x86-inductor": 0.005})
     with torch_threads(1):
@@ -105,7 +128,7 @@ def test_best_runtime_among_those_usable(tmp_path):
 
 @pytest.fixture(scope="module")
 def pt2e_export(tiny_ckpt, tmp_path_factory) -> tuple[Path, str]:
-    if (why := pt2e.pt2e_available()) is not None:
+    if (why := pt2e.pt2e_unusable()) is not None:
         pytest.skip(why)
     folder = tmp_path_factory.mktemp("pt2e")
     record_times(folder / "cache", {"pt2e-x86-inductor": 0.001, "ort-dynamic": 0.010})

@@ -10,6 +10,7 @@ compiled package those within the int8 tolerance at shapes other than the captur
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from adls_lightning.quant.scaled import calibrate
 from adls_lightning.quant.smoothquant import smooth
 from adls_lightning.search.cost import torch_threads
 from adls_lightning.tools.export import main
-from tests.helpers import TINY, call, trained_checkpoint
+from tests.helpers import TINY, ZEN3_CPUINFO, call, on_cpu, trained_checkpoint
 from tests.int8_helpers import (
     CALIBRATION_BATCHES,
     PTQ,
@@ -35,6 +36,8 @@ from tests.int8_helpers import (
 )
 
 needs_torchao = pytest.mark.skipif(pt2e.pt2e_available() is not None, reason="torchao is not installed")
+#: a package written by the export and run here: torchao, and int8 kernels that sum exactly (pt2e.saturation_problem)
+needs_exact_pt2e = pytest.mark.skipif(pt2e.pt2e_unusable() is not None, reason=str(pt2e.pt2e_unusable()))
 CHECK = ["check=agreement", "check_rows=16"]
 
 
@@ -163,7 +166,7 @@ def tiny_data(tiny_imdb_dir: Path, cache_dir: Path) -> list[str]:
     return [f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}", *SMALL_DATA]
 
 
-@needs_torchao
+@needs_exact_pt2e
 def test_pt2e_package_is_written_checked_and_loads(float_checkpoint, tmp_path, tiny_imdb_dir, cache_dir):
     out = tmp_path / "out"
     code, stdout, stderr = export_scaled(
@@ -200,7 +203,7 @@ def record_run_code_times(cache: Path, times: dict[str, float]) -> None:
         )
 
 
-@needs_torchao
+@needs_exact_pt2e
 @pytest.mark.parametrize(
     ("times", "written"),
     [
@@ -227,7 +230,7 @@ def test_auto_writes_the_runtime_cached_as_faster(
     assert line.startswith(f"int8_runtime=auto: {fastest} (cached: {fastest} 10.0 ms"), line
 
 
-@needs_torchao
+@needs_exact_pt2e
 def test_auto_measures_both_files_and_keeps_the_faster(float_checkpoint, tmp_path, tiny_imdb_dir):
     cache = tmp_path / "runtime_cache"
     out = tmp_path / "out"
@@ -249,6 +252,31 @@ def test_auto_measures_both_files_and_keeps_the_faster(float_checkpoint, tmp_pat
     assert set(times) == set(int8_runtime.RUN_CODE_RUNTIMES)
     files = {"ort-qdq": int8_export.INT8_SCALED_FILE, "pt2e-run-codes": pt2e.RUN_CODES_FILE}
     assert sorted(p.name for p in out.glob("model*")) == [files[min(times, key=times.get)]]
+
+
+@needs_torchao
+def test_where_int8_kernels_saturate_pt2e_is_refused_and_auto_writes_onnx(
+    float_checkpoint, tmp_path, tiny_imdb_dir, cache_dir, monkeypatch
+):
+    """On an x86 CPU without VNNI (an AVX2 Zen 3's cpuinfo here) oneDNN's uint8 x int8 kernels add pairs of
+    products in saturating int16: the package would not compute the run's integers, so it is not written."""
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    on_cpu(monkeypatch, tmp_path, ZEN3_CPUINFO, "zen3")
+    data = tiny_data(tiny_imdb_dir, cache_dir)
+    out = tmp_path / "refused"
+    code, stdout, stderr = export_scaled(float_checkpoint, out, data, "int8_runtime=pt2e")
+    assert code == 2 and stdout == ""
+    assert stderr.count("\n") == 1, stderr
+    assert stderr.startswith(
+        "error: int8_runtime=pt2e: this CPU (AMD EPYC (family 25, model 1)) has no int8 dot product (VNNI or AMX"
+    ), stderr
+    assert not out.exists()
+    out = tmp_path / "auto"
+    code, stdout, stderr = export_scaled(float_checkpoint, out, data)
+    assert code == 0, stderr[-3000:]
+    assert sorted(p.name for p in out.glob("model*")) == [int8_export.INT8_SCALED_FILE]
+    [line] = [line for line in stdout.splitlines() if line.startswith("int8_runtime=auto:")]
+    assert line.startswith("int8_runtime=auto: ort-qdq (pt2e-run-codes not measured: this CPU"), line
 
 
 @pytest.mark.skipif(pt2e.pt2e_available() is None, reason="torchao is installed here")

@@ -72,7 +72,7 @@ def test_int8_flags_pick_the_matrix_flags():
 
 @pytest.mark.parametrize("runtime", ["torch-dynamic", "ort-dynamic", "pt2e-x86-inductor"])
 def test_each_runtime_computes_the_fp32_models_logits(tiny_bert, runtime, tmp_path):
-    if runtime == "pt2e-x86-inductor" and (why := int8_runtime.pt2e_available()) is not None:
+    if runtime == "pt2e-x86-inductor" and (why := int8_runtime.pt2e_unusable()) is not None:
         pytest.skip(why)
     model = tiny_bert(seed=0)
     inputs = int8_runtime.sample_batch(4, 16, model.config.vocab_size, seed=1)

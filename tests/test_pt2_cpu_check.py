@@ -148,3 +148,39 @@ def test_a_package_for_another_machine_is_refused(tmp_path):
     other = "aarch64" if platform.machine() != "aarch64" else "x86_64"
     problem = pt2e.package_cpu_problem(package_from(tmp_path / "model.pt2", {"AOTI_MACHINE": other}))
     assert problem == f"compiled for {other}, this machine is {platform.machine()}"
+
+
+@pytest.mark.parametrize(
+    ("metadata", "name", "int8"),
+    [
+        ({pt2e.CPU_KEY: "x", pt2e.INT8_KEY: "uint8 x int8"}, "model.pt2", True),
+        ({pt2e.CPU_KEY: "x"}, pt2e.PT2E_FILE, False),  # recorded as float: the name does not decide
+        ({}, pt2e.RUN_CODES_FILE, True),  # from before packages recorded anything: known by the export's name
+        ({}, "model.pt2", False),
+    ],
+)
+def test_an_int8_package_on_a_cpu_whose_int8_kernels_saturate_is_refused(
+    metadata, name, int8, tmp_path, monkeypatch
+):
+    """oneDNN's uint8 x int8 kernels add pairs of products in saturating int16 on x86 without VNNI: an int8 package
+    there would compute other numbers than the run's, so it is refused in one line before loading; a float package,
+    or any package on a VNNI CPU, is not."""
+    path = package_from(tmp_path / name, {**metadata, "AOTI_CPU_ISA": "AVX2"})
+    assert pt2e.is_int8_package(path) is int8
+    loaded = []
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", lambda p: loaded.append(p))
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    on_cpu(monkeypatch, tmp_path, ZEN3_CPUINFO, "zen3")
+    if int8:
+        with pytest.raises(pt2e.ConfigError) as refused:
+            pt2e.Pt2Classifier(path)
+        message = str(refused.value)
+        assert "\n" not in message and message.startswith(f"{path}: an int8 package, and this CPU (AMD EPYC")
+        assert "no int8 dot product" in message and "model_int8_scaled.onnx" in message
+        assert not loaded
+    else:
+        pt2e.Pt2Classifier(path)
+        assert loaded == [str(path)]
+    on_cpu(monkeypatch, tmp_path, ZEN4_CPUINFO, "zen4")  # VNNI: every package of AVX2 code runs
+    pt2e.Pt2Classifier(path)
+    assert loaded[-1] == str(path)

@@ -302,7 +302,7 @@ def scaled_int8_runtime(
         # int8_runtime=pt2e without torchao was refused with the options, before anything was read
         runtime = int8_runtime.PT2E_RUN_CODES if settings.int8_runtime == "pt2e" else int8_runtime.ORT_QDQ
         return write(runtime), ""
-    why_not_pt2e = pt2e.pt2e_available()
+    why_not_pt2e = pt2e.pt2e_unusable()
     if why_not_pt2e is not None:
         path = write(int8_runtime.ORT_QDQ)
         return (
@@ -413,7 +413,7 @@ def choose_int8_runtime(model: nn.Module, cfg: Any, check: CheckSettings) -> tup
     from adls_lightning.search.cost import torch_threads
 
     writable = [int8_runtime.ORT_DYNAMIC]
-    why_not_pt2e = pt2e.pt2e_available()
+    why_not_pt2e = pt2e.pt2e_unusable()
     if why_not_pt2e is None:
         writable.append(int8_runtime.PT2E)
     batch = max(check.batches)

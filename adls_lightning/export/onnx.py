@@ -24,6 +24,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from adls_lightning.errors import ConfigError
+from adls_lightning.gemm import u8s8_saturates
 
 ONNX_FILE = "model.onnx"
 ONNX_INT8_FILE = "model_int8.onnx"
@@ -136,10 +137,81 @@ def export_onnx(model: PreTrainedModel, path: Path) -> None:
 DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 
 
-def onnx_session(path: Path, optimized_path: Path | None = None):
+#: ONNX's int8 and uint8 element types (``TensorProto.INT8`` / ``UINT8``)
+_INT8, _UINT8 = 3, 2
+#: the offset from an int8 code to the same value's uint8 code
+_U8_OFFSET = 128
+
+
+def unsigned_int8_weights(graph_model) -> int:
+    """Rewrite, in place, the int8 weights of ``graph_model``'s integer matrix products as the same values in
+    uint8 (codes and zero points + 128), so ONNX Runtime multiplies them with its exact u8 x u8 kernel instead of
+    the u8 x s8 one that saturates where :func:`~adls_lightning.gemm.u8s8_saturates`; returns how many weights it rewrote.
+
+    The weights are the int8 initializers a ``DequantizeLinear`` reads (the QDQ graphs of ``int8=scaled``) or that
+    are ``MatMulInteger``'s B (ONNX Runtime's dynamic int8 graph, ``int8=true``); ``(q - z) * s`` is unchanged, so
+    the graph computes the same numbers."""
+    from onnx import numpy_helper
+
+    graph = graph_model.graph
+    initializers = {init.name: init for init in graph.initializer}
+    consumers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+
+    def int8_initializer(name: str):
+        init = initializers.get(name)
+        return init if init is not None and init.data_type == _INT8 else None
+
+    def as_uint8(init, name: str) -> str:
+        values = numpy_helper.to_array(init).astype(np.int16) + _U8_OFFSET
+        graph.initializer.append(numpy_helper.from_array(values.astype(np.uint8), name))
+        return name
+
+    rewritten = 0
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear" and not node.domain:
+            weight_at, zero_at, scale_at = 0, 2, 1
+        elif node.op_type == "MatMulInteger" and not node.domain:
+            weight_at, zero_at, scale_at = 1, 3, None
+        else:
+            continue
+        weight = int8_initializer(node.input[weight_at])
+        zero_name = node.input[zero_at] if len(node.input) > zero_at else ""
+        zero = int8_initializer(zero_name) if zero_name else None
+        if weight is None or (zero_name and zero is None):
+            continue  # an activation, or already unsigned
+        prefix = f"{node.input[weight_at]}.u8.{rewritten}"
+        inputs = list(node.input) + [""] * (zero_at + 1 - len(node.input))
+        inputs[weight_at] = as_uint8(weight, prefix)
+        if zero is not None:
+            inputs[zero_at] = as_uint8(zero, prefix + ".zero")
+        else:  # an absent zero point is 0 of the weight's type: 128 in uint8, shaped as the scale
+            shape = list(initializers[node.input[scale_at]].dims) if scale_at is not None else []
+            graph.initializer.append(
+                numpy_helper.from_array(np.full(shape, _U8_OFFSET, np.uint8), prefix + ".zero")
+            )
+            inputs[zero_at] = prefix + ".zero"
+        del node.input[:]
+        node.input.extend(inputs)
+        rewritten += 1
+    if rewritten:
+        used = {name for node in graph.node for name in node.input}
+        kept = [init for init in graph.initializer if init.name in used or init.name not in consumers]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+    return rewritten
+
+
+def onnx_session(path: Path, optimized_path: Path | None = None, exact_int8: bool = True):
     """An ONNX Runtime CPU session of ``path`` with torch's thread count (the comparison's fair setting), full
     graph optimization less :data:`DISABLED_OPTIMIZERS`; ``optimized_path``: also write the graph ONNX Runtime
-    runs there (to inspect which kernels it chose)."""
+    runs there (to inspect which kernels it chose).
+
+    Where ONNX Runtime's u8 x s8 GEMM saturates (:func:`~adls_lightning.gemm.u8s8_saturates`), the session runs the graph with its int8
+    weights made uint8 (:func:`unsigned_int8_weights`, in memory; the file is unchanged): the same values, summed
+    exactly. ``exact_int8=False`` runs the file as written (to measure what the repair costs)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -148,8 +220,15 @@ def onnx_session(path: Path, optimized_path: Path | None = None):
     if optimized_path is not None:
         options.optimized_model_filepath = str(optimized_path)
     options.log_severity_level = 3  # errors only: ORT warns about initializers it folds, harmless
+    model: str | bytes = str(path)
+    if exact_int8 and u8s8_saturates():
+        import onnx
+
+        graph_model = onnx.load(str(path))
+        if unsigned_int8_weights(graph_model):
+            model = graph_model.SerializeToString()
     return ort.InferenceSession(
-        str(path),
+        model,
         options,
         providers=["CPUExecutionProvider"],
         disabled_optimizers=list(DISABLED_OPTIMIZERS),
@@ -226,4 +305,5 @@ __all__ = [
     "onnx_session",
     "quantize_int8",
     "sample_inputs",
+    "unsigned_int8_weights",
 ]

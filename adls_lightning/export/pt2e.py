@@ -42,7 +42,7 @@ from torch import nn
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.export.onnx import INPUT_NAMES, LogitsOnly, OnnxCheck, sample_inputs
-from adls_lightning.gemm import cpu_flags, cpu_name
+from adls_lightning.gemm import cpu_flags, cpu_name, u8s8_saturates
 
 PT2E_FILE = "model_int8_pt2e.pt2"
 #: ``format=onnx int8=scaled`` in PT2E (:func:`write_run_codes_package`)
@@ -59,6 +59,26 @@ def pt2e_available() -> str | None:
     except ImportError as error:
         return f"torchao's PT2E quantization does not import ({error}); pip install 'adls-lightning[int8]'"
     return None
+
+
+def saturation_problem(flags: str | None = None) -> str | None:
+    """Why oneDNN's int8 kernels (what a PT2E package runs) are not exact on this CPU (or one with ``flags``), or
+    None: where :func:`~adls_lightning.gemm.u8s8_saturates`, their uint8 x int8 products are added in pairs in
+    saturating int16."""
+    if not u8s8_saturates(flags):
+        return None
+    return (
+        f"this CPU ({cpu_name()}) has no int8 dot product (VNNI or AMX-INT8), and oneDNN's int8 kernels add pairs "
+        "of uint8 x int8 products in saturating int16 on it, off the exact sums by up to a fifth of a layer's "
+        "outputs; ONNX Runtime's int8 graphs (model_int8.onnx, model_int8_scaled.onnx) compute exactly here"
+    )
+
+
+def pt2e_unusable() -> str | None:
+    """Why the PT2E int8 route is not offered here (torchao missing, :func:`pt2e_available`; or this CPU's int8
+    kernels saturate, :func:`saturation_problem`), or None: what ``int8=auto``, ``int8_runtime=pt2e`` and the int8
+    runtime measurements ask before they write, time or run a package."""
+    return pt2e_available() or saturation_problem()
 
 
 def quantize_pt2e(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> tuple[nn.Module, tuple]:
@@ -115,6 +135,8 @@ def compile_package(converted: nn.Module, example: tuple, dynamic_shapes: tuple,
     """A converted PT2E graph compiled by AOTInductor with freezing into ``path``, written whole or not at all; its
     metadata records the exporting CPU (:data:`CPU_KEY`, :data:`CPU_FLAGS_KEY`) for :func:`package_cpu_problem`."""
     metadata = {CPU_KEY: cpu_name(), CPU_FLAGS_KEY: " ".join(isa_flags(cpu_flags()))}
+    if any(str(node.target).startswith("quantized_decomposed.") for node in converted.graph.nodes):
+        metadata[INT8_KEY] = "uint8 x int8"
     with torch.no_grad():
         exported = torch.export.export(converted, example, dynamic_shapes=dynamic_shapes)
         # compiled beside the target and renamed over it: a killed compile leaves no package that looks whole
@@ -131,6 +153,9 @@ def compile_package(converted: nn.Module, example: tuple, dynamic_shapes: tuple,
 # ------------------------------------------------------------------------------- which CPU a package runs on
 #: the package metadata's keys for the exporting CPU: its name (:func:`~adls_lightning.gemm.cpu_name`) and flags
 CPU_KEY, CPU_FLAGS_KEY = "adls_cpu", "adls_cpu_flags"
+#: the package metadata's key of an int8 package (its operands' types), which :class:`Pt2Classifier` refuses
+#: where :func:`saturation_problem` (:func:`is_int8_package`)
+INT8_KEY = "adls_int8"
 #: ``/proc/cpuinfo`` flags that name instruction-set extensions a compiler may emit under ``-march=native``
 #: (SSE to AVX-512 and AMX, FMA, F16C, BMI, the crypto and bit-manipulation sets), by prefix
 ISA_FLAG_PREFIXES = (
@@ -189,6 +214,14 @@ def package_cpu_problem(path: Path, flags: str | None = None) -> str | None:
         "with an illegal instruction: export again on this kind of CPU, or run an ONNX graph (model.onnx, "
         "model_int8.onnx), which runs on any CPU"
     )
+
+
+def is_int8_package(path: Path) -> bool:
+    """Whether the package at ``path`` runs oneDNN's int8 kernels: its metadata says so (:data:`INT8_KEY`), or,
+    written before packages recorded anything of ours (no :data:`CPU_KEY`), it has an int8 export's file name
+    (:data:`PT2E_FILE`, :data:`RUN_CODES_FILE`)."""
+    meta = package_metadata(path)
+    return INT8_KEY in meta or (CPU_KEY not in meta and path.name in (PT2E_FILE, RUN_CODES_FILE))
 
 
 # ------------------------------------------------------------------------------- the run's own int8 grid
@@ -362,6 +395,9 @@ class Pt2Classifier(nn.Module):
         super().__init__()
         self.path = path
         problem = package_cpu_problem(path)
+        if problem is None and is_int8_package(path):
+            problem = saturation_problem()
+            problem = problem and f"an int8 package, and {problem}"
         if problem is not None:
             raise ConfigError(f"{path}: {problem}")
         self.runner = torch._inductor.aoti_load_package(str(path))
@@ -381,19 +417,23 @@ __all__ = [
     "AOTI_ISA_FLAGS",
     "CPU_FLAGS_KEY",
     "CPU_KEY",
+    "INT8_KEY",
     "MAX_BATCH",
     "PT2E_FILE",
     "RUN_CODES_FILE",
     "Pt2Classifier",
     "check_package",
     "compile_package",
+    "is_int8_package",
     "isa_flags",
     "package_cpu_problem",
     "package_metadata",
     "pt2e_available",
+    "pt2e_unusable",
     "quantize_pt2e",
     "quantize_run_codes",
     "run_codes_quantizer",
+    "saturation_problem",
     "write_pt2e_package",
     "write_run_codes_package",
 ]

@@ -122,9 +122,9 @@ def check_options(options: dict[str, str | None]) -> ExportSettings:
             f"codes); int8={options['int8']} takes int8_runtime=auto"
         )
     if int8_runtime == "pt2e":
-        from adls_lightning.export.pt2e import pt2e_available
+        from adls_lightning.export.pt2e import pt2e_unusable
 
-        if (why := pt2e_available()) is not None:
+        if (why := pt2e_unusable()) is not None:
             raise ConfigError(f"int8_runtime=pt2e: {why}")
     int4: bool | str = "int8_inputs" if str(options["int4"]).lower() == "int8_inputs" else None
     if int4 is None:
