@@ -254,6 +254,22 @@ def test_auto_measures_both_files_and_keeps_the_faster(float_checkpoint, tmp_pat
     assert sorted(p.name for p in out.glob("model*")) == [files[min(times, key=times.get)]]
 
 
+def refused_and_auto_writes_onnx(float_checkpoint: Path, tmp_path: Path, data: list[str], why: str) -> None:
+    """``int8_runtime=pt2e`` is refused in one line (exit 2, nothing written) with ``why``, and ``int8_runtime=auto``
+    writes ONNX Runtime's graph and says ``why``."""
+    out = tmp_path / "refused"
+    code, stdout, stderr = export_scaled(float_checkpoint, out, data, "int8_runtime=pt2e")
+    assert code == 2 and stdout == ""
+    assert stderr.count("\n") == 1 and stderr.startswith(f"error: int8_runtime=pt2e: {why}"), stderr
+    assert not out.exists()
+    out = tmp_path / "auto"
+    code, stdout, stderr = export_scaled(float_checkpoint, out, data)
+    assert code == 0, stderr[-3000:]
+    assert sorted(p.name for p in out.glob("model*")) == [int8_export.INT8_SCALED_FILE]
+    [line] = [line for line in stdout.splitlines() if line.startswith("int8_runtime=auto:")]
+    assert line.startswith(f"int8_runtime=auto: ort-qdq (pt2e-run-codes not measured: {why}"), line
+
+
 @needs_torchao
 def test_where_int8_kernels_saturate_pt2e_is_refused_and_auto_writes_onnx(
     float_checkpoint, tmp_path, tiny_imdb_dir, cache_dir, monkeypatch
@@ -262,21 +278,8 @@ def test_where_int8_kernels_saturate_pt2e_is_refused_and_auto_writes_onnx(
     products in saturating int16: the package would not compute the run's integers, so it is not written."""
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     on_cpu(monkeypatch, tmp_path, ZEN3_CPUINFO, "zen3")
-    data = tiny_data(tiny_imdb_dir, cache_dir)
-    out = tmp_path / "refused"
-    code, stdout, stderr = export_scaled(float_checkpoint, out, data, "int8_runtime=pt2e")
-    assert code == 2 and stdout == ""
-    assert stderr.count("\n") == 1, stderr
-    assert stderr.startswith(
-        "error: int8_runtime=pt2e: this CPU (AMD EPYC (family 25, model 1)) has no int8 dot product (VNNI or AMX"
-    ), stderr
-    assert not out.exists()
-    out = tmp_path / "auto"
-    code, stdout, stderr = export_scaled(float_checkpoint, out, data)
-    assert code == 0, stderr[-3000:]
-    assert sorted(p.name for p in out.glob("model*")) == [int8_export.INT8_SCALED_FILE]
-    [line] = [line for line in stdout.splitlines() if line.startswith("int8_runtime=auto:")]
-    assert line.startswith("int8_runtime=auto: ort-qdq (pt2e-run-codes not measured: this CPU"), line
+    why = "this CPU (AMD EPYC (family 25, model 1)) has no int8 dot product (VNNI or AMX-INT8)"
+    refused_and_auto_writes_onnx(float_checkpoint, tmp_path, tiny_data(tiny_imdb_dir, cache_dir), why)
 
 
 @pytest.mark.skipif(pt2e.pt2e_available() is None, reason="torchao is installed here")
@@ -284,14 +287,4 @@ def test_without_torchao_pt2e_is_refused_and_auto_writes_onnx(
     float_checkpoint, tmp_path, tiny_imdb_dir, cache_dir
 ):
     data = tiny_data(tiny_imdb_dir, cache_dir)
-    out = tmp_path / "refused"
-    code, stdout, stderr = export_scaled(float_checkpoint, out, data, "int8_runtime=pt2e")
-    assert code == 2 and stdout == ""
-    assert stderr.count("\n") == 1 and stderr.startswith("error: int8_runtime=pt2e: torchao's PT2E"), stderr
-    assert not out.exists()
-    out = tmp_path / "auto"
-    code, stdout, stderr = export_scaled(float_checkpoint, out, data)
-    assert code == 0, stderr[-3000:]
-    assert sorted(p.name for p in out.glob("model*")) == [int8_export.INT8_SCALED_FILE]
-    [line] = [line for line in stdout.splitlines() if line.startswith("int8_runtime=auto:")]
-    assert line.startswith("int8_runtime=auto: ort-qdq (pt2e-run-codes not measured: torchao's PT2E"), line
+    refused_and_auto_writes_onnx(float_checkpoint, tmp_path, data, "torchao's PT2E")
