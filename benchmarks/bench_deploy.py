@@ -11,7 +11,8 @@ Rows (speed-up = torch eager fp32 unpruned / row):
 * ``int8 ONNX, ORT default session``: the file ``adls-export ... format=onnx int8=scaled`` writes, in ONNX
   Runtime's default session (one thread): ``SkipLayerNormFusion`` on, as before 2026-11-29;
 * ``int8 ONNX, project session (adls-predict)``: the same file in the session the project runs it in
-  (:func:`adls_lightning.export.onnx.onnx_session`: ``disabled_optimizers=["SkipLayerNormFusion"]``): the
+  (:func:`adls_lightning.export.onnx.onnx_session`: ``disabled_optimizers=["SkipLayerNormFusion"]``, and on x86
+  CPUs without VNNI the int8 weights run as uint8, exactly, where the default session's kernel saturates): the
   artifact.
 
 Timing: random token ids, no padding; each row warmed up, then ``--repeats`` rounds in which every row runs once in
