@@ -254,6 +254,30 @@ def test_auto_measures_both_files_and_keeps_the_faster(float_checkpoint, tmp_pat
     assert sorted(p.name for p in out.glob("model*")) == [files[min(times, key=times.get)]]
 
 
+@needs_torchao
+def test_a_package_of_the_run_codes_records_that_it_is_int8_and_is_refused_where_kernels_saturate(
+    converted, tmp_path, monkeypatch
+):
+    """The package :func:`write_run_codes_package` compiles says in its metadata that it runs int8 kernels, under
+    any name; on an AVX2 CPU without VNNI (a Zen 3's cpuinfo) it is refused in one line before its code loads."""
+    model, _, _ = converted
+    path = tmp_path / "renamed.pt2"  # not an export's file name: the metadata decides
+    pt2e.write_run_codes_package(model, int8_export.scaled_int8_layers(model), int8_export.QMAX, path)
+    assert pt2e.package_metadata(path)[pt2e.INT8_KEY] == "uint8 x int8" and pt2e.is_int8_package(path)
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    on_cpu(monkeypatch, tmp_path, ZEN3_CPUINFO, "zen3")
+    monkeypatch.setattr(
+        pt2e, "package_cpu_problem", lambda *_: None
+    )  # the exporting CPU's flags are not the test's
+    loaded = []
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", lambda p: loaded.append(p))
+    with pytest.raises(
+        pt2e.ConfigError, match=r"an int8 package, and this CPU \(AMD EPYC .* no int8 dot product"
+    ):
+        pt2e.Pt2Classifier(path)
+    assert not loaded
+
+
 def refused_and_auto_writes_onnx(float_checkpoint: Path, tmp_path: Path, data: list[str], why: str) -> None:
     """``int8_runtime=pt2e`` is refused in one line (exit 2, nothing written) with ``why``, and ``int8_runtime=auto``
     writes ONNX Runtime's graph and says ``why``."""

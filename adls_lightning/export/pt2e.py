@@ -135,10 +135,10 @@ def compile_package(converted: nn.Module, example: tuple, dynamic_shapes: tuple,
     """A converted PT2E graph compiled by AOTInductor with freezing into ``path``, written whole or not at all; its
     metadata records the exporting CPU (:data:`CPU_KEY`, :data:`CPU_FLAGS_KEY`) for :func:`package_cpu_problem`."""
     metadata = {CPU_KEY: cpu_name(), CPU_FLAGS_KEY: " ".join(isa_flags(cpu_flags()))}
-    if any(str(node.target).startswith("quantized_decomposed.") for node in converted.graph.nodes):
-        metadata[INT8_KEY] = "uint8 x int8"
     with torch.no_grad():
         exported = torch.export.export(converted, example, dynamic_shapes=dynamic_shapes)
+        if any(str(node.target).startswith("quantized_decomposed.") for node in exported.graph.nodes):
+            metadata[INT8_KEY] = "uint8 x int8"
         # compiled beside the target and renamed over it: a killed compile leaves no package that looks whole
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as work:
             partial = Path(work) / path.name  # the packager takes only names ending in .pt2
