@@ -137,8 +137,8 @@ def export_onnx(model: PreTrainedModel, path: Path) -> None:
 DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 
 
-#: ONNX's int8 and uint8 element types (``TensorProto.INT8`` / ``UINT8``)
-_INT8, _UINT8 = 3, 2
+#: ONNX's int8 element type (``TensorProto.INT8``)
+_INT8 = 3
 #: the offset from an int8 code to the same value's uint8 code
 _U8_OFFSET = 128
 
@@ -146,7 +146,8 @@ _U8_OFFSET = 128
 def unsigned_int8_weights(graph_model) -> int:
     """Rewrite, in place, the int8 weights of ``graph_model``'s integer matrix products as the same values in
     uint8 (codes and zero points + 128), so ONNX Runtime multiplies them with its exact u8 x u8 kernel instead of
-    the u8 x s8 one that saturates where :func:`~adls_lightning.gemm.u8s8_saturates`; returns how many weights it rewrote.
+    the u8 x s8 one that saturates where :func:`~adls_lightning.gemm.u8s8_saturates`; returns how many weights it
+    rewrote.
 
     The weights are the int8 initializers a ``DequantizeLinear`` reads (the QDQ graphs of ``int8=scaled``) or that
     are ``MatMulInteger``'s B (ONNX Runtime's dynamic int8 graph, ``int8=true``); ``(q - z) * s`` is unchanged, so
@@ -209,9 +210,9 @@ def onnx_session(path: Path, optimized_path: Path | None = None, exact_int8: boo
     graph optimization less :data:`DISABLED_OPTIMIZERS`; ``optimized_path``: also write the graph ONNX Runtime
     runs there (to inspect which kernels it chose).
 
-    Where ONNX Runtime's u8 x s8 GEMM saturates (:func:`~adls_lightning.gemm.u8s8_saturates`), the session runs the graph with its int8
-    weights made uint8 (:func:`unsigned_int8_weights`, in memory; the file is unchanged): the same values, summed
-    exactly. ``exact_int8=False`` runs the file as written (to measure what the repair costs)."""
+    Where ONNX Runtime's u8 x s8 GEMM saturates (:func:`~adls_lightning.gemm.u8s8_saturates`), the session runs
+    the graph with its int8 weights made uint8 (:func:`unsigned_int8_weights`, in memory; the file is unchanged):
+    the same values, summed exactly. ``exact_int8=False`` runs the file as written (to measure what the repair costs)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
