@@ -212,7 +212,8 @@ def onnx_session(path: Path, optimized_path: Path | None = None, exact_int8: boo
 
     Where ONNX Runtime's u8 x s8 GEMM saturates (:func:`~adls_lightning.gemm.u8s8_saturates`), the session runs
     the graph with its int8 weights made uint8 (:func:`unsigned_int8_weights`, in memory; the file is unchanged):
-    the same values, summed exactly. ``exact_int8=False`` runs the file as written (to measure what the repair costs)."""
+    the same values, summed exactly. ``exact_int8=False`` runs the file as written (to measure what the repair
+    costs)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
