@@ -32,7 +32,15 @@ from pathlib import Path
 import torch
 
 from adls_lightning.export.pt2e import pt2e_unusable
-from adls_lightning.gemm import _read_cache, _write_cache, cpu_flags, cpu_kind, cpu_name, u8s8_saturates
+from adls_lightning.gemm import (
+    INT8_DOT_PRODUCT_FLAGS,
+    _read_cache,
+    _write_cache,
+    cpu_flags,
+    cpu_kind,
+    cpu_name,
+    u8s8_saturates,
+)
 from adls_lightning.search.cost import clock_for, time_calls
 
 log = logging.getLogger(__name__)
@@ -47,8 +55,8 @@ ORT_QDQ = "ort-qdq"
 PT2E_RUN_CODES = "pt2e-run-codes"
 RUN_CODE_RUNTIMES = (ORT_QDQ, PT2E_RUN_CODES)
 CACHE_FILE = "int8_runtime.json"
-#: the CPU flags that decide int8 matrix rates: VNNI dot products (AVX-512 / AVX) and AMX's int8 tiles
-INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx2")
+#: the CPU flags that decide int8 matrix rates: VNNI dot products (AVX-512 / AVX) and AMX's int8 tiles, then AVX2
+INT8_FLAGS = (*sorted(INT8_DOT_PRODUCT_FLAGS), "avx2")
 
 Runner = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -105,8 +113,9 @@ def _ort_dynamic(model: torch.nn.Module, _inputs: dict[str, torch.Tensor], work:
     return file_runner(int8_path)
 
 
-def file_runner(path: Path) -> Runner:
-    """An exported graph as a runner: an ONNX file in ONNX Runtime (loaded now), or a ``.pt2`` package."""
+def file_runner(path: Path, exact_int8: bool = True) -> Runner:
+    """An exported graph as a runner: an ONNX file in ONNX Runtime (loaded now; ``exact_int8``: as
+    :func:`~adls_lightning.export.onnx.onnx_session` takes it), or a ``.pt2`` package."""
     if path.suffix == ".pt2":
         from adls_lightning.export.pt2e import Pt2Classifier
 
@@ -116,7 +125,7 @@ def file_runner(path: Path) -> Runner:
         )
     from adls_lightning.export import onnx as onnx_export
 
-    session = onnx_export.onnx_session(path)
+    session = onnx_export.onnx_session(path, exact_int8=exact_int8)
 
     def run(input_ids, attention_mask):
         logits = onnx_export.onnx_logits(session, {"input_ids": input_ids, "attention_mask": attention_mask})

@@ -46,18 +46,6 @@ BF16 = "torch bf16 weights"
 ORT_AS_WRITTEN = "ort-dynamic as written"
 
 
-def ort_as_written(path: Path):
-    from adls_lightning.export import onnx as onnx_export
-
-    session = onnx_export.onnx_session(path, exact_int8=False)
-
-    def run(input_ids, attention_mask):
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        return torch.from_numpy(onnx_export.onnx_logits(session, inputs))
-
-    return run
-
-
 def print_cpu() -> None:
     from adls_lightning.gemm import cpu_flags, cpu_name
 
@@ -165,7 +153,9 @@ def main() -> None:
         runners.update(int8_runtime.build_runners(model, inputs, skipped=skipped, work=Path(work.name)))
         if u8s8_saturates() and int8_runtime.ORT_DYNAMIC in runners:
             # the same file in a plain session: what exactness costs where the u8 x s8 kernel saturates
-            runners[ORT_AS_WRITTEN] = ort_as_written(Path(work.name) / ONNX_INT8_FILE)
+            runners[ORT_AS_WRITTEN] = int8_runtime.file_runner(
+                Path(work.name) / ONNX_INT8_FILE, exact_int8=False
+            )
         times = int8_runtime.time_runners(runners, inputs, args.repeats)
         times_by_batch[batch] = times
         print(
