@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Iterator
 
@@ -126,20 +127,26 @@ def configure_tool() -> None:
 def quiet_progress_bars(transformers_too: bool = True) -> None:
     """No redrawn progress bars of ``datasets`` (and transformers) where there is no terminal.
 
-    The pre-flight check reads a run's data files before the run's console is set up: it quiets ``datasets`` only,
-    leaving transformers (seconds to import) to the run.
+    A library not yet imported is told through its environment variable, read when it is imported: a tool that
+    answers ``--help`` or refuses an option does not pay seconds of imports for it. The pre-flight check reads a
+    run's data files before the run's console is set up: it quiets ``datasets`` only.
     """
     if is_terminal():
         return
     # Progress bars redrawn with carriage returns are one garbled line each in a file or a pipe; the project
     # logs what it tokenizes and loads instead (and adls_lightning/callbacks/progress.py prints timed progress lines).
-    import datasets
-
-    datasets.disable_progress_bars()
-    if transformers_too:
-        import transformers
-
-        transformers.utils.logging.disable_progress_bar()
+    quiet = [("datasets", "HF_DATASETS_DISABLE_PROGRESS_BARS", "disable_progress_bars")]
+    if transformers_too:  # transformers' bars are huggingface_hub's switch
+        quiet.append(("transformers", "HF_HUB_DISABLE_PROGRESS_BARS", "utils.logging.disable_progress_bar"))
+    for module_name, variable, disable in quiet:
+        module = sys.modules.get(module_name)
+        if module is None:
+            os.environ.setdefault(variable, "1")
+            continue
+        function = module
+        for part in disable.split("."):
+            function = getattr(function, part)
+        function()
 
 
 def quiet_library_warnings() -> None:

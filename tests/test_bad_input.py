@@ -448,16 +448,18 @@ def test_bad_input_is_one_line(outcomes, case):
         assert not result["pwned"], "a refused target ran"
 
 
-def test_common_precisions_are_lightnings():
-    """The pre-flight check accepts these without importing Lightning: each must be one Lightning accepts."""
+def test_the_precisions_checked_without_lightning_are_lightnings():
+    """The pre-flight check reads ``trainer.precision``'s values from its own list, without importing Lightning:
+    the list must be exactly what the installed Lightning accepts (a new Lightning that adds or drops one fails
+    here, not in users' runs)."""
     import typing
 
     from lightning.fabric.connector import _PRECISION_INPUT
 
-    from adls_lightning.app.preflight import COMMON_PRECISIONS
+    from adls_lightning.app.preflight import LIGHTNING_PRECISIONS
 
-    accepted = {value for group in typing.get_args(_PRECISION_INPUT) for value in typing.get_args(group)}
-    assert set(COMMON_PRECISIONS) <= accepted
+    accepted = [value for group in typing.get_args(_PRECISION_INPUT) for value in typing.get_args(group)]
+    assert list(LIGHTNING_PRECISIONS) == accepted
 
 
 @pytest.mark.parametrize(

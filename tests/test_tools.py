@@ -51,6 +51,56 @@ def test_the_documented_spelling_runs_the_tool(spelling, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+#: what takes seconds to import (torch alone 2-3 s on the 2-core machine, Lightning 10 s)
+HEAVY_MODULES = ("torch", "transformers", "datasets", "lightning", "optuna")
+
+
+def _imported_after(code: str, cwd: Path) -> tuple[str, list[str]]:
+    """Run ``code`` in a fresh interpreter; return its last printed line and the heavy modules it imported."""
+    probe = f"{code}\nimport sys\nprint(sorted(m for m in {HEAVY_MODULES!r} if m in sys.modules))"
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and lines, proc.stderr[-2000:]
+    return "\n".join(lines[:-1]), ast.literal_eval(lines[-1])
+
+
+@pytest.mark.parametrize(
+    ("tool", "bad"),
+    [
+        ("export", ["no_such_option=1", "out=x"]),
+        ("evaluate", ["--no-such-flag", "x"]),
+        ("predict", ["x", "a text", "batch_size=0"]),  # a text may hold "=": predict's bad option is a value
+    ],
+)
+def test_help_and_a_bad_option_answer_before_torch_is_imported(tool, bad, tmp_path):
+    """``adls-export``, ``adls-evaluate`` and ``adls-predict`` (their console entry, ``tools.<tool>:main``) print
+    their usage and refuse a bad option without importing torch or the model's libraries."""
+    code = f"from adls_lightning.tools.{tool} import main\nprint([main(['--help']) == 0, main({bad!r})])"
+    printed, heavy = _imported_after(code, tmp_path)
+    assert printed.splitlines()[-1] == "[True, 2]"
+    assert heavy == []
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_refused_train_py_imports_neither_torch_nor_optuna(tmp_path):
+    """``train.py`` refusing a bad value in its pre-flight check loads no heavy library (Optuna only opens a
+    study's storage; torch and Lightning come with the run)."""
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = [{str(ROOT / 'train.py')!r}, 'model=tiny_random', 'data.batch_size=-3', 'hydra.run.dir=run']\n"
+        "try:\n"
+        f"    runpy.run_path({str(ROOT / 'train.py')!r}, run_name='__main__')\n"
+        "except SystemExit as stop:\n"
+        "    print(stop.code)"
+    )
+    printed, heavy = _imported_after(code, tmp_path)
+    assert printed.splitlines()[-1] == "2"
+    assert heavy == []
+    assert not (tmp_path / "run").exists()
+
+
 def test_the_tools_parse_with_one_parser():
     """Every tool module takes its ``key=value`` parsing from ``tools.options``; no other module of the package
     defines a ``key=value`` splitter."""

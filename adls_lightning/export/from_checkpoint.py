@@ -16,7 +16,7 @@ import copy
 import re
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,34 +25,9 @@ from torch import nn
 from adls_lightning.errors import ConfigError
 from adls_lightning.export.compressed import RECIPE_FILE
 from adls_lightning.export.folder import save_tokenizer, write_config
-from adls_lightning.export.selfcheck import CheckSettings, self_check
+from adls_lightning.export.selfcheck import self_check
+from adls_lightning.export.settings import CheckSettings, ExportSettings
 from adls_lightning.runs.loading import LoadedRun, load_checkpoint_model
-
-FORMATS = ("mxint8", "hf", "onnx")
-
-
-@dataclass(frozen=True)
-class ExportSettings:
-    """What to export and how (the export command's options, checked)."""
-
-    ckpt: Path
-    out: Path
-    format: str = "mxint8"
-    group_size: int = 32
-    #: regexes of linear layer names left float (``format=mxint8``)
-    exclude: tuple[str, ...] = ("classifier",)
-    pack_embeddings: bool = False
-    #: ``format=onnx``: True (ONNX Runtime's dynamic int8 beside the float graph), ``"scaled"`` (the run's int8),
-    #: ``"auto"`` (the int8 runtime measured fastest on this CPU kind: :func:`choose_int8_runtime`)
-    int8: bool | str = False
-    #: ``int8=scaled``'s runtime: ``auto`` (the one measured faster on this CPU kind at the run's own codes:
-    #: :func:`scaled_int8_runtime`), ``onnx`` (ONNX Runtime's QDQ graph) or ``pt2e`` (an AOTInductor package)
-    int8_runtime: str = "auto"
-    #: ``format=onnx``: True (GPTQ 4-bit codes as ``MatMulNBits``), ``"int8_inputs"`` (inputs quantized per block)
-    int4: bool | str = False
-    check: CheckSettings = field(default_factory=CheckSettings)
-    #: the calling tool's own keys, named when an override sets a key the run's config lacks
-    tool_keys: tuple[str, ...] = ()
 
 
 @dataclass

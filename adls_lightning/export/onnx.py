@@ -24,6 +24,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from adls_lightning.errors import ConfigError
+from adls_lightning.export.settings import ExportCheckError
 from adls_lightning.gemm import u8s8_saturates
 
 ONNX_FILE = "model.onnx"
@@ -44,10 +45,6 @@ SAMPLE_ROWS = 4
 SAMPLE_TOKENS = 16
 # Models above this size go to external data (protobuf's 2 GiB limit); below it one self-contained file.
 EXTERNAL_DATA_BYTES = 1_500_000_000
-
-
-class ExportCheckError(RuntimeError):
-    """The exported model's ONNX Runtime logits differ from PyTorch's beyond the stated tolerance."""
 
 
 @dataclass

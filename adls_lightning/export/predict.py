@@ -21,8 +21,8 @@ from adls_lightning.data.inputs import MODEL_INPUTS
 from adls_lightning.errors import ConfigError
 from adls_lightning.export.compressed import ExportRecipe
 from adls_lightning.export.folder import INPUTS_KEY, check_folder, load_folder
+from adls_lightning.export.settings import PREDICT_USAGE as USAGE
 
-USAGE = "adls-predict DIR [TEXT ...] [file=PATH] [batch_size=32]"
 #: what a folder holds when the export saved its tokenizer (one of them is enough for ``AutoTokenizer``)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
 PAIR_SEPARATOR = "\t"

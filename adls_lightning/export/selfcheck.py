@@ -29,7 +29,6 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,21 +36,11 @@ import torch
 from torch import nn
 
 from adls_lightning.data.inputs import model_inputs
-from adls_lightning.errors import ConfigError
+from adls_lightning.export.settings import CHECK_MODES, OPTIONS, CheckSettings
 from adls_lightning.gemm import cpu_name
 from adls_lightning.search.cost import clock_for, time_calls, torch_threads
 
 EXPORT_JSON = "export.json"
-CHECK_MODES = ("full", "agreement", "none")
-#: the export command's options of the check, with their defaults
-OPTIONS = {
-    "check": "full",
-    "check_rows": "200",
-    "check_threads": "1",
-    "check_tokens": "128",
-    "check_batches": "1,8",
-    "check_rounds": "5",
-}
 #: below this speedup at any batch size an artifact is named "not faster" (timing noise under load is ~5 %)
 FASTER_AT = 1.1
 #: weight formats with a runtime here, and the export that runs them
@@ -64,57 +53,6 @@ FASTER_METHODS = (
     "structured pruning (prune=structured_0.5, then format=onnx) or int8 ONNX (quant=int8_scaled, then format=onnx "
     "int8=scaled)"
 )
-
-
-@dataclass(frozen=True)
-class CheckSettings:
-    """How :func:`self_check` measures (the export command's ``check*`` options)."""
-
-    mode: str = "full"
-    rows: int = 200
-    threads: int = 1
-    tokens: int = 128
-    batches: tuple[int, ...] = (1, 8)
-    rounds: int = 5
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any]) -> CheckSettings:
-        """The settings of ``options`` (the command's strings).
-
-        Raises:
-            ConfigError: naming the first bad key and what would be valid.
-        """
-        mode = str(options.get("check", "full"))
-        if mode not in CHECK_MODES:
-            raise ConfigError(f"check={mode}: must be one of {', '.join(CHECK_MODES)}")
-
-        def positive(key: str) -> int:
-            value = str(options.get(key, OPTIONS[key]))
-            try:
-                number = int(value)
-            except ValueError:
-                number = 0
-            if number <= 0:
-                raise ConfigError(f"{key}={value}: must be a positive integer, e.g. {OPTIONS[key]}")
-            return number
-
-        text = str(options.get("check_batches", OPTIONS["check_batches"]))
-        try:
-            batches = tuple(int(b) for b in text.split(","))
-        except ValueError:
-            batches = ()
-        if not batches or min(batches) <= 0:
-            raise ConfigError(
-                f"check_batches={text}: must be positive batch sizes separated by commas, e.g. 1,8"
-            )
-        return cls(
-            mode,
-            positive("check_rows"),
-            positive("check_threads"),
-            positive("check_tokens"),
-            batches,
-            positive("check_rounds"),
-        )
 
 
 def uncompressed_model(cfg: Any) -> nn.Module:

@@ -14,15 +14,16 @@ import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import optuna
-import sqlalchemy.engine
-import sqlalchemy.exc
-from optuna.storages import BaseStorage, JournalStorage, RDBStorage
-from optuna.storages.journal import JournalFileBackend
+from typing import TYPE_CHECKING, Any
 
 from adls_lightning.errors import ConfigError
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.storages import BaseStorage
+
+# Optuna and SQLAlchemy (0.4 s to import) are imported where a storage is opened: every train.py and search.py
+# masks its command line with this module first, and a run that opens no study never needs them.
 
 CREATE_ATTEMPTS = 5
 STORAGE_KINDS = ("sqlite", "journal", "postgresql")
@@ -133,6 +134,8 @@ def sqlite_file(spec: str) -> Path | None:
     """The database file of an ``sqlite://`` URL (None for another scheme, or an in-memory database)."""
     if not spec.startswith("sqlite:"):
         return None
+    import sqlalchemy.engine
+
     database = sqlalchemy.engine.make_url(spec).database
     return Path(database).expanduser() if database and database != ":memory:" else None
 
@@ -149,6 +152,10 @@ def open_storage(
         ConfigError: the storage cannot be opened, with the driver's first line of explanation (password masked),
             or (``create=False``) its file does not exist.
     """
+    import sqlalchemy.exc
+    from optuna.storages import JournalStorage, RDBStorage
+    from optuna.storages.journal import JournalFileBackend
+
     if not create:
         path = Path(spec).expanduser() if is_journal(spec) else sqlite_file(spec)
         if (path is None and spec.startswith("sqlite:")) or (path is not None and not path.is_file()):
@@ -236,6 +243,8 @@ def open_trial(storage_spec: str, study_name: str, trial_number: int, pruner=Non
     Raises:
         ConfigError: the study or trial does not exist, or the trial is already finished.
     """
+    import optuna
+
     storage = _job_storage(storage_spec)
     try:
         study = optuna.load_study(

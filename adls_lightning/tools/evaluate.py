@@ -28,14 +28,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from adls_lightning.app.preflight import validate_model_settings
 from adls_lightning.errors import ConfigError
-from adls_lightning.export.compressed import ExportRecipe
-from adls_lightning.export.evaluate import evaluation_setup, folder_predictions
-from adls_lightning.export.folder import load_folder
-from adls_lightning.gemm import validate as validate_gemm
 from adls_lightning.logs import configure_tool
 from adls_lightning.overrides import merge_overrides
 from adls_lightning.tools.options import run_tool, split_options
@@ -56,6 +49,15 @@ def evaluate_folders(argv: Sequence[str]) -> None:
     folders = [Path(a) for a in options["folders"]]
     if not folders:
         raise ConfigError(f"DIR: expected an exported folder ({USAGE})")
+    # imported once the command line is read: torch takes seconds, --help and a bad option none
+    from omegaconf import OmegaConf
+
+    from adls_lightning.app.preflight import validate_model_settings
+    from adls_lightning.export.compressed import ExportRecipe
+    from adls_lightning.export.evaluate import evaluation_setup, folder_predictions
+    from adls_lightning.export.folder import load_folder
+    from adls_lightning.gemm import validate as validate_gemm
+
     # each recipe first (a damaged one is named before the files it describes); an ONNX graph's is its folder's
     recipes = [
         ExportRecipe.read(folder if folder.is_dir() else folder.parent) if folder.exists() else None

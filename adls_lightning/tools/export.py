@@ -43,9 +43,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.export.from_checkpoint import FORMATS, ExportSettings, check_export, export_checkpoint
-from adls_lightning.export.selfcheck import OPTIONS as CHECK_OPTIONS
-from adls_lightning.export.selfcheck import CheckSettings
+from adls_lightning.export.settings import FORMATS, CheckSettings, ExportCheckError, ExportSettings
+from adls_lightning.export.settings import OPTIONS as CHECK_OPTIONS
 from adls_lightning.logs import configure_tool
 from adls_lightning.tools.options import FLAGS, HelpRequested, check_writable, flag_option, split_options
 
@@ -153,6 +152,9 @@ def check_options(options: dict[str, str | None]) -> ExportSettings:
 
 def export(settings: ExportSettings, overrides: Sequence[str]) -> None:
     """The command (for :func:`main`): the folder written, what it holds printed, then the self-check."""
+    # imported once the options are checked: torch and the model's code take seconds, --help and a bad option none
+    from adls_lightning.export.from_checkpoint import check_export, export_checkpoint
+
     exported = export_checkpoint(settings, overrides)
     for line in exported.lines:
         print(line)
@@ -161,8 +163,6 @@ def export(settings: ExportSettings, overrides: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``adls-export`` and ``python -m adls_lightning.export``."""
-    from adls_lightning.export.onnx import ExportCheckError
-
     configure_tool()
     try:
         options, overrides = parse_arguments(sys.argv[1:] if argv is None else argv)

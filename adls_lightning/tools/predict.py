@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.export.predict import USAGE, Predictor, parse_text, read_texts
+from adls_lightning.export.settings import PREDICT_USAGE as USAGE
 from adls_lightning.logs import configure_tool
 from adls_lightning.tools.options import HELP_FLAGS, run_tool, split_options
 
@@ -60,6 +60,9 @@ def predict_command(argv: Sequence[str]) -> None:
     folder, arguments = bare[0], bare[1:]
     if arguments and options["file"]:
         raise ConfigError(f"file={options['file']}: texts come from the arguments or a file, not both")
+    # imported once the options are checked: torch takes seconds, --help and a bad option none
+    from adls_lightning.export.predict import Predictor, parse_text, read_texts
+
     predictor = Predictor(folder)  # the folder before any input is read: a wrong one is refused at once
     if arguments:
         texts = [parse_text(text) for text in arguments]
