@@ -15,6 +15,7 @@ from transformers import AutoModelForSequenceClassification
 
 from adls_lightning.export import WEIGHTS_FILE
 from adls_lightning.export.compressed import RECIPE_FILE, ExportRecipe, run_overrides
+from adls_lightning.export.folder import load_folder
 from adls_lightning.lora import merge_lora
 from adls_lightning.overrides import merge_overrides
 from adls_lightning.prune import Pruner
@@ -100,7 +101,7 @@ def test_folder_is_a_plain_hugging_face_model(exported):
 def test_folder_with_its_recipe_computes_the_run_model_exactly(exported):
     case, ckpt, _, folder, _ = exported
     expected_model = rebuilt_run_model(case, ckpt)
-    model = export_evaluate.load_folder(folder, ExportRecipe.read(folder))
+    model = load_folder(folder, ExportRecipe.read(folder))
     generator = torch.Generator().manual_seed(3)
     ids = torch.randint(0, expected_model.config.vocab_size, (4, 20), generator=generator)
     mask = torch.ones_like(ids)

@@ -23,11 +23,11 @@ from peft import LoraConfig, get_peft_model
 
 from adls_lightning.app.training import run
 from adls_lightning.errors import ConfigError
+from adls_lightning.export.folder import load_folder
 from adls_lightning.models import build_from_config
 from adls_lightning.prune import StructuredPruner, load_pretrained_structured
 from adls_lightning.prune.structured import blocks, gradient_scores, lowest
 from adls_lightning.runs.loading import load_checkpoint_model
-from adls_lightning.tools import evaluate as export_evaluate
 from adls_lightning.tools.export import main
 from tests.helpers import ROOT, assert_one_line_error, run_train
 
@@ -309,7 +309,7 @@ def test_export_hf_records_the_sizes_and_reloads(structured_run, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(reloaded(ids).logits, from_run(ids).logits, rtol=0, atol=1e-6)
     # the project's evaluation loader takes the same path
-    assert export_evaluate.load_folder(tmp_path / "hf").config.structured_pruning["heads"] == [1, 1]
+    assert load_folder(tmp_path / "hf").config.structured_pruning["heads"] == [1, 1]
 
 
 def test_benchmark_tiny_smoke():

@@ -310,14 +310,32 @@ def _train(run_dir: Path, data_dir: Path, cache_dir: Path, *overrides: str) -> s
     return subprocess.run(cmd, env=env, cwd=run_dir.parent, capture_output=True, text=True, timeout=600)
 
 
-def test_ddp_cpu_one_record_and_the_accuracy_of_one_process_with_twice_the_batch(
+def test_ddp_cpu_one_record_the_accuracy_of_one_process_with_twice_the_batch_and_each_ranks_gemm(
     tmp_path, tiny_imdb_dir, cache_dir
 ):
+    """Lightning DDP (2 CPU processes) under Hydra: one run folder and record, the test accuracy of one process
+    with twice the batch, the same pruning masks on both ranks -- and ``runtime.gemm`` reaching each rank
+    (Lightning starts them as new processes of the same command): with oneDNN forced both ranks train under its
+    routing mode, while the one-process run, forced to aten, does not. One DDP run serves every claim (each costs a
+    minute on 2 cores)."""
     runs = tmp_path / "runs"
     runs.mkdir()
-    ddp = ok(_train(runs / "ddp", tiny_imdb_dir, cache_dir, "trainer=ddp_cpu", "data.batch_size=4",
-                    *LEARN, f"+callbacks.dump_masks={{_target_:test_scale_out.DumpMasks,folder:'{tmp_path}'}}"))  # fmt: skip
-    ok(_train(runs / "single", tiny_imdb_dir, cache_dir, "trainer=cpu", "data.batch_size=8", *LEARN))
+    routed = gemm.onednn_available()  # this torch build has oneDNN (the x86 wheels do)
+    probes = {}
+    for name in ("ddp", "single"):
+        probes[name] = tmp_path / f"gemm_{name}"
+        probes[name].mkdir()
+    probe = "+callbacks.gemm_probe={{_target_:test_scale_out.GemmProbe,folder:'{}'}}"
+    ddp_gemm = ["runtime.gemm=onednn"] if routed else []
+    ddp = ok(_train(runs / "ddp", tiny_imdb_dir, cache_dir, "trainer=ddp_cpu", "data.batch_size=4", *LEARN,
+                    f"+callbacks.dump_masks={{_target_:test_scale_out.DumpMasks,folder:'{tmp_path}'}}",
+                    probe.format(probes["ddp"]), *ddp_gemm))  # fmt: skip
+    ok(_train(runs / "single", tiny_imdb_dir, cache_dir, "trainer=cpu", "data.batch_size=8", *LEARN,
+              probe.format(probes["single"]), "runtime.gemm=aten"))  # fmt: skip
+    ranks = [(probes["ddp"] / f"gemm_rank{rank}.txt").read_text() for rank in (0, 1)]
+    assert ranks == (["onednn", "onednn"] if routed else ["aten", "aten"])
+    assert sorted(p.name for p in probes["single"].iterdir()) == ["gemm_rank0.txt"]
+    assert (probes["single"] / "gemm_rank0.txt").read_text() == "aten"
     # no extra Hydra run folders, one metrics.json, one CSV logger run (rank zero's)
     assert sorted(p.name for p in runs.iterdir()) == ["ddp", "single"]
     assert [p.relative_to(runs / "ddp") for p in (runs / "ddp").rglob("metrics.json")] == [
@@ -328,8 +346,8 @@ def test_ddp_cpu_one_record_and_the_accuracy_of_one_process_with_twice_the_batch
     m_ddp = json.loads((runs / "ddp" / "metrics.json").read_text())
     m_one = json.loads((runs / "single" / "metrics.json").read_text())
     # both learned (chance is 0.5), from the same samples per optimizer step (2 x 4 vs 8) composed differently
-    # (the distributed sampler deals each rank every other sample): test accuracy within 5 points of the 200
-    # reviews, counted once (torchmetrics syncs both ranks' halves)
+    # (the distributed sampler deals each rank every other sample) and, with oneDNN, in another fp32 summation
+    # order: test accuracy within 5 points of the 200 reviews, counted once (torchmetrics syncs both ranks' halves)
     assert m_one["test/acc"] >= 0.7, m_one
     assert abs(m_ddp["test/acc"] - m_one["test/acc"]) <= 0.05, (m_ddp["test/acc"], m_one["test/acc"])
     # reports are the model's, not summed over ranks: the same sparsity as one process
@@ -340,28 +358,6 @@ def test_ddp_cpu_one_record_and_the_accuracy_of_one_process_with_twice_the_batch
     rank0, rank1 = (torch.load(tmp_path / f"masks_rank{r}.pt") for r in (0, 1))
     assert rank0 and rank0.keys() == rank1.keys()
     assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)
-
-
-@pytest.mark.skipif(not gemm.onednn_available(), reason="this torch build has no oneDNN")
-def test_ddp_cpu_runs_every_rank_on_the_chosen_gemm_backend(tmp_path, tiny_imdb_dir, cache_dir):
-    """runtime.gemm reaches each DDP process (Lightning starts them as new processes of the same command): with
-    onednn forced, both ranks train under the routing mode, and the run learns as the aten run does."""
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    probe = f"+callbacks.gemm_probe={{_target_:test_scale_out.GemmProbe,folder:'{tmp_path}'}}"
-
-    def train(backend: str) -> tuple[dict, list[str]]:
-        overrides = ["trainer=ddp_cpu", "data.batch_size=4", *LEARN[:3], probe, f"runtime.gemm={backend}"]
-        ok(_train(runs / backend, tiny_imdb_dir, cache_dir, *overrides))
-        ranks = [(tmp_path / f"gemm_rank{rank}.txt").read_text() for rank in (0, 1)]
-        return json.loads((runs / backend / "metrics.json").read_text()), ranks
-
-    routed, routed_ranks = train("onednn")
-    plain, plain_ranks = train("aten")
-    assert routed_ranks == ["onednn", "onednn"] and plain_ranks == ["aten", "aten"]
-    # the same training up to fp32 summation order: both learn (chance 0.5), to the same accuracy within 5 points
-    assert plain["test/acc"] >= 0.7, plain
-    assert abs(routed["test/acc"] - plain["test/acc"]) <= 0.05, (routed, plain)
 
 
 # -- console commands (pip install . installs adls-train / adls-search; here called as the entry points do) --------

@@ -479,7 +479,8 @@ def test_a_worker_that_loses_the_schema_race_opens_the_storage_on_its_next_try(m
             raise kind("CREATE ...", {}, Exception(message))
         return "opened"
 
-    monkeypatch.setattr(storage, "RDBStorage", rdb_storage)
+    # open_storage imports Optuna's storages when it runs (not with the module): patched where it finds them
+    monkeypatch.setattr(optuna.storages, "RDBStorage", rdb_storage)
     monkeypatch.setattr(storage.time, "sleep", lambda seconds: None)
     assert storage.open_storage("postgresql+psycopg://u:pw@h/d") == "opened" and len(calls) == 2
 
@@ -488,7 +489,7 @@ def test_a_worker_that_loses_the_schema_race_opens_the_storage_on_its_next_try(m
             "CREATE ...", {}, Exception("permission denied for schema public")
         )
 
-    monkeypatch.setattr(storage, "RDBStorage", refused)
+    monkeypatch.setattr(optuna.storages, "RDBStorage", refused)
     with pytest.raises(
         ConfigError, match=r"^hydra.sweeper.storage=postgresql\+psycopg://u:\*\*\*@h/d: cannot be"
     ):
