@@ -9,6 +9,15 @@ export each layer in its runtime) and :func:`predictions` gives the predicted an
 
 from __future__ import annotations
 
+if (
+    __name__ == "__main__"
+):  # python -m adls_lightning.export.evaluate: the command, before this module's own imports
+    import sys
+
+    from adls_lightning.tools.evaluate import main
+
+    sys.exit(main())
+
 import contextlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,11 +76,3 @@ def folder_predictions(folder: Path, model, loader, cfg) -> tuple[torch.Tensor, 
     )
     with gemm:
         return predictions(model, loader)
-
-
-if __name__ == "__main__":
-    import sys
-
-    from adls_lightning.tools.evaluate import main
-
-    sys.exit(main())

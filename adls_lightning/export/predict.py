@@ -11,6 +11,15 @@ Refusals (not an export, damaged, no tokenizer, texts that do not fit the task) 
 
 from __future__ import annotations
 
+if (
+    __name__ == "__main__"
+):  # python -m adls_lightning.export.predict: the command, before this module's own imports
+    import sys
+
+    from adls_lightning.tools.predict import main
+
+    sys.exit(main())
+
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -170,11 +179,3 @@ def read_texts(lines: Sequence[str], source: str) -> list[Text]:
             )
         texts.append(parse_text(line))
     return texts
-
-
-if __name__ == "__main__":
-    import sys
-
-    from adls_lightning.tools.predict import main
-
-    sys.exit(main())
