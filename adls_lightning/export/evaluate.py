@@ -9,9 +9,8 @@ export each layer in its runtime) and :func:`predictions` gives the predicted an
 
 from __future__ import annotations
 
-if (
-    __name__ == "__main__"
-):  # python -m adls_lightning.export.evaluate: the command, before this module's own imports
+# python -m adls_lightning.export.evaluate: the command runs before this module's own imports (torch: seconds)
+if __name__ == "__main__":
     import sys
 
     from adls_lightning.tools.evaluate import main

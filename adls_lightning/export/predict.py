@@ -11,9 +11,8 @@ Refusals (not an export, damaged, no tokenizer, texts that do not fit the task) 
 
 from __future__ import annotations
 
-if (
-    __name__ == "__main__"
-):  # python -m adls_lightning.export.predict: the command, before this module's own imports
+# python -m adls_lightning.export.predict: the command runs before this module's own imports (torch: seconds)
+if __name__ == "__main__":
     import sys
 
     from adls_lightning.tools.predict import main
