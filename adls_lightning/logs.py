@@ -135,18 +135,17 @@ def quiet_progress_bars(transformers_too: bool = True) -> None:
         return
     # Progress bars redrawn with carriage returns are one garbled line each in a file or a pipe; the project
     # logs what it tokenizes and loads instead (and adls_lightning/callbacks/progress.py prints timed progress lines).
-    quiet = [("datasets", "HF_DATASETS_DISABLE_PROGRESS_BARS", "disable_progress_bars")]
-    if transformers_too:  # transformers' bars are huggingface_hub's switch
-        quiet.append(("transformers", "HF_HUB_DISABLE_PROGRESS_BARS", "utils.logging.disable_progress_bar"))
-    for module_name, variable, disable in quiet:
-        module = sys.modules.get(module_name)
-        if module is None:
-            os.environ.setdefault(variable, "1")
-            continue
-        function = module
-        for part in disable.split("."):
-            function = getattr(function, part)
-        function()
+    loaded = sys.modules
+    if "datasets" in loaded:
+        loaded["datasets"].disable_progress_bars()
+    else:
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # read when datasets is imported
+    if not transformers_too:
+        return
+    if "transformers" in loaded:
+        loaded["transformers"].utils.logging.disable_progress_bar()
+    else:  # transformers takes huggingface_hub's switch when it is imported (tests/test_logs.py, either order)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def quiet_library_warnings() -> None:

@@ -197,3 +197,25 @@ def test_a_new_stage_counts_the_interval_from_the_runs_last_line():
     assert not val.due()  # 0.5 s since the last line
     real_time.sleep(0.6)
     assert val.due()  # 1.1 s since training's line, 0.6 s into the validation
+
+
+@pytest.mark.parametrize("imported_first", ["", "datasets, transformers", "huggingface_hub.utils"])
+def test_progress_bars_are_off_without_a_terminal_whatever_was_imported_first(imported_first):
+    """``quiet_progress_bars`` (every tool and run calls it) turns off datasets' and transformers' bars in a process
+    whose output is a pipe, whether those libraries were imported before it (their switches) or after it (their
+    environment variables, read on import)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        (f"import {imported_first}\n" if imported_first else "")
+        + "from adls_lightning.logs import quiet_progress_bars\n"
+        "quiet_progress_bars()\n"
+        "import datasets.utils, transformers\n"
+        "print(datasets.utils.are_progress_bars_disabled(), transformers.utils.logging.is_progress_bar_enabled())"
+    )
+    env = {k: v for k, v in os.environ.items() if "PROGRESS_BARS" not in k}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "False"]
