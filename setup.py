@@ -84,7 +84,18 @@ def get_extensions() -> tuple[list, dict]:
         # Python >= 3.10 (torch defines Py_LIMITED_API for it), as pytorch/extension-cpp does.
         py_limited_api=True,
     )
-    return [extension], {"build_ext": BuildExtension}
+
+    class BuildExtensionInTree(BuildExtension):
+        """Object files in ``build/ext-temp`` for every build. pip's editable install would compile them in a new
+        temporary folder each time; here ninja recompiles only the sources (or the compile command) that changed,
+        so reinstalling after one edit, or building a wheel after ``pip install -e .`` with the same Python, does
+        not compile every kernel again (tests/test_packaging.py builds one)."""
+
+        def finalize_options(self) -> None:
+            super().finalize_options()
+            self.build_temp = str(ROOT / "build" / "ext-temp")
+
+    return [extension], {"build_ext": BuildExtensionInTree}
 
 
 ext_modules, cmdclass = get_extensions()

@@ -150,12 +150,14 @@ def test_compiled_checkpoint_loads_into_eager_run_and_back(compose_cfg, tmp_path
 
 @pytest.mark.slow
 def test_killed_compiled_run_resumes_to_the_uninterrupted_result(tiny_imdb_dir, cache_dir, tmp_path):
-    # 300 train rows / batch 8 = 38 steps per epoch; last.ckpt every 5 steps, so the kill lands mid-epoch. What
-    # resume must restore is the compile wrapper's (checkpoint keys, the recompiled graph), the same for every
-    # backend: dynamo's eager backend, at half aot_eager's cost in each of the three runs.
-    extra = [*EAGER_BACKEND, "trainer.max_epochs=2", "callbacks.last_checkpoint.every_n_train_steps=5"]
-    runs = kill_and_resume(tiny_imdb_dir, cache_dir, tmp_path, extra, kill_at_step=12)
-    assert runs["resumed_from_step"] == 10
+    # 64 train rows / batch 8 = 8 steps per epoch; last.ckpt every 3 steps, so the kill lands mid-way through the
+    # second epoch. What resume must restore is the compile wrapper's (checkpoint keys, the recompiled graph), the
+    # same for every backend: dynamo's eager backend, at half aot_eager's cost in each of the three runs.
+    small = ["data.max_length=32", "data.train_size=64", "data.val_size=16", "data.test_size=16"]
+    every_3 = "callbacks.last_checkpoint.every_n_train_steps=3"
+    extra = [*EAGER_BACKEND, *small, "trainer.max_epochs=2", every_3]
+    runs = kill_and_resume(tiny_imdb_dir, cache_dir, tmp_path, extra, kill_at_step=11)
+    assert runs["resumed_from_step"] == 9
     assert recorded_batches(runs["killed"]) == recorded_batches(runs["whole"])
     expected = json.loads((runs["whole"] / "metrics.json").read_text())
     resumed = json.loads((runs["killed"] / "metrics.json").read_text())

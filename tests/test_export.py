@@ -23,15 +23,23 @@ from adls_lightning.export import load_packed
 from transformers import AutoModelForSequenceClassification
 folder, kind, out = sys.argv[1:]
 model = load_packed(folder) if kind == "mxint8" else AutoModelForSequenceClassification.from_pretrained(folder).eval()
-ids = torch.load(out + ".ids")
+batches = torch.load(out + ".ids")
 with torch.inference_mode():
-    torch.save(model(input_ids=ids).logits, out)
+    torch.save([model(input_ids=ids).logits for ids in batches], out)
 """
 
 
 def logits_in_fresh_process(folder: Path, kind: str, ids: torch.Tensor, tmp_path: Path) -> torch.Tensor:
+    (logits,) = logits_of_batches_in_fresh_process(folder, kind, [ids], tmp_path)
+    return logits
+
+
+def logits_of_batches_in_fresh_process(
+    folder: Path, kind: str, batches: list[torch.Tensor], tmp_path: Path
+) -> list[torch.Tensor]:
+    """The logits of each batch of token ids, computed by the folder loaded in one fresh process."""
     out = tmp_path / f"logits_{kind}.pt"
-    torch.save(ids, str(out) + ".ids")
+    torch.save(batches, str(out) + ".ids")
     command = [sys.executable, "-c", LOGITS_SCRIPT, str(folder), kind, str(out)]
     result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -189,13 +197,19 @@ def test_bert_base_shaped_model_round_trip(tmp_path):
     assert len(json.loads((out / CONFIG_FILE).read_text())["packed_linear"]) == 12 * 6 + 1
 
 
+@pytest.fixture(scope="module")
+def minilm_ckpt(tmp_path_factory) -> Path:
+    ckpt = tmp_path_factory.mktemp("minilm") / "minilm.ckpt"
+    trained_checkpoint(ckpt, [])
+    return ckpt
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("pack_embeddings", [False, True])
-def test_minilm_round_trip(tmp_path, pack_embeddings):
+def test_minilm_round_trip(minilm_ckpt, tmp_path, pack_embeddings):
     """The pretrained MiniLM + LoRA classifier (the default model), exported packed and reloaded in a fresh
     process: identical logits at 16 rows (the fused kernel) and at 128 rows (dequantize + matmul)."""
-    ckpt = tmp_path / "minilm.ckpt"
-    trained_checkpoint(ckpt, [])
+    ckpt = minilm_ckpt
     out = tmp_path / "packed"
     # the user's default command (a timed self-check) once; timing the packed embeddings too would add a minute of
     # MiniLM forward passes that measure the same kernels
@@ -208,8 +222,10 @@ def test_minilm_round_trip(tmp_path, pack_embeddings):
     model = merged_model(ckpt, [])
     packed = pack_for_export(model, pack_embeddings=pack_embeddings)
     assert len(packed.linear) == 6 * 6 + 1 and bool(packed.embeddings) == pack_embeddings
-    for rows, tokens in [(1, 16), (2, 64)]:
-        ids = input_ids(model.config.vocab_size, rows=rows, tokens=tokens)
+    shapes = [(1, 16), (2, 64)]
+    batches = [input_ids(model.config.vocab_size, rows=rows, tokens=tokens) for rows, tokens in shapes]
+    reloaded = logits_of_batches_in_fresh_process(out, "mxint8", batches, tmp_path)
+    for shape, ids, logits in zip(shapes, batches, reloaded):
         with torch.inference_mode():
             expected = model(input_ids=ids).logits
-        assert torch.equal(logits_in_fresh_process(out, "mxint8", ids, tmp_path), expected), (rows, tokens)
+        assert torch.equal(logits, expected), shape

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -24,23 +23,6 @@ import pytest
 from tests.helpers import TINY_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _copy_of_checkout(dest: Path) -> Path:
-    """The checkout's files as git sees them (tracked and new, not ignored), links kept as links."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-    ).stdout.split(b"\0")
-    for name in filter(None, (entry.decode() for entry in listed)):
-        src, dst = ROOT / name, dest / name
-        if not src.exists() and not src.is_symlink():
-            continue  # deleted in the work tree, not yet in the index
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst, follow_symlinks=False)
-    return dest
 
 
 @pytest.fixture(scope="module")
@@ -57,22 +39,25 @@ def installed(tmp_path_factory) -> Path:
         ).stdout.strip()
     )
     (purelib / "project_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # The wheel is built by this venv's Python, as `pip install .` here would: its compile command is then the
+    # editable install's, whose objects setup.py keeps in build/ext-temp, so only the link runs again. The fresh
+    # venv installs the wheel file itself.
+    wheels = venv.parent / "wheels"
+    pip = ["-m", "pip", "--disable-pip-version-check"]
+    wheel_args = ["wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(ROOT)]
     build = subprocess.run(
-        [
-            str(venv / "bin" / "python"),
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            str(ROOT),
-        ],
+        [sys.executable, *pip, *wheel_args],
         capture_output=True,
         text=True,
-        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
     )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    (wheel,) = wheels.glob("adls_lightning-*.whl")
+    install = subprocess.run(
+        [str(venv / "bin" / "python"), *pip, "install", "--no-deps", "-q", str(wheel)],
+        capture_output=True,
+        text=True,
+    )
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
     return venv / "bin"
 
 
