@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # The compile callback with dynamo's eager backend: the wrapper, graphs and guards of torch.compile without
 # AOTAutograd or code generation (tests of what the backend produces use aot_eager or inductor).
 EAGER_BACKEND = ["compile=aot_eager", "compile.backend=eager"]
+# A few batches of each split: enough to compile and run the training and the evaluation graphs.
+FEW_BATCHES = [f"+trainer.limit_{split}_batches={n}" for split, n in (("train", 8), ("val", 3), ("test", 3))]
 COMPILE_KEYS = {"compile/seconds", "compile/graphs", "compile/graph_breaks", "compile/recompiles"}
 # Graphs handed to the counting backend below, in this process: an independent count of dynamo's output graphs.
 GRAPHS_SEEN: list[torch.fx.GraphModule] = []
@@ -75,7 +77,9 @@ def _record_shapes(cfg, shapes: set):
 
 @pytest.mark.slow
 def test_compiled_lora_run_reports_torch_counts_and_plain_checkpoint_keys(compose_cfg, tmp_path):
-    cfg = compose_cfg(["compile=aot_eager", "compile.backend=counting_eager", "trainer.max_epochs=1"])
+    cfg = compose_cfg(
+        ["compile=aot_eager", "compile.backend=counting_eager", "trainer.max_epochs=1", *FEW_BATCHES]
+    )
     shapes: set = set()
     metrics = _record_shapes(cfg, shapes)
     assert metrics.keys() >= COMPILE_KEYS
@@ -133,7 +137,8 @@ def test_compiled_checkpoint_loads_into_eager_run_and_back(compose_cfg, tmp_path
     # the compile wrapper's, whatever the backend: dynamo's eager backend is the cheapest that wraps; losses are
     # compared with a tolerance, as a code-generating backend rounds differently from eager kernels.
     pad = "data.pad_to_multiple_of=32"
-    compiled = run(compose_cfg([*EAGER_BACKEND, "trainer.max_epochs=1"], output_dir=tmp_path / "compiled"))
+    short = ["trainer.max_epochs=1", "+trainer.limit_train_batches=8"]
+    compiled = run(compose_cfg([*EAGER_BACKEND, *short], output_dir=tmp_path / "compiled"))
     best = [p for p in _checkpoints(tmp_path / "compiled") if p.name.startswith("best")]
     assert best
     eager = run(compose_cfg([pad, "train=false", f"ckpt_path={best[0]}"], output_dir=tmp_path / "eager"))
@@ -274,11 +279,7 @@ def test_cli_bad_input_is_one_line_without_traceback(tiny_imdb_dir, cache_dir, t
     ids=["int8", "l1_0.5", "mxint8_packed", "eager_attention"],
 )
 def test_compiles_with_compression_callbacks(compose_cfg, overrides):
-    metrics = run(
-        compose_cfg(
-            ["compile=aot_eager", "trainer.max_epochs=1", "+trainer.limit_train_batches=8", *overrides]
-        )
-    )
+    metrics = run(compose_cfg(["compile=aot_eager", "trainer.max_epochs=1", *FEW_BATCHES, *overrides]))
     assert metrics.keys() >= COMPILE_KEYS
     assert metrics["compile/graphs"] >= 1
     assert metrics["val/acc"] >= 0.0
@@ -304,7 +305,7 @@ def test_attn_implementation_switch_keeps_outputs(compose_cfg):
 
 @pytest.mark.slow
 def test_inductor_lora_run_has_no_graph_breaks(compose_cfg):
-    metrics = run(compose_cfg(["compile=inductor", "trainer.max_epochs=1"]))
+    metrics = run(compose_cfg(["compile=inductor", "trainer.max_epochs=1", *FEW_BATCHES]))
     assert metrics["compile/graph_breaks"] == 0
     assert 1 <= metrics["compile/graphs"] <= 6
 

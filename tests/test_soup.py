@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import ROOT, assert_one_line_error, run_train
+from tests.helpers import ROOT, assert_one_line_error, train_run
 
 # full fine-tuning (LoRA factors cannot be averaged), a few batches: two runs that differ only in their seed
 SMALL = [
@@ -32,8 +32,7 @@ def two_runs(tmp_path_factory, tiny_imdb_dir, cache_dir) -> list[Path]:
     checkpoints = []
     for seed in (1, 2):
         out = base / f"seed{seed}"
-        proc = run_train(tiny_imdb_dir, cache_dir, out, *SMALL, f"seed={seed}")
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        train_run(out, [*SMALL, f"seed={seed}"], tiny_imdb_dir, cache_dir)
         checkpoints.extend(sorted((out / "checkpoints").glob("best*.ckpt")))
     assert len(checkpoints) == 2
     return checkpoints
@@ -60,8 +59,7 @@ def test_soup_is_the_mean_of_the_runs_and_evaluates_and_exports(two_runs, tmp_pa
 
     # train.py evaluates the soup as any checkpoint of the recipe
     out = tmp_path / "eval"
-    proc = run_train(tiny_imdb_dir, cache_dir, out, *SMALL, "train=false", f"ckpt_path={soup_path}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train_run(out, [*SMALL, "train=false", f"ckpt_path={soup_path}"], tiny_imdb_dir, cache_dir)
     assert (out / "metrics.json").is_file()
 
     # and the export writes the soup's weights (LoRA-free: the folder's weights are the state's own)
