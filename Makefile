@@ -11,6 +11,10 @@ PYTEST_ARGS ?=
 # two workers on 2 cores finish sooner (full suite on the 2-core machine: 30 min 19 s with 2 workers and 1 thread
 # each, see docs/results.md "How long do the tests take?"); PYTEST_WORKERS=0 runs in one process
 PYTEST_WORKERS ?= 2
+# Each test file runs in one worker: a module-scoped fixture (the bad-input cases' hundred subprocesses, a study per
+# format) is then built once, not once in each worker that got some of its tests (pytest-xdist 3.8's loadgroup,
+# which would group only such files, grouped nothing under pytest 9.2 here)
+XDIST = -n $(PYTEST_WORKERS) --dist loadfile
 # OpenMP threads per test process: the workers and the runs they start already fill the cores, and torch's
 # default (one thread per core) in each of them oversubscribes them (tests/test_resume.py with 2 workers on the
 # 2-core machine: 129 s with the default, 96 s with 1); a value set in the environment wins
@@ -43,7 +47,7 @@ INT8_TESTS := tests/test_int8_runtime.py tests/test_export_int8_auto.py tests/te
 
 test: install ## run the test suite, then the int8 runtime and PT2E export tests with torchao (test-int8)
 	$(CHECK_TEST_THREADS)
-	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(PYTEST_WORKERS) $(addprefix --ignore=,$(INT8_TESTS)) \
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest $(XDIST) $(addprefix --ignore=,$(INT8_TESTS)) \
 		$(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-int8
 
@@ -58,12 +62,12 @@ $(INT8_EXTRA)/.installed: $(VENV)/.installed
 
 test-int8: $(INT8_EXTRA)/.installed ## the int8 runtime and PT2E export tests (int8=auto, int8=scaled) with torchao on PYTHONPATH
 	$(CHECK_TEST_THREADS)
-	PYTHONPATH=$(INT8_EXTRA) OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(PYTEST_WORKERS) $(INT8_TESTS) \
+	PYTHONPATH=$(INT8_EXTRA) OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest $(XDIST) $(INT8_TESTS) \
 		$(PYTEST_ARGS)
 
 test-fast: install ## tests without the slow (real-model) ones
 	$(CHECK_TEST_THREADS)
-	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 lint: install ## ruff lint and format check
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

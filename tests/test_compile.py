@@ -247,13 +247,10 @@ def test_lab4_floor_replays_exactly_the_recorded_ops():
 @pytest.mark.parametrize(
     ("override", "start"),
     [
+        # each kind of check once through train.py (every refused value is checked in-process above): a name
+        # among choices, a key among torch._inductor's settings, and a compile that fails at the first batch
         ("compile.backend=inductr", "error: compile.backend='inductr': unknown; valid: "),
-        ("compile.mode=fast", "error: compile.mode='fast': unknown; valid: "),
         ("+compile.options.fallback_rand=true", "error: compile.options.fallback_rand: not a setting of"),
-        (
-            "compile.options.fallback_random=yes",
-            "error: compile.options.fallback_random='yes': must be true or false",
-        ),
         # activation pruning's data-dependent k-th value is a graph break: fullgraph cannot hold.
         ("compile.fullgraph=true", "error: compile.fullgraph=true: model does not compile to one graph"),
     ],
