@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 # test processes (pytest-xdist): most of the suite's time is subprocesses starting Python and importing torch, so
-# two workers on 2 cores finish sooner (full suite on the 2-core machine: 30 min 19 s with 2 workers and 1 thread
+# two workers on 2 cores finish sooner (the suite on the 2-core AVX2 Zen 3: 43 min 42 s with 2 workers and 1 thread
 # each, see docs/results.md "How long do the tests take?"); PYTEST_WORKERS=0 runs in one process
 PYTEST_WORKERS ?= 2
 # Each test file runs in one worker: a module-scoped fixture (the bad-input cases' hundred subprocesses, a study per
