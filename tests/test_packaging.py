@@ -1,4 +1,5 @@
-"""``pip install .`` (not editable) into a fresh virtual environment, then the installed console commands
+"""The project's wheel (``pip wheel .``, the build ``pip install .`` runs) installed into a fresh virtual
+environment, then the installed console commands
 ``adls-train`` and ``adls-search`` from a folder outside the checkout: a tiny training and a 2-trial search through
 the packaged sweeper plugin, with the packaged configs.
 
