@@ -290,9 +290,10 @@ def merged_model(ckpt: Path, overrides: list[str]) -> nn.Module:
     return module.model.eval()
 
 
-def run_export(*args: str) -> subprocess.CompletedProcess:
+def run_export(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m adls_lightning.export ARGS`` from the checkout, offline (``env``: instead of :data:`ENV`)."""
     command = [sys.executable, "-m", "adls_lightning.export", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
+    return subprocess.run(command, capture_output=True, text=True, env=env or ENV, cwd=ROOT, timeout=600)
 
 
 # -- in-process training runs and tool calls --------------------------------------------------------------------------

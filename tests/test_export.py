@@ -29,13 +29,8 @@ with torch.inference_mode():
 """
 
 
-def logits_in_fresh_process(folder: Path, kind: str, ids: torch.Tensor, tmp_path: Path) -> torch.Tensor:
-    (logits,) = logits_of_batches_in_fresh_process(folder, kind, [ids], tmp_path)
-    return logits
-
-
-def logits_of_batches_in_fresh_process(
-    folder: Path, kind: str, batches: list[torch.Tensor], tmp_path: Path
+def logits_in_fresh_process(
+    folder: Path, kind: str, tmp_path: Path, *batches: torch.Tensor
 ) -> list[torch.Tensor]:
     """The logits of each batch of token ids, computed by the folder loaded in one fresh process."""
     out = tmp_path / f"logits_{kind}.pt"
@@ -75,7 +70,7 @@ def test_packed_export_reloads_in_a_fresh_process_with_identical_logits(tiny_ckp
     packed = pack_for_export(model, pack_embeddings=pack_embeddings)
     with torch.inference_mode():
         expected = model(input_ids=ids).logits
-    assert torch.equal(logits_in_fresh_process(out, "mxint8", ids, tmp_path), expected)
+    assert torch.equal(logits_in_fresh_process(out, "mxint8", tmp_path, ids)[0], expected)
     assert (expected - fp32).abs().max() < 0.05 and not torch.equal(expected, fp32)
 
     config = json.loads((out / CONFIG_FILE).read_text())
@@ -99,7 +94,8 @@ def test_hf_export_is_the_merged_model(tiny_ckpt, tmp_path):
     ids = input_ids(model.config.vocab_size)
     with torch.inference_mode():
         expected = model(input_ids=ids).logits
-    torch.testing.assert_close(logits_in_fresh_process(out, "hf", ids, tmp_path), expected, rtol=0, atol=1e-6)
+    (reloaded,) = logits_in_fresh_process(out, "hf", tmp_path, ids)
+    torch.testing.assert_close(reloaded, expected, rtol=0, atol=1e-6)
     assert not any(".lora_" in key for key in load_file(str(out / WEIGHTS_FILE)))
 
 
@@ -193,7 +189,7 @@ def test_bert_base_shaped_model_round_trip(tmp_path):
     ids = input_ids(model.config.vocab_size, rows=2, tokens=64)
     with torch.inference_mode():
         expected = model(input_ids=ids).logits
-    assert torch.equal(logits_in_fresh_process(out, "mxint8", ids, tmp_path), expected)
+    assert torch.equal(logits_in_fresh_process(out, "mxint8", tmp_path, ids)[0], expected)
     assert len(json.loads((out / CONFIG_FILE).read_text())["packed_linear"]) == 12 * 6 + 1
 
 
@@ -224,7 +220,7 @@ def test_minilm_round_trip(minilm_ckpt, tmp_path, pack_embeddings):
     assert len(packed.linear) == 6 * 6 + 1 and bool(packed.embeddings) == pack_embeddings
     shapes = [(1, 16), (2, 64)]
     batches = [input_ids(model.config.vocab_size, rows=rows, tokens=tokens) for rows, tokens in shapes]
-    reloaded = logits_of_batches_in_fresh_process(out, "mxint8", batches, tmp_path)
+    reloaded = logits_in_fresh_process(out, "mxint8", tmp_path, *batches)
     for shape, ids, logits in zip(shapes, batches, reloaded):
         with torch.inference_mode():
             expected = model(input_ids=ids).logits

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import platform
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,16 @@ from adls_lightning.export.folder import check_folder, load_folder
 from adls_lightning.search.cost import torch_threads
 from adls_lightning.tools.export import main
 from adls_lightning.tools.predict import main as predict_main
-from tests.helpers import ENV, ROOT, TINY, ZEN3_CPUINFO, call, merged_model, on_cpu, trained_checkpoint
+from tests.helpers import (
+    ENV,
+    TINY,
+    ZEN3_CPUINFO,
+    call,
+    merged_model,
+    on_cpu,
+    run_export,
+    trained_checkpoint,
+)
 
 CHECK = ["check=agreement", "check_rows=16"]
 
@@ -88,14 +95,7 @@ def test_without_torchao_pt2e_is_not_chosen_even_when_cached_fastest(tiny_ckpt, 
     record_times(cache, {"pt2e-x86-inductor": 0.001, "ort-dynamic": 0.010})
     args = [f"ckpt={tiny_ckpt}", f"out={tmp_path / 'out'}", "format=onnx", "int8=auto", *CHECK, *TINY]
     env = {name: value for name, value in ENV.items() if name != "PYTHONPATH"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "adls_lightning.export", *args, f"paths.cache_dir={cache}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = run_export(*args, f"paths.cache_dir={cache}", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [line] = [line for line in proc.stdout.splitlines() if line.startswith("int8=auto:")]
     assert line.startswith("int8=auto: ort-dynamic") and "pt2e-x86-inductor not measured: torchao" in line
