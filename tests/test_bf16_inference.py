@@ -240,7 +240,7 @@ def test_a_checkpoint_keeps_the_precision_and_gemm_its_run_resolved_and_later_lo
     import shutil
 
     from adls_lightning.checkpoints import RESOLVED_KEY
-    from adls_lightning.export.compressed import RECIPE_FILE
+    from adls_lightning.export.recipe import RECIPE_FILE
     from adls_lightning.runs.loading import load_checkpoint_model
     from adls_lightning.tools.export import main as export_main
     from tests.helpers import call

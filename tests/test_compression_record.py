@@ -28,8 +28,8 @@ from adls_lightning.compression_record import (
     merge_into,
 )
 from adls_lightning.errors import ConfigError
-from adls_lightning.export.compressed import ExportRecipe
 from adls_lightning.export.folder import load_folder
+from adls_lightning.export.recipe import ExportRecipe
 from adls_lightning.runs.loading import load_checkpoint_model
 from adls_lightning.tools import evaluate as export_evaluate
 from adls_lightning.tools.export import main

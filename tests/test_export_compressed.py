@@ -14,8 +14,9 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from adls_lightning.export import WEIGHTS_FILE
-from adls_lightning.export.compressed import RECIPE_FILE, ExportRecipe, run_overrides
+from adls_lightning.export.compressed import run_overrides
 from adls_lightning.export.folder import load_folder
+from adls_lightning.export.recipe import RECIPE_FILE, ExportRecipe
 from adls_lightning.lora import merge_lora
 from adls_lightning.overrides import merge_overrides
 from adls_lightning.prune import Pruner

@@ -18,8 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from adls_lightning.export.compressed import ACTIVATION_STATE_FILE, ExportRecipe
 from adls_lightning.export.folder import load_folder
+from adls_lightning.export.recipe import ACTIVATION_STATE_FILE, ExportRecipe
 from adls_lightning.tools import evaluate as export_evaluate
 from adls_lightning.tools.export import main as export_main
 from tests.helpers import SHORT_RUN, call, recorded_run

@@ -20,10 +20,10 @@ import torch
 from hydra.core.global_hydra import GlobalHydra
 
 from adls_lightning.build import build
-from adls_lightning.export.compressed import ExportRecipe
 from adls_lightning.export.evaluate import evaluation_setup, predictions
 from adls_lightning.export.folder import INPUTS_KEY, load_folder
 from adls_lightning.export.predict import predict
+from adls_lightning.export.recipe import ExportRecipe
 from adls_lightning.models import load_tokenizer
 from adls_lightning.overrides import merge_overrides
 from adls_lightning.runs.loading import PROJECT_ROOT

@@ -84,6 +84,48 @@ def test_help_and_a_bad_option_answer_before_torch_is_imported(tool, bad, tmp_pa
     assert not (tmp_path / "x").exists()
 
 
+#: damaged export folders as (files written, what the refusal names); each is seen without loading a model
+#: a safetensors file of no tensors: its header's length (8 bytes, little-endian), then the header
+NO_TENSORS = (2).to_bytes(8, "little") + b"{}"
+DAMAGED_FOLDERS = {
+    "cut-weights": (
+        {"config.json": b"{}", "model.safetensors": NO_TENSORS[:9]},
+        "not a readable safetensors",
+    ),
+    "pickled-weights": ({"config.json": b"{}", "pytorch_model.bin": b"x"}, "a pickle (pytorch_model.bin)"),
+    "graph-without-config": ({"model.onnx": b"x"}, "without config.json"),
+    "damaged-recipe": (
+        {"config.json": b"{}", "model.safetensors": NO_TENSORS, "compression.json": b"{"},
+        "damaged export recipe",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED_FOLDERS)
+def test_a_damaged_folder_is_refused_before_torch_is_imported(case, tmp_path):
+    """``adls-predict`` and ``adls-evaluate`` name what is wrong with a damaged export folder in one line without
+    importing torch or the model's libraries (seconds), as they answer a bad option."""
+    files, message = DAMAGED_FOLDERS[case]
+    folder = tmp_path / "export"
+    folder.mkdir()
+    for name, content in files.items():
+        (folder / name).write_bytes(content)
+    code = (
+        "import contextlib, io\n"
+        "from adls_lightning.tools import evaluate, predict\n"
+        "for main, argv in ((predict.main, [DIR, 'a text']), (evaluate.main, [DIR])):\n"
+        "    err = io.StringIO()\n"
+        "    with contextlib.redirect_stderr(err):\n"
+        "        code = main(argv)\n"
+        "    print(code, err.getvalue().strip())"
+    ).replace("DIR", repr(str(folder)))
+    printed, heavy = _imported_after(code, tmp_path)
+    for line in printed.splitlines():
+        assert line.startswith("2 error: ") and message in line, line
+    assert len(printed.splitlines()) == 2
+    assert heavy == []
+
+
 def test_a_refused_train_py_imports_neither_torch_nor_optuna(tmp_path):
     """``train.py`` refusing a bad value in its pre-flight check loads no heavy library (Optuna only opens a
     study's storage; torch and Lightning come with the run)."""

@@ -22,8 +22,6 @@ as ``train.py`` composed them). :func:`run_overrides` finds the overrides of the
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,11 +29,12 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from adls_lightning.compression_record import COMPRESSED_CHECKPOINT, CompressionRecord, QuantizationRecord
 from adls_lightning.errors import ConfigError
+from adls_lightning.export.recipe import ACTIVATION_STATE_FILE, RECIPE_FILE, ExportRecipe
 from adls_lightning.layers import swap_module
 from adls_lightning.prune import Pruner, lab_pruning_specs
 from adls_lightning.quant import QuantRecipe, quantize_model, to_recipe
@@ -44,9 +43,6 @@ from adls_lightning.quant.points import find_points
 from adls_lightning.quant.smoothquant import Smoothed
 from adls_lightning.quant.transform import find_linear_layers
 
-RECIPE_FILE = "compression.json"
-ACTIVATION_STATE_FILE = "compression.safetensors"
-RECIPE_VERSION = 1
 #: the activation operands of a linear layer (what the recipe keeps; weight and bias are baked)
 ACTIVATION_OPERANDS = ("data_in", "data_out")
 #: Hydra's record of a run, relative to the folder of a checkpoint in ``<run>/checkpoints/``
@@ -243,46 +239,6 @@ def bake_quantized_layers(model: nn.Module, recipe: QuantRecipe) -> BakedLayers:
         swap_module(model, layer.path, plain)
         baked.layers.append(layer.name)
     return baked
-
-
-@dataclass
-class ExportRecipe:
-    """What :data:`RECIPE_FILE` holds: the run it came from and what acts on activations."""
-
-    run_overrides: list[str] = field(default_factory=list)
-    activation_quant: dict[str, dict[str, Any]] = field(default_factory=dict)
-    activation_prune: dict[str, Any] | None = None
-    baked: dict[str, int] = field(default_factory=dict)
-    version: int = RECIPE_VERSION
-    #: layers whose activation quantizer works in SmoothQuant's space (its factors are in the activation state)
-    smoothed: list[str] = field(default_factory=list)
-
-    @staticmethod
-    def prune_spec(pruner: Pruner | None) -> dict[str, Any] | None:
-        if pruner is None or pruner.activation is None:
-            return None
-        spec = {k: v for k, v in dataclasses.asdict(pruner.activation).items() if k != "key"}
-        return {"activation": spec, "include": pruner.include, "exclude": pruner.exclude, "seed": pruner.seed}
-
-    def write(self, out: Path, state: Mapping[str, torch.Tensor]) -> None:
-        (out / RECIPE_FILE).write_text(json.dumps(dataclasses.asdict(self), indent=1) + "\n")
-        if state:
-            save_file(dict(state), str(out / ACTIVATION_STATE_FILE), metadata={"format": "pt"})
-
-    @classmethod
-    def read(cls, folder: Path) -> ExportRecipe | None:
-        """The folder's recipe, or None for a folder written without one (older exports, other tools)."""
-        path = folder / RECIPE_FILE
-        if not path.is_file():
-            return None
-        try:
-            data = json.loads(path.read_text())
-            recipe = cls(**data)
-        except (ValueError, TypeError) as error:
-            raise ConfigError(f"{path}: damaged export recipe ({str(error).splitlines()[0][:200]})") from None
-        if recipe.version != RECIPE_VERSION:
-            raise ConfigError(f"{path}: recipe version {recipe.version}; this project reads {RECIPE_VERSION}")
-        return recipe
 
 
 def apply_recipe(model: nn.Module, folder: Path, recipe: ExportRecipe) -> nn.Module:

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from adls_lightning.data.inputs import model_inputs
-from adls_lightning.export.folder import OnnxClassifier
 from adls_lightning.export.mixed import MIXED_CONFIG_FILE
+from adls_lightning.export.onnx import OnnxClassifier
 from adls_lightning.gemm import batch_rows, gemm_for
 from adls_lightning.precision import inference_model
 from adls_lightning.runs.loading import compose_train_config

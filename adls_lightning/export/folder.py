@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
 from adls_lightning.errors import ConfigError
-from adls_lightning.export import CONFIG_FILE, WEIGHTS_FILE, load_packed
-from adls_lightning.export.compressed import ACTIVATION_STATE_FILE, ExportRecipe, apply_recipe
+from adls_lightning.export.recipe import ACTIVATION_STATE_FILE, ExportRecipe
+
+#: a ``format=mxint8`` folder's config and every export's weights (:mod:`adls_lightning.export.packed` writes them)
+CONFIG_FILE = "mxint8_config.json"
+WEIGHTS_FILE = "model.safetensors"
 
 #: the Hugging Face config every export folder holds (``format=hf``: the one ``from_pretrained`` reads)
 HF_CONFIG_FILE = "config.json"
@@ -110,7 +110,8 @@ def check_safetensors(path: Path) -> None:
     from safetensors import safe_open
 
     try:
-        with safe_open(str(path), "pt") as handle:
+        # numpy's reader: the header and offsets are what is checked, and torch's would import torch (seconds)
+        with safe_open(str(path), "numpy") as handle:
             handle.keys()
     except Exception as error:  # noqa: BLE001 - safetensors' own error type: a damaged or cut file, named
         raise ConfigError(
@@ -200,32 +201,8 @@ def check_folder(path: Path, usage: str = "an exported folder") -> ExportFolder:
     return ExportFolder(path, kind)
 
 
-class OnnxClassifier(nn.Module):
-    """An ONNX export's graph in ONNX Runtime (CPU), called as a Hugging Face classifier is:
-    ``model(input_ids=..., attention_mask=...).logits``; inputs the graph does not take (``token_type_ids``:
-    the export leaves them out, docs/inference.md) are not passed."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__()
-        from adls_lightning.export.onnx import onnx_session
-
-        self.path = path
-        self.session = onnx_session(path)
-        self.input_names = [i.name for i in self.session.get_inputs()]
-
-    def forward(self, **inputs: torch.Tensor) -> Any:
-        from transformers.modeling_outputs import SequenceClassifierOutput
-
-        feed = {name: inputs[name].detach().cpu().numpy() for name in self.input_names if name in inputs}
-        missing = [name for name in self.input_names if name not in feed]
-        if missing:
-            raise ConfigError(f"{self.path}: the graph takes {missing[0]}, which the inputs lack")
-        logits = self.session.run(None, feed)[0]
-        return SequenceClassifierOutput(logits=torch.from_numpy(logits))
-
-
 def load_folder(path: Path, recipe: ExportRecipe | None = None, usage: str = "an exported folder"):
-    """The export's model (a PyTorch classifier; :class:`OnnxClassifier` for an ONNX export,
+    """The export's model (a PyTorch classifier; :class:`~adls_lightning.export.onnx.OnnxClassifier` for an ONNX export,
     :class:`~adls_lightning.export.pt2e.Pt2Classifier` for a ``.pt2`` package), with its
     compression recipe applied (activation quantizers and pruning).
 
@@ -237,12 +214,16 @@ def load_folder(path: Path, recipe: ExportRecipe | None = None, usage: str = "an
     folder = export.folder
     try:
         if export.kind == "onnx":
+            from adls_lightning.export.onnx import OnnxClassifier
+
             model = OnnxClassifier(export.graph_file)
         elif export.kind == "pt2":
             from adls_lightning.export.pt2e import Pt2Classifier
 
             model = Pt2Classifier(export.graph_file)
         elif export.kind == "mxint8":
+            from adls_lightning.export import load_packed
+
             model = load_packed(folder)
         elif export.kind == "mixed":  # issue 60: each linear layer in its own runtime (export/mixed.py)
             from adls_lightning.export.mixed import load_mixed
@@ -268,7 +249,11 @@ def load_folder(path: Path, recipe: ExportRecipe | None = None, usage: str = "an
                 f"{folder}: its recipe acts on activations, which a compiled graph does not carry"
             )
         return model
-    return apply_recipe(model, folder, recipe) if recipe is not None else model
+    if recipe is None:
+        return model
+    from adls_lightning.export.compressed import apply_recipe
+
+    return apply_recipe(model, folder, recipe)
 
 
 __all__ = [
@@ -277,8 +262,9 @@ __all__ = [
     "HF_CONFIG_FILE",
     "INPUTS_KEY",
     "PICKLED_WEIGHTS",
+    "CONFIG_FILE",
+    "WEIGHTS_FILE",
     "ExportFolder",
-    "OnnxClassifier",
     "check_folder",
     "check_safetensors",
     "load_folder",

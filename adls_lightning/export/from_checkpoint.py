@@ -23,8 +23,8 @@ from typing import Any
 from torch import nn
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.export.compressed import RECIPE_FILE
 from adls_lightning.export.folder import save_tokenizer, write_config
+from adls_lightning.export.recipe import RECIPE_FILE
 from adls_lightning.export.selfcheck import self_check
 from adls_lightning.export.settings import CheckSettings, ExportSettings
 from adls_lightning.runs.loading import LoadedRun, load_checkpoint_model

@@ -30,13 +30,12 @@ import json
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors.torch import load_file
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from adls_lightning.errors import ConfigError
+
+if TYPE_CHECKING:  # imported where used: the export's readers check a folder before they import torch
+    from torch import nn
 
 MIXED_CONFIG_FILE = "mixed_config.json"
 FORMAT = "mixed"
@@ -85,6 +84,9 @@ def read_mixed_config(folder: Path) -> dict[str, Any]:
 
 def empty_layer(spec: Mapping[str, Any], group_size: int) -> nn.Module:
     """A module of the layer's runtime and shape, its tensors to be loaded."""
+    import torch
+    from torch import nn
+
     from adls_lightning.mxint8.qlinear import QLinearPacked
     from adls_lightning.search.cost import Bf16Linear
 
@@ -114,6 +116,9 @@ def load_mixed(folder: str | Path) -> nn.Module:
     Raises:
         ConfigError: the folder is not a mixed export, or its tensors do not fit the layers it names.
     """
+    import torch
+    from safetensors.torch import load_file
+    from torch import nn
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     from adls_lightning.export import WEIGHTS_FILE

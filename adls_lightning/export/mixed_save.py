@@ -76,8 +76,8 @@ def save_mixed(
         ConfigError: a layer the model does not have, or a choice it has no runtime for.
     """
     from adls_lightning.export import WEIGHTS_FILE
-    from adls_lightning.export.compressed import ExportRecipe
     from adls_lightning.export.folder import save_tokenizer, write_config
+    from adls_lightning.export.recipe import ExportRecipe
     from adls_lightning.search.cost import MXINT8_GROUP, apply_assignment, linear_layers
 
     out = Path(out)

@@ -17,6 +17,7 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -287,7 +288,30 @@ def quantize_int8(fp32_path: Path, int8_path: Path) -> None:
         root.setLevel(level)
 
 
+class OnnxClassifier(nn.Module):
+    """An ONNX export's graph in ONNX Runtime (CPU), called as a Hugging Face classifier is:
+    ``model(input_ids=..., attention_mask=...).logits``; inputs the graph does not take (``token_type_ids``:
+    the export leaves them out, docs/inference.md) are not passed."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self.session = onnx_session(path)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+
+    def forward(self, **inputs: torch.Tensor) -> Any:
+        from transformers.modeling_outputs import SequenceClassifierOutput
+
+        feed = {name: inputs[name].detach().cpu().numpy() for name in self.input_names if name in inputs}
+        missing = [name for name in self.input_names if name not in feed]
+        if missing:
+            raise ConfigError(f"{self.path}: the graph takes {missing[0]}, which the inputs lack")
+        logits = self.session.run(None, feed)[0]
+        return SequenceClassifierOutput(logits=torch.from_numpy(logits))
+
+
 __all__ = [
+    "OnnxClassifier",
     "DISABLED_OPTIMIZERS",
     "DYNAMIC_AXES",
     "FP32_ATOL",

@@ -19,11 +19,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel
 
+from adls_lightning.export.folder import CONFIG_FILE, WEIGHTS_FILE
 from adls_lightning.mxint8 import QEmbeddingPacked, QLinearPacked, pack_linear_layers
 
 EXPORT_FORMATS = ("mxint8", "hf")
-CONFIG_FILE = "mxint8_config.json"
-WEIGHTS_FILE = "model.safetensors"
 FORMAT_VERSION = 1
 
 

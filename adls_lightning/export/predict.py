@@ -27,8 +27,8 @@ import torch
 
 from adls_lightning.data.inputs import MODEL_INPUTS
 from adls_lightning.errors import ConfigError
-from adls_lightning.export.compressed import ExportRecipe
 from adls_lightning.export.folder import INPUTS_KEY, check_folder, load_folder
+from adls_lightning.export.recipe import ExportRecipe
 from adls_lightning.export.settings import PREDICT_USAGE as USAGE
 
 #: what a folder holds when the export saved its tokenizer (one of them is enough for ``AutoTokenizer``)

@@ -205,8 +205,8 @@ def self_check(
     """Check the export in ``out`` (the artifact at ``artifact_path``: the folder, or its ``.onnx`` file) against
     ``reference`` (the run's model as it evaluated it), write :data:`EXPORT_JSON` and print the table; returns
     what was written (None with ``check=none``)."""
-    from adls_lightning.export.compressed import ExportRecipe
     from adls_lightning.export.folder import load_folder
+    from adls_lightning.export.recipe import ExportRecipe
 
     if settings.mode == "none":
         return None

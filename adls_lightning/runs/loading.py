@@ -20,13 +20,13 @@ import torch
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.export.compressed import (
-    ExportRecipe,
     bake_quantized_layers,
     record_compression,
     run_compression,
     run_overrides,
 )
 from adls_lightning.export.folder import task_inputs
+from adls_lightning.export.recipe import ExportRecipe
 from adls_lightning.overrides import merge_overrides, override_key
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]

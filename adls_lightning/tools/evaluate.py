@@ -49,20 +49,24 @@ def evaluate_folders(argv: Sequence[str]) -> None:
     folders = [Path(a) for a in options["folders"]]
     if not folders:
         raise ConfigError(f"DIR: expected an exported folder ({USAGE})")
-    # imported once the command line is read: torch takes seconds, --help and a bad option none
-    from omegaconf import OmegaConf
-
-    from adls_lightning.app.preflight import validate_model_settings
-    from adls_lightning.export.compressed import ExportRecipe
-    from adls_lightning.export.evaluate import evaluation_setup, folder_predictions
-    from adls_lightning.export.folder import load_folder
-    from adls_lightning.gemm import validate as validate_gemm
+    from adls_lightning.export.folder import check_folder
+    from adls_lightning.export.recipe import ExportRecipe
 
     # each recipe first (a damaged one is named before the files it describes); an ONNX graph's is its folder's
     recipes = [
         ExportRecipe.read(folder if folder.is_dir() else folder.parent) if folder.exists() else None
         for folder in folders
     ]
+    for folder in folders:  # what can be seen without loading, before torch is imported (seconds)
+        check_folder(folder, USAGE)
+    # imported once the command line and the folders are checked: torch takes seconds
+    from omegaconf import OmegaConf
+
+    from adls_lightning.app.preflight import validate_model_settings
+    from adls_lightning.export.evaluate import evaluation_setup, folder_predictions
+    from adls_lightning.export.folder import load_folder
+    from adls_lightning.gemm import validate as validate_gemm
+
     # every folder before the data: a damaged one is refused before the test split is tokenized
     models = [load_folder(folder, recipe, USAGE) for folder, recipe in zip(folders, recipes, strict=True)]
     # the first folder's run gives the test split (its data, batch size and length), the command line on top

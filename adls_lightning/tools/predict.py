@@ -60,10 +60,14 @@ def predict_command(argv: Sequence[str]) -> None:
     folder, arguments = bare[0], bare[1:]
     if arguments and options["file"]:
         raise ConfigError(f"file={options['file']}: texts come from the arguments or a file, not both")
-    # imported once the options are checked: torch takes seconds, --help and a bad option none
+    # the folder before any input is read, and before torch is imported (seconds): a wrong one is refused at once
+    from adls_lightning.export.folder import check_folder
+    from adls_lightning.export.recipe import ExportRecipe
+
+    ExportRecipe.read(check_folder(Path(folder), USAGE).folder)
     from adls_lightning.export.predict import Predictor, parse_text, read_texts
 
-    predictor = Predictor(folder)  # the folder before any input is read: a wrong one is refused at once
+    predictor = Predictor(folder)
     if arguments:
         texts = [parse_text(text) for text in arguments]
     elif options["file"]:
