@@ -9,7 +9,8 @@ TORCH_INDEX ?=
 PYTEST_ARGS ?=
 # test processes (pytest-xdist): most of the suite's time is subprocesses starting Python and importing torch, so
 # two workers on 2 cores finish sooner (the suite on the 2-core AVX2 Zen 3: 43 min 42 s with 2 workers and 1 thread
-# each, see docs/results.md "How long do the tests take?"); PYTEST_WORKERS=0 runs in one process
+# each, 46 min 38 s with 3: the CPU is already busy; docs/results.md "How long do the tests take?");
+# PYTEST_WORKERS=0 runs in one process
 PYTEST_WORKERS ?= 2
 # Each test file runs in one worker: a module-scoped fixture (the bad-input cases' hundred subprocesses, a study per
 # format) is then built once, not once in each worker that got some of its tests (pytest-xdist 3.8's loadgroup,

@@ -1,4 +1,5 @@
-"""An exported folder as something to run: which format it is, checked without building a model, and loaded.
+"""An exported folder as something to run: which format it is, checked without building a model (and without
+importing torch: the tools refuse a damaged folder at once), and loaded.
 
 Every format the export writes (``hf``, ``onnx`` with its int8 files, ``mxint8``) holds a Hugging Face
 ``config.json`` with the task's label names (``id2label`` / ``label2id``, from the run's data, as the model was
@@ -202,9 +203,9 @@ def check_folder(path: Path, usage: str = "an exported folder") -> ExportFolder:
 
 
 def load_folder(path: Path, recipe: ExportRecipe | None = None, usage: str = "an exported folder"):
-    """The export's model (a PyTorch classifier; :class:`~adls_lightning.export.onnx.OnnxClassifier` for an ONNX export,
-    :class:`~adls_lightning.export.pt2e.Pt2Classifier` for a ``.pt2`` package), with its
-    compression recipe applied (activation quantizers and pruning).
+    """The export's model (a PyTorch classifier; :class:`~adls_lightning.export.onnx.OnnxClassifier` for an ONNX
+    export, :class:`~adls_lightning.export.pt2e.Pt2Classifier` for a ``.pt2`` package), with its compression recipe
+    applied (activation quantizers and pruning).
 
     Raises:
         ConfigError: the path is not an export or is damaged (:func:`check_folder`), or its files do not
