@@ -311,7 +311,6 @@ class OnnxClassifier(nn.Module):
 
 
 __all__ = [
-    "OnnxClassifier",
     "DISABLED_OPTIMIZERS",
     "DYNAMIC_AXES",
     "FP32_ATOL",
@@ -322,6 +321,7 @@ __all__ = [
     "ONNX_OPSET",
     "ExportCheckError",
     "OnnxCheck",
+    "OnnxClassifier",
     "check_against_torch",
     "compare",
     "export_onnx",
