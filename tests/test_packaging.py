@@ -1,7 +1,6 @@
 """The project's wheel (``pip wheel .``, the build ``pip install .`` runs) installed into a fresh virtual
-environment, then the installed console commands
-``adls-train`` and ``adls-search`` from a folder outside the checkout: a tiny training and a 2-trial search through
-the packaged sweeper plugin, with the packaged configs.
+environment, then the installed console commands ``adls-train`` and ``adls-search`` from a folder outside the
+checkout: a tiny training and a 2-trial search through the packaged sweeper plugin, with the packaged configs.
 
 The fresh environment gets the project's dependencies by pointing at this venv's site-packages with a ``.pth``
 path line (pip is run with ``--no-deps``: nothing is downloaded). A path line does not process that folder's own

@@ -7,9 +7,10 @@ sample. The export splits that in two:
 * **baked into the weights** (:func:`bake_quantized_layers`, with the masks baked by the export's reader): each
   quantized layer's weight and bias become the values its quantizers gave them, so the folder is a standard
   ``save_pretrained`` folder that ``from_pretrained`` loads anywhere;
-* **a recipe beside them** (:data:`RECIPE_FILE`, :class:`ExportRecipe`): what acts on the activations (each
-  layer's ``data_in`` / ``data_out`` formats, their quantizer state in :data:`ACTIVATION_STATE_FILE`, the
-  activation pruning spec), which :func:`apply_recipe` puts back on the loaded model. With both, the exported
+* **a recipe beside them** (:mod:`adls_lightning.export.recipe`: its file and :class:`ExportRecipe`): what acts on
+  the activations (each layer's ``data_in`` / ``data_out`` formats, their quantizer state in
+  :data:`ACTIVATION_STATE_FILE`, the activation pruning spec), which :func:`apply_recipe` puts back on the loaded
+  model. With both, the exported
   model computes exactly what the run evaluated, so ``python -m adls_lightning.export.evaluate DIR`` reproduces the
   run's ``test/acc``. The recipe also keeps the run's overrides, from which ``evaluate`` builds the same test split.
 
