@@ -240,6 +240,24 @@ def find_last_checkpoint(dirs: Iterable[str | Path]) -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
 
+def last_checkpoint(dirs: Iterable[str | Path]) -> Path:
+    """The checkpoint ``ckpt_path=last`` resumes: the newest ``last*.ckpt`` in the checkpoint folders ``dirs``.
+
+    Lightning would warn and start afresh when there is none, silently discarding the intent to resume.
+
+    Raises:
+        ConfigError: no ``last*.ckpt`` in any of ``dirs``.
+    """
+    dirs = list(dict.fromkeys(str(d) for d in dirs))
+    last = find_last_checkpoint(dirs)
+    if last is None:
+        raise ConfigError(
+            f"ckpt_path=last: nothing to resume, no last*.ckpt in {', '.join(dirs) or 'this run'} "
+            "(start a fresh run without ckpt_path, or give a .ckpt path)"
+        )
+    return last
+
+
 def tensor_digest(tensor: torch.Tensor) -> str:
     """A digest of ``tensor``'s shape, dtype and bytes (SHA-256: about 1 GB/s here, 0.1 s for MiniLM's base)."""
     import hashlib

@@ -126,20 +126,34 @@ def test_a_damaged_folder_is_refused_before_torch_is_imported(case, tmp_path):
     assert heavy == []
 
 
-def test_a_refused_train_py_imports_neither_torch_nor_optuna(tmp_path):
-    """``train.py`` refusing a bad value in its pre-flight check loads no heavy library (Optuna only opens a
-    study's storage; torch and Lightning come with the run)."""
+@pytest.mark.parametrize(
+    ("bad", "names", "imported"),
+    [
+        ("data.batch_size=-3", "data.batch_size=-3", []),
+        ("callback_order=[callbacks,qaunt]", "callback_order: 'qaunt' is not a config node", []),
+        # a single run's input files: its local data are read as the run reads them (Hugging Face datasets), and
+        # nothing to resume in the checkpoint folders, the callbacks' configured dirpaths
+        ("ckpt_path=last", "ckpt_path=last: nothing to resume, no last*.ckpt in ", ["datasets"]),
+    ],
+)
+def test_a_refused_train_py_imports_neither_torch_nor_optuna(bad, names, imported, tmp_path, tiny_imdb_dir):
+    """``train.py`` refusing a bad value in its pre-flight check loads neither torch nor Lightning (they come with
+    the run), nor Optuna (it only opens a study's storage)."""
+    argv = [str(ROOT / "train.py"), "model=tiny_random", f"data.data_dir={tiny_imdb_dir}", "data.val_size=20"]
     code = (
         "import runpy, sys\n"
-        f"sys.argv = [{str(ROOT / 'train.py')!r}, 'model=tiny_random', 'data.batch_size=-3', 'hydra.run.dir=run']\n"
+        "sys.stderr = sys.stdout\n"
+        f"sys.argv = {[*argv, bad, 'hydra.run.dir=run']!r}\n"
         "try:\n"
         f"    runpy.run_path({str(ROOT / 'train.py')!r}, run_name='__main__')\n"
         "except SystemExit as stop:\n"
         "    print(stop.code)"
     )
     printed, heavy = _imported_after(code, tmp_path)
-    assert printed.splitlines()[-1] == "2"
-    assert heavy == []
+    *_, error, code = printed.splitlines()
+    assert code == "2"
+    assert error.startswith("error: ") and names in error, error
+    assert heavy == imported
     assert not (tmp_path / "run").exists()
 
 

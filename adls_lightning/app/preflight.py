@@ -175,6 +175,8 @@ def validate_run_config(cfg: Mapping) -> None:
     _check_model_settings(cfg, problems)
     with problems.check():
         require_choice("runtime.gemm", _get(cfg, "runtime.gemm", "auto"), GEMM_BACKENDS)
+    with problems.check():
+        callback_nodes(cfg)
     init_head = cfg.get("init_head", "checkpoint")
     with problems.check():
         require_choice("init_head", init_head, ("checkpoint", "new"))
@@ -192,6 +194,30 @@ def validate_run_config(cfg: Mapping) -> None:
         with problems.check():
             check_checkpoint_file(path, key)
     problems.raise_all()
+
+
+def callback_nodes(cfg: Mapping) -> list[tuple[str, Mapping]]:
+    """``(key, node)`` of every callback a run config builds, in the order ``callback_order`` names their nodes: a
+    dict of leaves (``callbacks``, in its dict order) or a config group whose preset is one leaf (``quant``,
+    ``prune``...); an empty node builds none. The run builds them in this order; the pre-flight reads their settings.
+
+    Raises:
+        ConfigError: ``callback_order`` names a key that is not a config node.
+    """
+    order = cfg.get("callback_order") or []
+    unknown = next((name for name in order if name not in cfg), None)
+    if unknown is not None:
+        raise ConfigError(
+            f"callback_order: {unknown!r} is not a config node (give top-level keys, e.g. [callbacks, quant])"
+        )
+    leaves: list[tuple[str, Any]] = []
+    for node_name in order:
+        node = cfg.get(node_name)
+        if isinstance(node, Mapping) and "_target_" not in node:
+            leaves += [(f"{node_name}.{k}", v) for k, v in node.items()]
+        else:
+            leaves.append((node_name, node))
+    return [(key, leaf) for key, leaf in leaves if isinstance(leaf, Mapping) and "_target_" in leaf]
 
 
 #: The project's callbacks (quantization, pruning, compression, compile, ...): their settings' types are checked here.
@@ -241,9 +267,11 @@ def checkpoint_files(cfg: Mapping) -> Iterator[tuple[str, Any]]:
 def check_run_inputs(job: Mapping) -> None:
     """A single run's input files, read and checked as the run reads them, before it imports Lightning: the data
     module's local splits (:func:`~adls_lightning.data.sources.check_local_data`; the run then takes them from
-    this process's cache) and the checkpoints' contents (the guarded reader, tensors mapped, not read: a plain
-    tensor, a hostile pickle or a file that is not Lightning's is refused here). Whether a checkpoint fits the
-    model is the run's check, once the model is built.
+    this process's cache), the checkpoints' contents (the guarded reader, tensors mapped, not read: a plain
+    tensor, a hostile pickle or a file that is not Lightning's is refused here) and, for ``ckpt_path=last``, that
+    a ``last*.ckpt`` is there to resume (in the folders of the callbacks that set a ``dirpath``: the run's
+    checkpoint callbacks are among them). Whether a checkpoint fits the model is the run's check, once the model
+    is built.
 
     Not for a multirun: its jobs may sweep the data keys, and each job checks its own when built.
 
@@ -264,6 +292,11 @@ def check_run_inputs(job: Mapping) -> None:
 
         with problems.check():
             read_checkpoint(path, key, mmap=True)
+    if job.get("ckpt_path") == "last":
+        from adls_lightning.checkpoints import last_checkpoint
+
+        with problems.check():
+            last_checkpoint(str(node["dirpath"]) for _, node in callback_nodes(job) if node.get("dirpath"))
     problems.raise_all()
 
 

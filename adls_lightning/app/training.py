@@ -23,12 +23,12 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from adls_lightning.app.preflight import check_output_dir, validate_run_config
+from adls_lightning.app.preflight import callback_nodes, check_output_dir, validate_run_config
 from adls_lightning.build import build
 from adls_lightning.checkpoints import (
     check_shapes,
     complete_light_state,
-    find_last_checkpoint,
+    last_checkpoint,
     read_checkpoint,
 )
 from adls_lightning.data.datamodule import TextDataModule
@@ -59,26 +59,11 @@ class Reporter(Protocol):
 
 
 def instantiate_callbacks(cfg: DictConfig) -> list[L.Callback]:
-    """Callbacks in the order ``cfg.callback_order`` names their nodes: a dict of leaves (``callbacks``, in its
-    dict order) or a config group whose preset is one leaf (``quant``, ``prune``...); an empty node builds none."""
-    order = cfg.get("callback_order") or []
-    unknown = next((name for name in order if name not in cfg), None)
-    if unknown is not None:
-        raise ConfigError(
-            f"callback_order: {unknown!r} is not a config node (give top-level keys, e.g. [callbacks, quant])"
-        )
-    leaves: list[tuple[str, Any]] = []
-    for node_name in order:
-        node = cfg.get(node_name)
-        if isinstance(node, Mapping) and "_target_" not in node:
-            leaves += [(f"{node_name}.{k}", v) for k, v in node.items()]
-        else:
-            leaves.append((node_name, node))
+    """The run's callbacks, built in the order :func:`~adls_lightning.app.preflight.callback_nodes` lists them."""
     callbacks = []
-    for name, leaf in leaves:
-        if isinstance(leaf, Mapping) and "_target_" in leaf:
-            log.debug("Instantiating callback %s <%s>", name, leaf["_target_"])
-            callbacks.append(build(leaf, name, _convert_="partial"))
+    for name, leaf in callback_nodes(cfg):
+        log.debug("Instantiating callback %s <%s>", name, leaf["_target_"])
+        callbacks.append(build(leaf, name, _convert_="partial"))
     return callbacks
 
 
@@ -275,20 +260,13 @@ def _prunes_structurally(cfg: DictConfig) -> bool:
 
 
 def resolve_ckpt_path(ckpt_path: str | None, trainer: L.Trainer) -> str | None:
-    """``last`` -> the newest last*.ckpt of the run's checkpoint callbacks; refuses when there is none.
-
-    Lightning would warn and start afresh, silently discarding the intent to resume.
-    """
+    """``last`` -> the newest last*.ckpt of the run's checkpoint callbacks (:func:`last_checkpoint`, which refuses
+    when there is none)."""
     if ckpt_path != "last":
         return ckpt_path
-    dirs = [cb.dirpath for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None)]
-    last = find_last_checkpoint(dirs)
-    if last is None:
-        raise ConfigError(
-            f"ckpt_path=last: nothing to resume, no last*.ckpt in {', '.join(map(str, dirs)) or 'this run'} "
-            "(start a fresh run without ckpt_path, or give a .ckpt path)"
-        )
-    return str(last)
+    return str(
+        last_checkpoint(cb.dirpath for cb in trainer.checkpoint_callbacks if getattr(cb, "dirpath", None))
+    )
 
 
 def check_label_count(state: Mapping[str, torch.Tensor], task: Task, path: str, key: str) -> None:
