@@ -23,9 +23,9 @@ TEST_THREADS ?= $(or $(OMP_NUM_THREADS),1)
 CHECK_TEST_THREADS = @[[ "$(TEST_THREADS)" =~ ^[1-9][0-9]*$$ ]] || { echo "error: TEST_THREADS=$(TEST_THREADS) \
 	(or OMP_NUM_THREADS): must be a positive integer, OpenMP threads per test process" >&2; exit 2; }
 
-# The project's modules compiled to bytecode before the tests run: where PYTHONDONTWRITEBYTECODE is set (as on the
-# machines this project is developed and tested on) no process writes it, so each of the suite's ~500 Python
-# processes compiled the modules it imports again (~0.1 CPU-s each; half a second once here)
+# The project's modules compiled to bytecode before the tests run: where PYTHONDONTWRITEBYTECODE is set (this
+# project's development machines set it) no process writes it, so each of the ~500 Python processes of the suite
+# compiled the project modules it imports again (~0.1 CPU-s each; compileall takes half a second once)
 PRECOMPILE = $(PY) -m compileall -q adls_lightning hydra_plugins
 
 .PHONY: help install train test test-int8 test-fast lint format docs cuda-check gpu-check portable-check bench lab4 clean

@@ -199,7 +199,8 @@ def validate_run_config(cfg: Mapping) -> None:
 def callback_nodes(cfg: Mapping) -> list[tuple[str, Mapping]]:
     """``(key, node)`` of every callback a run config builds, in the order ``callback_order`` names their nodes: a
     dict of leaves (``callbacks``, in its dict order) or a config group whose preset is one leaf (``quant``,
-    ``prune``...); an empty node builds none. The run builds them in this order; the pre-flight reads their settings.
+    ``prune``...); an empty node builds none. The run builds them in this order; the pre-flight check reads the
+    checkpoint folders (``dirpath``) among their settings.
 
     Raises:
         ConfigError: ``callback_order`` names a key that is not a config node.
