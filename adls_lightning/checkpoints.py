@@ -234,14 +234,9 @@ def load_weights(model: torch.nn.Module, path: str | Path, key: str) -> None:
         raise ConfigError(f"{key}={path}: does not fit this model ({' '.join(lines[1:2])[:300]})") from None
 
 
-def find_last_checkpoint(dirs: Iterable[str | Path]) -> Path | None:
-    """The newest ``last*.ckpt`` in ``dirs`` (what Lightning's ``ckpt_path="last"`` would pick), or None."""
-    found = [p for d in dirs if Path(d).is_dir() for p in Path(d).glob("last*.ckpt")]
-    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
-
-
 def last_checkpoint(dirs: Iterable[str | Path]) -> Path:
-    """The checkpoint ``ckpt_path=last`` resumes: the newest ``last*.ckpt`` in the checkpoint folders ``dirs``.
+    """The checkpoint ``ckpt_path=last`` resumes: the newest ``last*.ckpt`` in the checkpoint folders ``dirs`` (what
+    Lightning's ``ckpt_path="last"`` would pick).
 
     Lightning would warn and start afresh when there is none, silently discarding the intent to resume.
 
@@ -249,13 +244,13 @@ def last_checkpoint(dirs: Iterable[str | Path]) -> Path:
         ConfigError: no ``last*.ckpt`` in any of ``dirs``.
     """
     dirs = list(dict.fromkeys(str(d) for d in dirs))
-    last = find_last_checkpoint(dirs)
-    if last is None:
+    found = [p for d in dirs if Path(d).is_dir() for p in Path(d).glob("last*.ckpt")]
+    if not found:
         raise ConfigError(
             f"ckpt_path=last: nothing to resume, no last*.ckpt in {', '.join(dirs) or 'this run'} "
             "(start a fresh run without ckpt_path, or give a .ckpt path)"
         )
-    return last
+    return max(found, key=lambda p: p.stat().st_mtime_ns)
 
 
 def tensor_digest(tensor: torch.Tensor) -> str:

@@ -150,8 +150,8 @@ def test_a_refused_train_py_imports_neither_torch_nor_optuna(bad, names, importe
         "    print(stop.code)"
     )
     printed, heavy = _imported_after(code, tmp_path)
-    *_, error, code = printed.splitlines()
-    assert code == "2"
+    *_, error, exit_code = printed.splitlines()
+    assert exit_code == "2"
     assert error.startswith("error: ") and names in error, error
     assert heavy == imported
     assert not (tmp_path / "run").exists()

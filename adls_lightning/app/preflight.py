@@ -175,7 +175,7 @@ def validate_run_config(cfg: Mapping) -> None:
     _check_model_settings(cfg, problems)
     with problems.check():
         require_choice("runtime.gemm", _get(cfg, "runtime.gemm", "auto"), GEMM_BACKENDS)
-    with problems.check():
+    with problems.check():  # callback_order names config nodes
         callback_nodes(cfg)
     init_head = cfg.get("init_head", "checkpoint")
     with problems.check():
@@ -297,7 +297,7 @@ def check_run_inputs(job: Mapping) -> None:
         from adls_lightning.checkpoints import last_checkpoint
 
         with problems.check():
-            last_checkpoint(str(node["dirpath"]) for _, node in callback_nodes(job) if node.get("dirpath"))
+            last_checkpoint(node["dirpath"] for _, node in callback_nodes(job) if node.get("dirpath"))
     problems.raise_all()
 
 

@@ -10,9 +10,9 @@ sample. The export splits that in two:
 * **a recipe beside them** (:mod:`adls_lightning.export.recipe`: its file and :class:`ExportRecipe`): what acts on
   the activations (each layer's ``data_in`` / ``data_out`` formats, their quantizer state in
   :data:`ACTIVATION_STATE_FILE`, the activation pruning spec), which :func:`apply_recipe` puts back on the loaded
-  model. With both, the exported
-  model computes exactly what the run evaluated, so ``python -m adls_lightning.export.evaluate DIR`` reproduces the
-  run's ``test/acc``. The recipe also keeps the run's overrides, from which ``evaluate`` builds the same test split.
+  model. With both, the exported model computes exactly what the run evaluated, so
+  ``python -m adls_lightning.export.evaluate DIR`` reproduces the run's ``test/acc``. The recipe also keeps the
+  run's overrides, from which ``evaluate`` builds the same test split.
 
 Which compression a run applied comes from the checkpoint's own record (:mod:`adls_lightning.compression_record`,
 written by the compression callbacks; :func:`record_compression`); a checkpoint written before records existed
