@@ -9,11 +9,12 @@ naming the config key and the target, anything outside :data:`ALLOWED_TARGETS`. 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import fnmatch
 import importlib
 import inspect
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from hydra.errors import InstantiationException
@@ -130,6 +131,20 @@ def iter_targets(node: Any, key: str) -> Iterator[tuple[str, Any]]:
             yield from iter_targets(value, f"{key}[{index}]")
 
 
+def _target_nodes(node: Any, key: str) -> Iterator[tuple[str, Mapping]]:
+    """Yield ``(dotted key, mapping)`` for every mapping with a ``_target_`` at or below ``node``."""
+    if isinstance(node, (DictConfig, ListConfig)):
+        node = OmegaConf.to_container(node, resolve=False)
+    if isinstance(node, Mapping):
+        if "_target_" in node:
+            yield key, node
+        for name, value in node.items():
+            yield from _target_nodes(value, f"{key}.{name}" if key else str(name))
+    elif isinstance(node, Sequence) and not isinstance(node, (str, bytes)):
+        for index, value in enumerate(node):
+            yield from _target_nodes(value, f"{key}[{index}]")
+
+
 def check_targets(node: Any, key: str) -> None:
     """Raise ConfigError naming the first ``_target_`` below ``node`` that is not allowed.
 
@@ -232,6 +247,56 @@ def check_resolved_target(where: str, target: Any) -> None:
         )
 
 
+def check_argument_names(key: str, obj: Callable[..., Any], kwargs: Mapping[str, Any]) -> list[str] | None:
+    """Check that every key a config passes to ``obj`` names one of its arguments (Hydra's own ``_...`` keys aside).
+    A callable taking ``**kwargs`` takes any, unless it is one of the project's classes handing them on to its base
+    class (the data modules): then its base's arguments are the rest.
+
+    Returns:
+        The argument names ``obj`` takes by keyword, or None when its signature cannot be read.
+
+    Raises:
+        ConfigError: ``key.name: unknown key; valid: ... (did you mean ...?)``.
+    """
+    named: list[str] = []
+    for function in _constructors(obj):
+        try:
+            parameters = inspect.signature(function).parameters
+        except (TypeError, ValueError):
+            return None
+        named += [
+            name
+            for name, p in parameters.items()
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            and name != "self"
+            and name not in named
+        ]
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            break
+        if not (inspect.isclass(obj) and _is_project_class(function)):
+            return named  # takes any keyword
+    for name in kwargs:
+        if not str(name).startswith("_") and name not in named:
+            close = difflib.get_close_matches(str(name), named, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            where = f"{key}.{name}" if key else str(name)
+            raise ConfigError(f"{where}: unknown key; valid: {', '.join(named)}{hint}")
+    return named
+
+
+def _constructors(obj: Any) -> list[Any]:
+    """A function itself; a class: the ``__init__`` each class of its MRO defines, from its own on."""
+    if not inspect.isclass(obj):
+        return [obj]
+    return [
+        cls.__dict__["__init__"] for cls in obj.__mro__ if "__init__" in cls.__dict__ and cls is not object
+    ]
+
+
+def _is_project_class(init: Any) -> bool:
+    return str(getattr(init, "__module__", "")).startswith("adls_lightning.")
+
+
 def build(node: Any, key: str, **kwargs: Any) -> Any:
     """``hydra.utils.instantiate(node, **kwargs)`` after :func:`check_targets`; ``key`` is the node's config key.
 
@@ -242,6 +307,11 @@ def build(node: Any, key: str, **kwargs: Any) -> Any:
     check_targets(node, key)
     for where, target in iter_targets(node, key):
         check_resolved_target(where, target)
+    # a key the callable does not take (one appended with +key=...) is one line here, not a TypeError inside Hydra
+    for where, arguments in _target_nodes(node, key):
+        target = arguments.get("_target_")
+        if isinstance(target, str) and "${" not in target:
+            check_argument_names(where, resolve_target(target), arguments)
     try:
         return instantiate(node, _execution_whitelist_=list(allowed_targets()), **kwargs)
     except ConfigError as err:

@@ -47,6 +47,36 @@ def _shape(shape: Iterable[int]) -> str:
     return " x ".join(str(d) for d in shape) or "scalar"
 
 
+def missing_checkpoint(path: str | Path, key: str, valid: str = "a .ckpt path") -> ConfigError:
+    """The refusal of a ``KEY=PATH`` that is no checkpoint file. A folder is named for what it is, with the
+    checkpoint to give instead: a run's (its best checkpoint), a sweep's (a job's), or an export (no training
+    checkpoint at all)."""
+    path = Path(path)
+    if not path.is_dir():
+        return ConfigError(f"{key}={path}: no such checkpoint file (give {valid})")
+    saved = sorted(
+        (path / "checkpoints").glob("*.ckpt"), key=lambda p: (not p.name.startswith("best"), p.name)
+    )
+    if saved:
+        return ConfigError(
+            f"{key}={path}: a run folder, not a checkpoint file; give one of its checkpoints, e.g. "
+            f"{key}={saved[0]}"
+        )
+    jobs = sorted(path.glob("*/checkpoints/best*.ckpt"))
+    if jobs:
+        kind = "a sweep folder" if (path / "multirun.yaml").is_file() else "a folder of runs"
+        return ConfigError(
+            f"{key}={path}: {kind}, not a checkpoint file; give a checkpoint of one of its runs, e.g. "
+            f"{key}={jobs[0]}"
+        )
+    if (path / "export.json").is_file():
+        return ConfigError(
+            f"{key}={path}: an export folder (adls-export's), not a training checkpoint; give the "
+            "checkpoint of the run it was exported from (<run>/checkpoints/*.ckpt)"
+        )
+    return ConfigError(f"{key}={path}: a folder, not a checkpoint file (give {valid})")
+
+
 def check_checkpoint_file(path: str | Path, key: str) -> None:
     """The checks that read no more than the archive's ends (the pre-flight check runs them before any import of
     the model's libraries): the file exists, is not empty, is a ``torch.save`` archive and is whole.
@@ -56,7 +86,7 @@ def check_checkpoint_file(path: str | Path, key: str) -> None:
     """
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"{key}={path}: no such checkpoint file (give a .ckpt path)")
+        raise missing_checkpoint(path, key)
     size = path.stat().st_size
     if size == 0:
         raise ConfigError(f"{key}={path}: empty file (0 bytes), not a checkpoint")

@@ -68,25 +68,14 @@ def check_call(key: str, obj: Callable[..., Any], kwargs: Mapping[str, Any]) -> 
     Raises:
         ConfigError: an argument ``obj`` does not take, or a value of the wrong type, named ``key.<argument>``.
     """
-    try:
-        parameters = inspect.signature(obj).parameters
-    except (TypeError, ValueError):
+    from adls_lightning.build import check_argument_names
+
+    named = check_argument_names(key, obj, kwargs)
+    if named is None:
         return
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    named = [
-        name
-        for name, p in parameters.items()
-        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    ]
     hints = type_hints(obj)
     for name, value in kwargs.items():
-        if str(name).startswith("_"):
-            continue
-        if name not in named:
-            if not takes_any:
-                raise ConfigError(f"{_join(key, name)}: unknown key; valid: {', '.join(named)}")
-            continue
-        if name in hints:
+        if name in named and name in hints:
             check_value(_join(key, name), value, hints[name])
 
 

@@ -185,12 +185,12 @@ def validate_run_config(cfg: Mapping) -> None:
             "init_head=new: replaces the head of an init_ckpt model; give init_ckpt=<a .ckpt path>"
         )
     for key, path in checkpoint_files(cfg):
+        from adls_lightning.checkpoints import check_checkpoint_file, missing_checkpoint
+
         if not Path(str(path)).is_file():
             valid = "a .ckpt path, 'last', or null" if key == "ckpt_path" else "a .ckpt path or null"
-            problems.found.append(f"{key}={path}: no such checkpoint file (give {valid})")
+            problems.found.append(str(missing_checkpoint(path, key, valid)))
             continue
-        from adls_lightning.checkpoints import check_checkpoint_file
-
         with problems.check():
             check_checkpoint_file(path, key)
     problems.raise_all()
@@ -302,13 +302,20 @@ def check_run_inputs(job: Mapping) -> None:
 
 
 def check_composed_config(
-    cfg: Any, multirun: bool, sweep_overrides: bool = False, *, callback_settings: bool = True
+    cfg: Any,
+    multirun: bool,
+    sweep_overrides: bool = False,
+    *,
+    callback_settings: bool = True,
+    sweep_job: bool = False,
 ) -> dict:
     """Every check that needs no object built: targets of the whole config (``hydra`` included), values, run dir.
 
     ``cfg`` is composed with ``return_hydra_config=True`` (as Hydra will run it); ``sweep_overrides``: the command
     line holds sweep overrides (``key=interval(...)``), a search's parameters; ``callback_settings``: also check
-    the types of the project's callbacks' settings (:func:`check_callback_settings`, which imports Lightning).
+    the types of the project's callbacks' settings (:func:`check_callback_settings`, which imports Lightning);
+    ``sweep_job``: ``cfg`` is one job of a multirun (its folder is ``hydra.sweep.dir``/``hydra.sweep.subdir``,
+    checked as a run's).
 
     Returns:
         The job's config, resolved, without ``hydra`` (what :func:`check_run_inputs` reads).
@@ -326,8 +333,10 @@ def check_composed_config(
     HydraConfig.instance().set_config(copy.deepcopy(cfg))  # set_config makes what it is given read-only
     try:
         run_dir = Path(
-            str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir"))
+            str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun or sweep_job else "hydra.run.dir"))
         ).absolute()
+        if sweep_job:
+            run_dir = run_dir / str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
         with open_dict(cfg):
             cfg.hydra.runtime.output_dir = str(run_dir)
             cfg.hydra.job.num = 0
@@ -370,7 +379,10 @@ def check_composed_config(
             check_callback_settings(job)
     with problems.check():
         check_output_dir(
-            run_dir, job, "hydra.sweep.dir" if multirun else "hydra.run.dir", earlier_run=not multirun
+            run_dir,
+            job,
+            "hydra.sweep.dir" if multirun or sweep_job else "hydra.run.dir",
+            earlier_run=not multirun,
         )
     problems.raise_all()
     return job
@@ -434,7 +446,7 @@ def checks_on_composition() -> Iterator[None]:
         with refusing_in_one_line():
             cfg = compose_config(self, config_name, overrides, run_mode, *a, **kw)
             multirun = run_mode == RunMode.MULTIRUN
-            check_config(cfg, multirun)
+            check_config(cfg, multirun, self.config_loader)
         _composition_checked = not multirun
         return cfg
 
@@ -445,9 +457,10 @@ def checks_on_composition() -> Iterator[None]:
         Hydra.compose_config = compose_config
 
 
-def check_config(cfg: Any, multirun: bool) -> None:
+def check_config(cfg: Any, multirun: bool, config_loader: Any = None) -> None:
     """Every check of a run config composed by Hydra (``hydra`` node included, left unchanged): targets, values and
-    run folder; a single run's input files; the project's callbacks' settings.
+    run folder; a single run's input files; a basic sweep's jobs (:func:`check_sweep_jobs`, with Hydra's
+    ``config_loader``); the project's callbacks' settings.
 
     Raises:
         ConfigError: naming every problem found.
@@ -463,4 +476,60 @@ def check_config(cfg: Any, multirun: bool) -> None:
     job = check_composed_config(copy.deepcopy(cfg), multirun, sweeps, callback_settings=False)
     if not multirun:
         check_run_inputs(job)
+    sweep_jobs = check_sweep_jobs(config_loader, cfg) if multirun and config_loader is not None else {}
     check_callback_settings(job)
+    for name, sweep_job in sweep_jobs.items():
+        with _naming(name):
+            check_callback_settings(sweep_job)
+
+
+@contextlib.contextmanager
+def _naming(job_name: str) -> Iterator[None]:
+    try:
+        yield
+    except ConfigError as err:
+        raise ConfigError(f"{job_name}: {err}") from None
+
+
+#: Hydra's own sweeper (``train.py -m a=1,2``): it runs the grid of the command line's lists, jobs numbered from 0.
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def check_sweep_jobs(config_loader: Any, cfg: Any) -> dict[str, dict]:
+    """Each job of a basic sweep (``train.py -m quant=int8,int8_scaled seed=1,2``), composed as the sweeper will
+    compose it and checked as a single run is (:func:`check_composed_config`, the callbacks' settings aside), before
+    the sweep starts: a typo in one value of a list, a bad value in one job, or a job folder holding an earlier run
+    (the jobs are numbered from 0 again, so a second sweep into the same ``hydra.sweep.dir`` would land in the first
+    one's folders) is refused before the first job runs and before Hydra writes the sweep's ``multirun.yaml``. A
+    search's sweeper samples its trials later (each is checked by its run) and numbers them on: not checked here.
+
+    Returns:
+        Each job's resolved config (without ``hydra``) by its name, ``job N (its swept values)``.
+
+    Raises:
+        ConfigError: naming the job and its swept values.
+    """
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf, open_dict
+
+    if OmegaConf.select(cfg, "hydra.sweeper._target_") != BASIC_SWEEPER:
+        return {}
+    params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
+    arguments = [f"{k}={v}" for k, v in params.items()] + list(cfg.hydra.overrides.task)
+    overrides = OverridesParser.create(config_loader=config_loader).parse_overrides(arguments)
+    swept = {o.get_key_element() for o in overrides if o.is_sweep_override()}
+    jobs: dict[str, dict] = {}
+    for number, job_overrides in enumerate(
+        job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch
+    ):
+        values = " ".join(o for o in job_overrides if o.split("=", 1)[0] in swept)
+        job_cfg = config_loader.load_sweep_config(cfg, list(job_overrides))
+        with open_dict(job_cfg):  # as Hydra's launchers number them
+            job_cfg.hydra.job.id = str(number)
+            job_cfg.hydra.job.num = number
+        with _naming(f"job {number} ({values})"):
+            jobs[f"job {number} ({values})"] = check_composed_config(
+                job_cfg, multirun=False, callback_settings=False, sweep_job=True
+            )
+    return jobs

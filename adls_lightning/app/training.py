@@ -42,7 +42,7 @@ from adls_lightning.logs import drop_unset_wandb_settings, wandb_location
 from adls_lightning.models import head_outputs, without_task_head
 from adls_lightning.module import parameter_metrics
 from adls_lightning.precision import choose as choose_precision
-from adls_lightning.runs.folder import entries, remove_unused_run_folder
+from adls_lightning.runs.folder import entries, remove_unused_run_folder, replace_earlier_run
 from adls_lightning.runs.record import METRICS_FILE, write_run_record
 from adls_lightning.runtime import keep_freed_memory
 
@@ -108,9 +108,14 @@ def run(cfg: DictConfig, checked: bool = False) -> dict[str, float]:
     with held_log_file() as release_log:
         datamodule, model, callbacks, loggers, trainer, ckpt_path = _checked_objects(cfg, checked)
         # Every check passed: only now does anything land in the run folder (DDP: rank zero writes it).
+        output_dir, replaced = Path(cfg.paths.output_dir), []
         if trainer.is_global_zero and HydraConfig.initialized():
-            write_run_record(Path(cfg.paths.output_dir), cfg, HydraConfig.instance().cfg)
+            if cfg.get("overwrite") and not ckpt_path:  # checked: the run reads nothing among them
+                replaced = replace_earlier_run(output_dir)
+            write_run_record(output_dir, cfg, HydraConfig.instance().cfg)
         release_log()
+        if replaced:
+            log.info("overwrite=true: replaced the earlier run's %s in %s", ", ".join(replaced), output_dir)
     # Every linear layer of fit, validation and test on the chosen GEMM backend (docs/gemm.md).
     model.resolved_gemm = _gemm_choice(cfg, model, trainer)  # recorded in its checkpoints (RESOLVED_KEY)
     with gemm_backend(model.resolved_gemm):

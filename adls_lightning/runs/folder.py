@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from adls_lightning.errors import ConfigError
@@ -29,11 +30,30 @@ def cannot_create_in(folder: Path) -> str | None:
     return None
 
 
+#: The entries a run writes into its folder (besides its log, ``<task>.log``): its record, metrics, checkpoints and
+#: the loggers' folders (``conf/logger``: ``save_dir`` is the run folder). ``overwrite=true`` replaces exactly these.
+RUN_OUTPUTS = (RUN_RECORD_DIR, METRICS_FILE, "checkpoints", "csv", "wandb")
+
+
+def earlier_run_outputs(folder: Path) -> list[Path]:
+    """The entries of ``folder`` an earlier run wrote (:data:`RUN_OUTPUTS` and its ``.log`` files), in name order."""
+    try:
+        return sorted(
+            p for p in folder.iterdir() if p.name in RUN_OUTPUTS or (p.suffix == ".log" and p.is_file())
+        )
+    except OSError:
+        return []
+
+
 def check_output_dir(
     output_dir: Path, cfg: Mapping, key: str = "hydra.run.dir", *, earlier_run: bool = True
 ) -> None:
     """Refuse a run folder that is not a writable folder, or (``earlier_run``) that holds an earlier run a fresh
-    run would replace. A search's sweep folder may hold its earlier trials: re-running resumes the study.
+    run would replace, or files no run wrote (an export, a study's folders: a run would mix into them). A search's
+    sweep folder may hold its earlier trials: re-running resumes the study.
+
+    ``overwrite=true`` lets a fresh run replace an earlier run's outputs (:func:`replace_earlier_run`), refused
+    when the run reads a file among them (its ``init_ckpt``, say).
 
     Raises:
         ConfigError: naming ``key``; an earlier run is refused unless resuming (``ckpt_path``) or ``overwrite``.
@@ -47,15 +67,67 @@ def check_output_dir(
         raise ConfigError(
             f"{key}={output_dir}: cannot create folders in {existing} ({why}); give a folder you can write to"
         )
-    if not earlier_run or cfg.get("ckpt_path") or cfg.get("overwrite"):
+    if not earlier_run or cfg.get("ckpt_path"):
+        return
+    if cfg.get("overwrite"):
+        _check_inputs_outside(earlier_run_outputs(output_dir), cfg, key, output_dir)
         return
     # what marks a folder as holding an earlier run: its metrics or its checkpoints
     earlier = [p for p in (output_dir / METRICS_FILE, output_dir / "checkpoints") if p.exists()]
     if earlier:
         raise ConfigError(
-            f"{key}={output_dir}: holds an earlier run ({earlier[0].name}); choose another hydra.run.dir, "
+            f"{key}={output_dir}: holds an earlier run ({earlier[0].name}); choose another {key}, "
             "resume it with ckpt_path=last, or pass overwrite=true"
         )
+    run_outputs = {p.name for p in earlier_run_outputs(output_dir)}
+    # hidden files (a file manager's, an editor's) do not make a folder someone else's
+    others = sorted(n for n in entries(output_dir) or () if n not in run_outputs and not n.startswith("."))
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise ConfigError(
+            f"{key}={output_dir}: holds files no run wrote ({shown}); choose a new or empty folder, "
+            "or pass overwrite=true to write the run beside them"
+        )
+
+
+def _check_inputs_outside(outputs: list[Path], cfg: Mapping, key: str, output_dir: Path) -> None:
+    """Refuse ``overwrite=true`` when a path the config names lies among the earlier run's outputs it removes."""
+    removed = [p.resolve() for p in outputs]
+    if not removed:
+        return
+    for name, value in _config_strings(cfg):
+        try:  # only an input file the run reads (an output location, like a checkpoint folder, is not one)
+            path = Path(value).expanduser()
+            if not path.is_file():
+                continue
+            path = path.resolve()
+        except (OSError, RuntimeError):  # a string that is no path (too long, a loop of links)
+            continue
+        if any(path == r or r in path.parents for r in removed):
+            raise ConfigError(
+                f"overwrite=true: {name}={value} is in the earlier run's outputs it would remove from {output_dir}; "
+                f"copy it elsewhere first, or choose another {key}"
+            )
+
+
+def _config_strings(node: object, key: str = "") -> list[tuple[str, str]]:
+    if isinstance(node, Mapping):
+        return [item for k, v in node.items() for item in _config_strings(v, f"{key}.{k}" if key else str(k))]
+    if isinstance(node, Sequence) and not isinstance(node, str):
+        return [item for i, v in enumerate(node) for item in _config_strings(v, f"{key}[{i}]")]
+    return [(key, node)] if isinstance(node, str) else []
+
+
+def replace_earlier_run(folder: Path) -> list[str]:
+    """Remove an earlier run's outputs from ``folder`` (:func:`earlier_run_outputs`: what ``overwrite=true``
+    replaces), leaving anything else in it. Returns the names removed."""
+    removed = earlier_run_outputs(folder)
+    for path in removed:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return [p.name for p in removed]
 
 
 def check_writable(path: Path, key: str = "out", *, file: bool = False) -> None:

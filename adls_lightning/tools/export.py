@@ -42,6 +42,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from adls_lightning.checkpoints import missing_checkpoint
 from adls_lightning.errors import ConfigError
 from adls_lightning.export.settings import FORMATS, CheckSettings, ExportCheckError, ExportSettings
 from adls_lightning.export.settings import OPTIONS as CHECK_OPTIONS
@@ -79,7 +80,7 @@ def check_options(options: dict[str, str | None]) -> ExportSettings:
             raise ConfigError(f"{key}: required (usage: python -m adls_lightning.export ckpt=PATH out=DIR)")
     ckpt, out = Path(options["ckpt"]), Path(options["out"])
     if not ckpt.is_file():
-        raise ConfigError(f"ckpt={ckpt}: no such checkpoint file")
+        raise missing_checkpoint(ckpt, "ckpt")
     if options["format"] not in FORMATS:
         raise ConfigError(f"format={options['format']}: must be one of {', '.join(FORMATS)}")
     if out.exists() and not out.is_dir():
