@@ -155,6 +155,18 @@ CASES = [
     Case("search-seed-text", ("seed=abc",), "seed", script="search.py"),
     Case("search-merged-lr-nan", ("model.merged_lr=nan",), "model.merged_lr", script="search.py"),
     Case("search-typo", ("hydra.sweeper.ntrials=3",), "hydra.sweeper.ntrials", script="search.py"),
+    Case(
+        "search-preset-typo",
+        ("search=hparamz",),
+        "search=hparamz: no such preset; valid: hparams, ",
+        script="search.py",
+    ),
+    Case(
+        "search-sized-preset-typo",
+        ("search/preset=cpux",),  # after the cases' own search/preset=cpu: the last one counts
+        "search/preset=cpux: no such preset; valid: cpu, cpu_minilm, gpu (did you mean cpu?)",
+        script="search.py",
+    ),
     # options added with issues 58-59: light checkpoints, the metrics, the precision (a study's best-k, a sweeper
     # setting: tests/test_search_sweeper.py)
     Case(

@@ -81,6 +81,36 @@ CASES = [
         ("model.lora.target_modules",),
         run_dir="user_file",
     ),
+    # a typo in a preset or a key, refused as Hydra composes: the group's presets (not the bases they share, such as
+    # quant/_base) or the keys at that level, with the closest ones; Hydra's "+" advice only where nothing is close
+    Case(
+        "preset-typo",
+        ("experiment=cpux",),
+        ("experiment=cpux: no such preset; valid: cpu, ", "(did you mean cpu?)"),
+    ),
+    Case(
+        "preset-typo-beside-a-base",
+        ("quant=int9",),
+        ("quant=int9: no such preset; valid: binary, ", "(did you mean int8, int4 or int32?)"),
+    ),
+    Case(
+        "key-typo",
+        ("data.max_lenght=64",),
+        ("error: data.max_lenght: no such key (did you mean data.max_length?)",),
+    ),
+    Case(
+        "key-typo-in-its-parent",
+        ("dat.max_length=64",),
+        ("error: dat.max_length: no such key (did you mean data.max_length?)",),
+    ),
+    Case(
+        "key-nothing-close",
+        ("callbacks.evaluator=1",),
+        (
+            "callbacks.evaluator: no such key; callbacks has best_checkpoint, last_checkpoint, ",
+            "(a new key is added with +callbacks.evaluator=1)",
+        ),
+    ),
 ]
 
 

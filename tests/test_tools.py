@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ENV
+from tests.helpers import ENV, assert_one_line_error
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
@@ -155,6 +155,20 @@ def test_a_refused_train_py_imports_neither_torch_nor_optuna(bad, names, importe
     assert error.startswith("error: ") and names in error, error
     assert heavy == imported
     assert not (tmp_path / "run").exists()
+
+
+def test_a_preset_typo_to_a_hydra_tool_names_the_presets(tmp_path):
+    """``python -m adls_lightning.graph model=...`` (a command composed by Hydra, as train.py) answers a misspelt
+    preset with the group's presets and the closest ones in one line, not Hydra's dump of its config search path."""
+    refused = subprocess.run(
+        [sys.executable, "-m", "adls_lightning.graph", "model=tiny_bertt", "out=x"], cwd=tmp_path, env=ENV,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    line = assert_one_line_error(
+        refused, starts="error: model=tiny_bertt: no such preset; valid: albert_base, "
+    )
+    assert line.endswith("(did you mean tiny_bert, tiny_albert or tiny_roberta?)"), line
+    assert not (tmp_path / "x").exists()
 
 
 def test_the_tools_parse_with_one_parser():
