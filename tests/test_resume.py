@@ -11,17 +11,20 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
 from adls_lightning.files.atomic import atomic_write_json
 from adls_lightning.files.lightning_io import AtomicCheckpointIO, ResumableCSVWriter
-from tests.helpers import kill_and_resume, recorded_batches, run_train
+from tests.helpers import kill_and_resume, recorded_batches, recording, run_train, train_cmd
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS_PER_EPOCH = 8  # 64 rows / batch 8
@@ -40,6 +43,22 @@ SMALL_RUN = [
     "data.test_size=16",
     "callbacks.last_checkpoint.every_n_train_steps=3",
 ]
+
+
+class InterruptAtStep(L.Callback):
+    """Ctrl-C: SIGINT to this process when the given global step is about to run (as ``tests.helpers.KillAtStep``
+    kills, so the interrupt lands at the same step on every machine)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            signal.raise_signal(signal.SIGINT)
+
+
+#: how the train.py subprocess imports it (pytest imports this file as ``test_resume``: tests/ is no package)
+INTERRUPT_TARGET = "tests.test_resume.InterruptAtStep"
 
 
 def _csv_rows(run_dir: Path) -> list[dict[str, str]]:
@@ -227,11 +246,26 @@ def test_last_checkpoint_of_a_finished_fit_holds_its_final_weights(
     )
     if preset:
         return
-    # Resuming the finished fit to a third epoch trains that epoch only, not the steps after the last periodic save.
+    # Resuming the finished fit to a third epoch trains that epoch only, not the steps after the last periodic save;
+    # Ctrl-C in it (step 22, after the last.ckpt of step 21) ends it with the shell's code for SIGINT and, as its
+    # last line, the command that resumes it: the run's own overrides, its folder and ckpt_path=last.
     shutil.copytree(fit_dir, more_dir)
-    more = run_train(tiny_imdb_dir, cache_dir, more_dir, *SMALL_RUN, "trainer.max_epochs=3", "ckpt_path=last")
-    assert more.returncode == 0, more.stderr[-3000:]
-    assert json.loads((more_dir / "metrics.json").read_text())["train/samples_seen"] == STEPS_PER_EPOCH * 8
+    interrupt = [f"+callbacks.interrupt._target_={INTERRUPT_TARGET}", "+callbacks.interrupt.step=22"]
+    resume = [*SMALL_RUN, "trainer.max_epochs=3", *recording(more_dir), *interrupt]
+    more = run_train(
+        tiny_imdb_dir, cache_dir, more_dir, *resume, "ckpt_path=last",
+        env={"ADLS_EXTRA_TARGETS": f"tests.helpers.*,{INTERRUPT_TARGET}"},
+    )  # fmt: skip
+    assert more.returncode == 130, more.stderr[-3000:]
+    assert sorted(recorded_batches(more_dir)) == list(range(2 * STEPS_PER_EPOCH, 23))
+    hint = more.stderr.strip().splitlines()[-1]
+    assert hint.startswith("interrupted: resume with "), more.stderr[-3000:]
+    given = train_cmd(tiny_imdb_dir, cache_dir, more_dir, *resume)[2:]
+    assert shlex.split(hint.removeprefix("interrupted: resume with ")) == [
+        "python", str(ROOT / "train.py"),
+        *[arg for arg in given if not arg.startswith("hydra.run.dir=")], f"hydra.run.dir={more_dir}", "ckpt_path=last",
+    ]  # fmt: skip
+    assert "Traceback" not in more.stderr
 
 
 def test_last_checkpoint_keeps_the_state_key_of_the_plain_model_checkpoint(tmp_path):

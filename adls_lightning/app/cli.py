@@ -9,9 +9,13 @@ write outputs under the folder they run in (``$PROJECT_ROOT`` defaults to it).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +37,86 @@ def run_training(cfg: DictConfig) -> float | None:
     from adls_lightning.app.training import one_line_errors, run  # imported late: `--help` stays fast
 
     _configure_logs()
-    with one_line_errors():
+    with resume_hint_on_interrupt(cfg), one_line_errors():
         if cfg.get("init_from_study") is not None:
             check_from_command_line(cfg)
         metrics = run(cfg, checked=composition_checked())
     return metrics.get(cfg.get("optimized_metric"))
+
+
+#: The shell's exit status for a process ended by SIGINT (128 + 2): what scripts and CI read as "interrupted".
+INTERRUPTED_EXIT = 130
+
+
+@contextlib.contextmanager
+def resume_hint_on_interrupt(cfg: DictConfig) -> Iterator[None]:
+    """A single run interrupted by Ctrl-C (SIGINT) ends with exit code 130 and, as stderr's last line, the command
+    that resumes it when its ``last.ckpt`` is there (:func:`interrupted_line`).
+
+    Lightning catches the KeyboardInterrupt inside ``fit``/``validate``/``test``, shuts down and exits with code
+    1, as it does for other failures: a SIGINT is told apart by noting it as it arrives (the usual
+    KeyboardInterrupt raised all the same). A multirun's jobs, and a handler someone else installed, are left as
+    they are.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    single_run = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN
+    if (
+        not single_run
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    received: list[int] = []
+
+    def note_and_interrupt(signum: int, frame: Any) -> None:
+        received.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, note_and_interrupt)
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit):
+        if not received:
+            raise
+        print(interrupted_line(cfg), file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)
+    finally:
+        if signal.getsignal(signal.SIGINT) is note_and_interrupt:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def interrupted_line(cfg: DictConfig) -> str:
+    """``interrupted: resume with <the run's command> hydra.run.dir=<its folder> ckpt_path=last`` when a
+    ``last*.ckpt`` is in the run's checkpoint folders (the ``last_checkpoint`` callback writes one every N training
+    steps), else that nothing is there to resume."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from adls_lightning.app.preflight import callback_nodes
+    from adls_lightning.checkpoints import last_checkpoint
+
+    hydra_cfg = HydraConfig.get()
+    run_dir = hydra_cfg.runtime.output_dir
+    if not cfg.get("train", True):
+        return "interrupted: an evaluation, nothing to resume (run the command again)"
+    job = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        last_checkpoint(node["dirpath"] for _, node in callback_nodes(job) if node.get("dirpath"))
+    except ConfigError:
+        return (
+            f"interrupted: no last.ckpt yet in {run_dir}, nothing to resume; start the run again "
+            "(overwrite=true to reuse its folder)"
+        )
+    # the command line's overrides as Hydra recorded them (hydra.* apart), with the folder and ckpt_path replaced
+    given = [*hydra_cfg.overrides.hydra, *hydra_cfg.overrides.task]
+    kept = [o for o in given if not o.startswith(("hydra.run.dir=", "hydra.mode=", "ckpt_path="))]
+    script = sys.argv[0]
+    command = f"python {script}" if script.endswith(".py") else Path(script).name
+    overrides = [*kept, f"hydra.run.dir={run_dir}", "ckpt_path=last"]
+    return f"interrupted: resume with {command} {shlex.join(overrides)}"
 
 
 def run_search_trial(cfg: DictConfig) -> Any:
