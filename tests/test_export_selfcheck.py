@@ -78,6 +78,17 @@ def test_verdict_names_mask_only_pruning_slow_artifacts_and_formats_without_a_ru
     assert selfcheck.verdict(fast, [], 12, True, False) == []  # structured: the layers are smaller
     (not_faster,) = selfcheck.verdict(slow, [], 0, False, False)
     assert "1.04x at batch 1" in not_faster and "batch 8" not in not_faster and "int8=scaled" in not_faster
+    assert "prune=structured_0.5" in not_faster
+    # the advice leaves out what the artifact already is: an int8=scaled graph, a structurally pruned run
+    (int8_graph,) = selfcheck.verdict(slow, [], 0, False, True, int8_scaled=True)
+    assert "int8" not in int8_graph.split("faster: ")[1] and "prune=structured_0.5" in int8_graph
+    (mask_int8,) = selfcheck.verdict(fast, [], 12, False, True, int8_scaled=True)
+    assert "int8" not in mask_int8.split("faster: ")[1] and "prune=structured_0.5" in mask_int8
+    (pruned,) = selfcheck.verdict(slow, [], 0, True, False)
+    assert "structured" not in pruned.split("faster: ")[1] and "int8=scaled" in pruned
+    assert selfcheck.verdict(slow, [], 0, True, True, int8_scaled=True) == [
+        "not faster than torch eager fp32 (1.04x at batch 1)"
+    ]
     (minifloat,) = selfcheck.verdict(fast, ["minifloat_ieee"], 0, False, False)
     assert minifloat.startswith("minifloat_ieee: no runtime here") and "format=hf" in minifloat
     (int4,) = selfcheck.verdict(fast, ["scaled_integer 4-bit"], 0, False, False)

@@ -1,7 +1,8 @@
-"""Deployable export folders and ``adls-predict``: every format holds config.json (label names, how the run fed its
-texts) and the tokenizer; ``predict`` on a folder gives the labels ``export.evaluate`` scores and the labels of the
-checkpoint's own model computed here in torch, on the same 200 rows; the command reads arguments, a file and stdin;
-bad folders and texts are one line, exit code 2, nothing printed."""
+"""Deployable export folders and ``adls-predict``: every format holds config.json (IMDb's label names, how the run
+fed its texts) and the tokenizer, and its self-check names the file it ran and advises no format it already is;
+``predict`` on a folder gives the labels ``export.evaluate`` scores and the labels of the checkpoint's own model
+computed here in torch, on the same 200 rows; the command reads arguments, a file and stdin; bad folders and texts
+are one line, exit code 2, nothing printed."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 from hydra.core.global_hydra import GlobalHydra
 
 from adls_lightning.build import build
+from adls_lightning.export import selfcheck
 from adls_lightning.export.evaluate import evaluation_setup, predictions
 from adls_lightning.export.folder import INPUTS_KEY, load_folder
 from adls_lightning.export.predict import predict
@@ -32,6 +34,8 @@ from adls_lightning.tools.predict import main as predict_main
 from tests.helpers import ENV, TINY, compose_config, merged_model
 
 MAX_LENGTH = 64
+# IMDb's labels by id, as its dataset card gives them (0 = a negative review)
+IMDB_NAMES = ("negative", "positive")
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +100,9 @@ def run_in_process(main, *args: str) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory, ckpt, overrides) -> dict[str, Path]:
     """The checkpoint as hf, onnx (with ONNX Runtime's dynamic int8 beside it), the int8 graph of its PTQ with
-    static scales (``int8=scaled``) and mxint8: name → what predict is given."""
+    static scales (``int8=scaled``) and mxint8: name → what predict is given. Every artifact counts as not faster
+    here (however fast it was), so that each self-check writes its advice; what each export printed is kept
+    beside its folder (``<name>.selfcheck.txt``)."""
     base = tmp_path_factory.mktemp("predict_exports")
     formats = {
         "hf": ("format=hf",),
@@ -104,11 +110,14 @@ def exports(tmp_path_factory, ckpt, overrides) -> dict[str, Path]:
         "onnx_scaled": ("format=onnx", "int8=scaled", "quant=int8_scaled", "quant.mode=ptq"),
         "mxint8": ("format=mxint8",),
     }
-    for name, options in formats.items():
-        code, _, stderr = run_in_process(
-            export_main, f"ckpt={ckpt}", f"out={base / name}", *options, *overrides
-        )
-        assert code == 0, stderr[-3000:]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(selfcheck, "FASTER_AT", float("inf"))
+        for name, options in formats.items():
+            code, stdout, stderr = run_in_process(
+                export_main, f"ckpt={ckpt}", f"out={base / name}", *options, *overrides
+            )
+            assert code == 0, stderr[-3000:]
+            (base / f"{name}.selfcheck.txt").write_text(stdout)
     return {
         "hf": base / "hf",
         "onnx": base / "onnx",
@@ -125,11 +134,12 @@ def texts(data_dir) -> list[str]:
 
 @pytest.fixture(scope="module")
 def torch_labels(ckpt, texts) -> list[str]:
-    """The checkpoint's model rebuilt here (LoRA merged), on the texts tokenized here: its argmax per text."""
+    """The checkpoint's model rebuilt here (LoRA merged), on the texts tokenized here: IMDb's name of its argmax
+    per text."""
     model = merged_model(ckpt, TINY)
     with torch.inference_mode():
         logits = model(**encode(texts)).logits
-    return [model.config.id2label[int(i)] for i in logits.argmax(-1)]
+    return [IMDB_NAMES[int(i)] for i in logits.argmax(-1)]
 
 
 def evaluate_labels(path: Path, batch_size: int | None = None) -> tuple[list[int], list[int], list[int]]:
@@ -147,14 +157,39 @@ def evaluate_labels(path: Path, batch_size: int | None = None) -> tuple[list[int
 def test_every_export_folder_holds_labels_inputs_and_tokenizer(exports, fmt):
     folder = exports[fmt]
     config = json.loads((folder / "config.json").read_text())
-    assert config["id2label"] == {"0": "0", "1": "1"} and config["label2id"] == {"0": 0, "1": 1}
+    assert config["id2label"] == {"0": "negative", "1": "positive"}
+    assert config["label2id"] == {"negative": 0, "positive": 1}
     assert config[INPUTS_KEY] == {
-        "task": "folder",
+        "task": "imdb",
         "text_pair": None,  # IMDb's labels are given, so the export did not read the data to see its columns
         "max_length": MAX_LENGTH,
         "truncation_side": "right",
     }
     assert (folder / "tokenizer.json").is_file() and (folder / "tokenizer_config.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("name", "ran"),
+    [
+        ("hf", "model.safetensors"),
+        ("mxint8", "model.safetensors"),
+        ("onnx", "model_int8.onnx"),
+        ("onnx_scaled", "model_int8_scaled.onnx"),
+    ],
+)
+def test_the_self_check_names_the_file_it_ran_and_advises_no_format_written(exports, name, ran):
+    folder = exports[name] if exports[name].is_dir() else exports[name].parent
+    assert (folder / ran).is_file()
+    report = json.loads((folder / selfcheck.EXPORT_JSON).read_text())
+    assert report["artifact"] == ran
+    printed = (folder.parent / f"{name}.selfcheck.txt").read_text()
+    assert f"self-check ({selfcheck.EXPORT_JSON}): {ran} vs the run's own model on " in printed
+    (advice,) = [note for note in report["verdict"] if note.startswith("not faster than torch eager fp32")]
+    faster = advice.split("; faster: ")[1]
+    assert "prune=structured_0.5" in faster  # the run is not structurally pruned
+    # int8=scaled was just written: it is not advised again; every other export is advised it
+    assert ("int8=scaled" in faster) == (name != "onnx_scaled")
+    assert f"note: {advice}" in printed
 
 
 @pytest.mark.parametrize(
@@ -176,18 +211,18 @@ def test_predict_gives_evaluates_labels_and_the_models_own(exports, texts, torch
     rows = predict(exports[name], texts, batch_size=batch_size or 16)
     assert len(rows) == len(texts) == 200
     labels = [row["label"] for row in rows]
-    assert set(labels) == {"0", "1"}, "the comparison needs both labels among the predictions"
+    assert set(labels) == set(IMDB_NAMES), "the comparison needs both labels among the predictions"
     for row in rows:
-        assert set(row) == {"label", "scores"} and set(row["scores"]) == {"0", "1"}
+        assert set(row) == {"label", "scores"} and set(row["scores"]) == set(IMDB_NAMES)
         assert abs(sum(row["scores"].values()) - 1) < 1e-5
         assert row["label"] == max(row["scores"], key=row["scores"].get)
     predicted, true, order = evaluate_labels(exports[name], batch_size)
     # the evaluation's rows are the parquet's, in its order: the mapping is checked by the true labels
     assert true == pd.read_parquet(data_dir / "test.parquet")["label"].iloc[order].tolist()
     mine = [labels[i] for i in order]
-    assert [str(i) for i in predicted] == mine, [(i, a, b) for i, (a, b) in enumerate(zip(predicted, mine))][
-        :5
-    ]
+    assert [IMDB_NAMES[i] for i in predicted] == mine, [
+        (i, a, b) for i, (a, b) in enumerate(zip(predicted, mine))
+    ][:5]
     if name in ("hf", "onnx"):
         assert labels == torch_labels
     # int8 and MXINT8 approximate the float model by more than a tiny random model's margins between its two labels

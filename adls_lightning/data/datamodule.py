@@ -30,7 +30,9 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 from adls_lightning.data.folder import (
     AUTO,
     IMDB_HUB_NAME,
+    IMDB_LABEL_NAMES,
     IMDB_LABELS,
+    class_names,
     column_values,
     folder_data_dir,
     imdb_data_dir,
@@ -56,6 +58,12 @@ log = logging.getLogger(__name__)
 
 # Bumped whenever the cached layout changes, so stale caches are never read.
 CACHE_VERSION = 2
+
+
+def plain_list(value: object) -> object:
+    """A list (Hydra's ListConfig or a tuple) as a plain list, for hyperparameters that checkpoints load with
+    ``weights_only``; anything else as it is (for the check that refuses it)."""
+    return list(value) if isinstance(value, Sequence) and not isinstance(value, str) else value
 
 
 def stratified_subset(labels: np.ndarray, size: int | None, seed: int, stratify: bool = True) -> np.ndarray:
@@ -178,6 +186,11 @@ class TextDataModule(LightningDataModule):
         """The task without tokenizing anything (from its definition, or from the training labels)."""
         return self.load()[2]
 
+    def _label_identity(self) -> object:
+        """What decides which label value gets which id, for the cache key: the task's class names, where they
+        are the values (a subclass whose names are set apart from its values adds the values)."""
+        return self.task.label_names
+
     def _check_swap_pairs(self, raw: datasets.DatasetDict) -> None:
         """Refuses ``swap_pairs`` where mirroring a pair would not keep its label (a subclass adds its rules)."""
         if "text_pair" not in raw["train"].column_names:
@@ -217,7 +230,7 @@ class TextDataModule(LightningDataModule):
                 self.tokenizer_fingerprint,
                 self.hparams.max_length,
                 self.hparams.truncation_side,
-                self.task.label_names,  # which label is which id
+                self._label_identity(),  # which label is which id
                 swapped,
             ]
         )
@@ -409,8 +422,13 @@ class FolderDataModule(TextDataModule):
         hub_name: hub data set used when there is no local folder.
         labels: the label values in id order (e.g. ``[0, 1]``, ``[neg, pos]``); None = from the training labels
             (integers 0..K-1, strings in sorted order, floats = regression).
+        label_names: the classes' names in id order (the model's ``id2label``, what an export's predictions
+            print), one per class; None = the label values as strings.
         **kwargs: see :class:`TextDataModule`.
     """
+
+    #: the task's name (the run summary's title, an export's ``adls_inputs.task``)
+    TASK_NAME = "folder"
 
     def __init__(
         self,
@@ -418,35 +436,53 @@ class FolderDataModule(TextDataModule):
         data_dir: str | None = None,
         hub_name: str | None = None,
         labels: Sequence | None = None,
+        label_names: Sequence[str] | None = None,
         **kwargs,
     ) -> None:
-        # a plain list (not Hydra's ListConfig) in the hyperparameters, so checkpoints load with weights_only
+        # plain lists (not Hydra's ListConfig) in the hyperparameters, so checkpoints load with weights_only
         labels = None if labels is None else list(labels)
+        label_names = plain_list(label_names)
         super().__init__(tokenizer, **kwargs)
         self.data_dir = folder_data_dir(data_dir, hub_name)
         self.hub_name = hub_name
         self.labels = labels
+        self.label_names = label_names
+        if labels is not None:  # a bad data.label_names is refused now, before any data is read
+            class_names(labels, label_names)
         self._encoded: tuple[datasets.DatasetDict, str, Task] | None = None
 
     def _describe_task(self) -> Task:
         if self.labels is None:  # inferred from the training labels
             return self.load()[2]
-        return Task("folder", tuple(str(v) for v in self.labels), default_metrics(len(self.labels)))
+        names = class_names(self.labels, self.label_names)
+        return Task(self.TASK_NAME, names, default_metrics(len(self.labels)))
+
+    def _label_identity(self) -> object:
+        return [self.labels, self.task.label_names]
 
     def load(self) -> tuple[datasets.DatasetDict, str, Task]:
         if self._encoded is None:
-            self._encoded = load_folder(self.data_dir, self.hub_name, self.labels, self.hparams.main_metric)
+            self._encoded = load_folder(
+                self.data_dir,
+                self.hub_name,
+                self.labels,
+                self.hparams.main_metric,
+                self.label_names,
+                self.TASK_NAME,
+            )
         return self._encoded
 
 
 class IMDbDataModule(FolderDataModule):
     """IMDb: the folder task with IMDb's defaults (``$ADLS_IMDB_DIR``, ``../shared/data/imdb`` or the hub's
-    ``stanfordnlp/imdb``; labels 0 and 1).
+    ``stanfordnlp/imdb``; labels 0 and 1, named ``negative`` and ``positive``).
 
     Args:
         data_dir: ``"auto"`` = ``$ADLS_IMDB_DIR`` or ``../shared/data/imdb`` when present, else the hub;
             ``None`` = the hub; else a folder.
     """
+
+    TASK_NAME = "imdb"
 
     def __init__(
         self,
@@ -454,11 +490,18 @@ class IMDbDataModule(FolderDataModule):
         data_dir: str | None = AUTO,
         hub_name: str = IMDB_HUB_NAME,
         labels: Sequence | None = IMDB_LABELS,
+        label_names: Sequence[str] | None = IMDB_LABEL_NAMES,
         **kwargs,
     ) -> None:
         labels = None if labels is None else list(labels)  # plain, as in FolderDataModule
+        label_names = plain_list(label_names)
         super().__init__(
-            tokenizer, data_dir=imdb_data_dir(data_dir), hub_name=hub_name, labels=labels, **kwargs
+            tokenizer,
+            data_dir=imdb_data_dir(data_dir),
+            hub_name=hub_name,
+            labels=labels,
+            label_names=label_names,
+            **kwargs,
         )
 
 

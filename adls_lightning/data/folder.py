@@ -1,8 +1,10 @@
 """The generic folder task: ``train`` and ``test`` files (parquet, CSV or JSON lines) with ``text``, optionally
 ``text_pair``, and ``label`` -- or the same splits from a Hugging Face hub data set. IMDb is one preset of it.
 
-Labels are integers 0..K-1, strings (ids given in sorted order, or in the order of ``data.labels``, and recorded
-as the model's ``id2label``) or floats (a regression).
+Labels are integers 0..K-1, strings (ids given in sorted order, or in the order of ``data.labels``) or floats (a
+regression). The class names the model records as its ``id2label`` (and an export's predictions print) are
+``data.label_names`` when given, else the label values as strings: IMDb's preset names its 0 and 1 ``negative`` and
+``positive``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 AUTO = "auto"
 IMDB_HUB_NAME = "stanfordnlp/imdb"
 IMDB_LABELS = (0, 1)
+# what IMDb's labels mean (its dataset card: 0 = a negative review, 1 = a positive one), in id order
+IMDB_LABEL_NAMES = ("negative", "positive")
 
 
 def default_data_dir() -> Path | None:
@@ -297,40 +301,78 @@ def encode_labels(
     return datasets.DatasetDict(out)
 
 
+def class_names(label_set: Sequence | None, label_names: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The class names in id order (the model's ``id2label``): ``data.label_names`` when given, else the label
+    values as strings; None for a regression (``label_set`` None).
+
+    Raises:
+        ConfigError: ``label_names`` is not a list of distinct non-empty strings, one per class, or names a
+            regression's classes.
+    """
+    if label_names is None:
+        return None if label_set is None else tuple(str(v) for v in label_set)
+    listed = isinstance(label_names, Sequence) and not isinstance(label_names, str)
+    shown = list(label_names) if listed else label_names
+    if not listed or not all(isinstance(name, str) and name for name in label_names):
+        raise ConfigError(
+            f"data.label_names={shown!r}: must be a list of names (non-empty strings), one per class in id order"
+        )
+    if label_set is None:
+        raise ConfigError(
+            f"data.label_names={shown}: the labels are floats (a regression), which has no classes to name; "
+            "remove data.label_names"
+        )
+    if len(label_names) != len(label_set):
+        raise ConfigError(
+            f"data.label_names={shown}: {len(label_names)} names for {len(label_set)} classes (labels "
+            f"{', '.join(map(str, label_set))}); give one name per class, in id order"
+        )
+    if len(set(label_names)) != len(label_names):
+        raise ConfigError(f"data.label_names={shown}: a name given twice; each class needs its own name")
+    return tuple(label_names)
+
+
 def folder_task(
     raw: datasets.DatasetDict,
     labels: Sequence | None,
     main_metric: str | None,
     sources: dict[str, str],
     name: str = "folder",
+    label_names: Sequence[str] | None = None,
 ) -> tuple[datasets.DatasetDict, Task]:
-    """The splits with labels encoded, and their :class:`Task` (label set given, or inferred from train)."""
+    """The splits with labels encoded, and their :class:`Task` (label set given, or inferred from train; class
+    names from ``label_names``, see :func:`class_names`)."""
     label_set = list(labels) if labels is not None else infer_labels(column_values(raw["train"], "label"))
     regression = label_set is None
     if not regression and len(label_set) < 2:
         raise ConfigError(
             f"data.labels: the task needs at least two classes (found {label_set} in {sources['train']})"
         )
+    names = class_names(label_set, label_names)
     encoded = encode_labels(raw, label_set, regression, sources)
-    names = None if regression else tuple(str(v) for v in label_set)
     num_labels = 1 if regression else len(label_set)
     metrics = with_main_metric(default_metrics(num_labels), main_metric)
     return encoded, Task(name, names, metrics)
 
 
 def load_folder(
-    data_dir: Path | None, hub_name: str | None, labels: Sequence | None, main_metric: str | None
+    data_dir: Path | None,
+    hub_name: str | None,
+    labels: Sequence | None,
+    main_metric: str | None,
+    label_names: Sequence[str] | None = None,
+    name: str = "folder",
 ) -> tuple[datasets.DatasetDict, str, Task]:
-    """The folder task's splits (labels encoded), their identity and the :class:`Task`: what the data module
-    trains on, and what the pre-flight check reads (the raw splits are then in this process's cache).
+    """The folder task's splits (labels encoded), their identity and the :class:`Task` named ``name``: what the
+    data module trains on, and what the pre-flight check reads (the raw splits are then in this process's cache).
 
     Raises:
-        ConfigError: naming the file (or hub split) and what is wrong with it.
+        ConfigError: naming the file (or hub split) and what is wrong with it, or a bad ``data.label_names``.
     """
     raw, identity = load_raw_splits(data_dir, hub_name)
     if data_dir is None:
         sources = {split: f"{hub_name} {split}" for split in raw}
     else:
         sources = {split: str(path) for split, path in find_split_files(data_dir).items()}
-    encoded, task = folder_task(raw, labels, main_metric, sources)
+    encoded, task = folder_task(raw, labels, main_metric, sources, name, label_names)
     return encoded, identity, task

@@ -1,4 +1,4 @@
-"""A run's local data files, read and checked before torch or Lightning is imported.
+"""A run's local data files, read and checked before torch or Lightning is imported; and what a recorded run read.
 
 The pre-flight check (:mod:`adls_lightning.app.preflight`) calls :func:`check_local_data` on a single run's
 composed ``data`` node. For the project's data modules reading a local folder, the splits are read with the
@@ -15,12 +15,14 @@ from typing import Any
 
 from adls_lightning.data.folder import (
     AUTO,
+    IMDB_LABEL_NAMES,
     IMDB_LABELS,
     folder_data_dir,
     imdb_data_dir,
     load_folder,
     resolve_data_dir,
 )
+from adls_lightning.data.glue import HUB_NAME as GLUE_HUB_NAME
 from adls_lightning.data.glue import load_glue
 from adls_lightning.data.settings import check_val_size
 
@@ -32,8 +34,9 @@ MISSING = "???"
 
 def check_local_data(data: Mapping[str, Any]) -> None:
     """Read and check the splits that ``data`` (a resolved ``data`` node) names in a local folder, as the data
-    module will: the files (parsed whole, columns, texts), the labels, the main metric, ``data.val_size``
-    against the training rows. Another ``_target_``, a hub source or a missing ``data_dir`` is left to the run.
+    module will: the files (parsed whole, columns, texts), the labels and their names, the main metric,
+    ``data.val_size`` against the training rows. Another ``_target_``, a hub source or a missing ``data_dir`` is
+    left to the run.
 
     Raises:
         ConfigError: the data module's own message (the key, the file and the row).
@@ -50,14 +53,34 @@ def check_local_data(data: Mapping[str, Any]) -> None:
         if name == "IMDbDataModule":  # its defaults: the data module's signature
             folder = resolve_data_dir(imdb_data_dir(data.get("data_dir", AUTO)))
             labels = data.get("labels", IMDB_LABELS)
+            label_names = data.get("label_names", IMDB_LABEL_NAMES)
         else:
             folder = folder_data_dir(data.get("data_dir"), data.get("hub_name"))
             labels = data.get("labels")
+            label_names = data.get("label_names")
         if folder is None:
             return
         labels = None if labels is None else list(labels)
-        raw = load_folder(folder, data.get("hub_name"), labels, data.get("main_metric"))[0]
+        raw = load_folder(folder, data.get("hub_name"), labels, data.get("main_metric"), label_names)[0]
     else:
         return
     if "val_size" in data:
         check_val_size(data["val_size"], len(raw["train"]))
+
+
+def data_read(data: Mapping[str, Any]) -> str:
+    """What a run whose recorded ``data`` node this is read: its local folder, else its hub data set; a GLUE
+    run's task first (``rte from DIR``). The tables' provenance (``adls-table``'s footer).
+
+    ``data.data_dir=auto`` (IMDb's default) is resolved as a run would resolve it here and now, and says so: the
+    record holds ``auto``, not what the run found.
+    """
+    data_dir = data.get("data_dir")
+    auto = data_dir == AUTO
+    if auto:
+        data_dir = imdb_data_dir(AUTO)
+    hub = GLUE_HUB_NAME if data.get("task") else data.get("hub_name")
+    where = str(data_dir or hub or data.get("_target_") or "unknown")
+    if auto:
+        where += f" (data.data_dir={AUTO}, as found here)"
+    return f"{data['task']} from {where}" if data.get("task") else where

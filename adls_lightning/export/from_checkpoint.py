@@ -42,6 +42,8 @@ class Exported:
     reference: nn.Module | None = None
     #: whether the artifact runs the formats it holds (not a mask-only or float stand-in)
     runs_formats: bool = False
+    #: whether the artifact is the run's int8 codes as an int8 graph (``int8=scaled``): not advised again
+    int8_scaled: bool = False
 
 
 def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exported:
@@ -163,6 +165,7 @@ def check_export(settings: ExportSettings, overrides: Sequence[str], exported: E
         mask_pruned=loaded.recipe.baked.get("pruned_layers", 0),
         structured=bool(getattr(reference.config, CONFIG_ATTRIBUTE, None)),
         runs_formats=exported.runs_formats,
+        int8_scaled=exported.int8_scaled,
     )
 
 
@@ -241,7 +244,8 @@ def export_scaled_int8(settings: ExportSettings, overrides: Sequence[str]) -> Ex
         f"tokens: {check.describe()} (tolerance {int8_export.INT8_ATOL:g} + {int8_export.INT8_RTOL:g}·|logit|)"
         f"{' (tokenizer included)' if tokenizer_saved else ''}"
     )
-    return Exported(loaded, path, [choice, line] if choice else [line], reference=model, runs_formats=True)
+    lines = [choice, line] if choice else [line]
+    return Exported(loaded, path, lines, reference=model, runs_formats=True, int8_scaled=True)
 
 
 def scaled_int8_runtime(

@@ -16,7 +16,10 @@ The export command calls :func:`self_check` on what it wrote, read back from dis
 What the numbers say is written too (``verdict``): mask-only pruning (the zeros are stored and multiplied at full
 size), an artifact that is not faster (speedup below :data:`FASTER_AT` at some batch size), and a weight format with
 no runtime here (minifloat, block formats, log, binary: the folder holds the fake-quantized weights as float), each
-with the method that would be faster.
+with the methods that would be faster (:data:`FASTER_METHODS`), less those the artifact already is.
+
+``artifact`` names the file that ran: the graph of an ONNX export, the weights file of a folder (``hf``,
+``mxint8``).
 
 ``check=full`` (the default) does both, ``check=agreement`` skips the timing, ``check=none`` writes no
 ``export.json`` (the export's own exactness checks still run).
@@ -49,10 +52,19 @@ RUNTIMES = {
     "scaled_integer 4-bit": "format=onnx int4=true (ONNX Runtime MatMulNBits)",
     "mxint8": "format=mxint8 (the packed MXINT8 kernels)",
 }
-FASTER_METHODS = (
-    "structured pruning (prune=structured_0.5, then format=onnx) or int8 ONNX (quant=int8_scaled, then format=onnx "
-    "int8=scaled)"
-)
+#: the methods measured faster than torch eager fp32 here (docs/inference.md), by what an artifact already is
+FASTER_METHODS = {
+    "structured": "structured pruning (prune=structured_0.5, then format=onnx)",
+    "int8_scaled": "int8 ONNX (quant=int8_scaled, then format=onnx int8=scaled)",
+}
+
+
+def faster_methods(structured: bool, int8_scaled: bool) -> str:
+    """The faster methods (:data:`FASTER_METHODS`) an artifact is not already: ``structured``, a structurally
+    pruned run; ``int8_scaled``, the run's int8 codes as an int8 graph (``int8=scaled``). Empty when it is
+    both."""
+    already = {"structured": structured, "int8_scaled": int8_scaled}
+    return " or ".join(method for key, method in FASTER_METHODS.items() if not already[key])
 
 
 def uncompressed_model(cfg: Any) -> nn.Module:
@@ -161,17 +173,24 @@ def weight_formats(model: nn.Module) -> list[str]:
 
 
 def verdict(
-    result: dict, formats: Sequence[str], mask_pruned: int, structured: bool, runs_formats: bool
+    result: dict,
+    formats: Sequence[str],
+    mask_pruned: int,
+    structured: bool,
+    runs_formats: bool,
+    int8_scaled: bool = False,
 ) -> list[str]:
     """What the artifact is worth, in lines: mask-only pruning, not faster, formats with no runtime here.
 
     ``runs_formats``: the artifact executes the run's weight format (an int8 or int4 graph, a packed folder)
-    rather than its values as float."""
+    rather than its values as float; ``int8_scaled``: it is the run's int8 codes as an int8 graph
+    (``format=onnx int8=scaled``), which the advice then does not recommend again."""
     notes = []
+    advice = faster_methods(structured, int8_scaled)
     if mask_pruned and not structured:
         notes.append(
             f"mask-only pruning: {mask_pruned} layers hold zeros stored and multiplied at full size (no smaller, no "
-            "faster); faster: structured pruning (prune=structured_0.5) or int8 ONNX (format=onnx int8=scaled)"
+            f"faster); faster: {advice}"
         )
     if not runs_formats:
         for name in formats:
@@ -187,7 +206,9 @@ def verdict(
     }
     if slow:
         shown = ", ".join(f"{s:.2f}x at batch {b}" for b, s in slow.items())
-        notes.append(f"not faster than torch eager fp32 ({shown}); faster: {FASTER_METHODS}")
+        notes.append(
+            f"not faster than torch eager fp32 ({shown})" + (f"; faster: {advice}" if advice else "")
+        )
     return notes
 
 
@@ -201,11 +222,12 @@ def self_check(
     mask_pruned: int = 0,
     structured: bool = False,
     runs_formats: bool = False,
+    int8_scaled: bool = False,
 ) -> dict | None:
     """Check the export in ``out`` (the artifact at ``artifact_path``: the folder, or its ``.onnx`` file) against
     ``reference`` (the run's model as it evaluated it), write :data:`EXPORT_JSON` and print the table; returns
-    what was written (None with ``check=none``)."""
-    from adls_lightning.export.folder import load_folder
+    what was written (None with ``check=none``). ``int8_scaled``: see :func:`verdict`."""
+    from adls_lightning.export.folder import WEIGHTS_FILE, load_folder
     from adls_lightning.export.recipe import ExportRecipe
 
     if settings.mode == "none":
@@ -217,7 +239,8 @@ def self_check(
 
     vocab = int(reference.config.vocab_size)
     batches, held = held_batches(cfg, settings.rows, vocab, settings.tokens)
-    result: dict[str, Any] = {"artifact": artifact_path.name if artifact_path != out else "."}
+    # a folder runs its weights file (with its config beside it): that file is what was checked
+    result: dict[str, Any] = {"artifact": WEIGHTS_FILE if artifact_path.is_dir() else artifact_path.name}
     result.update(agreement(load(), reference.eval(), batches))
     result["held"] = held
     if settings.mode == "full":
@@ -239,7 +262,9 @@ def self_check(
         }
     else:
         result["speedup"] = None
-    result["verdict"] = verdict(result, weight_formats(reference), mask_pruned, structured, runs_formats)
+    result["verdict"] = verdict(
+        result, weight_formats(reference), mask_pruned, structured, runs_formats, int8_scaled
+    )
     (out / EXPORT_JSON).write_text(json.dumps(result, indent=1) + "\n")
     print(describe(result))
     return result
@@ -273,6 +298,7 @@ __all__ = [
     "CheckSettings",
     "agreement",
     "describe",
+    "faster_methods",
     "held_batches",
     "self_check",
     "speedups",

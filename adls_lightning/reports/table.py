@@ -49,6 +49,7 @@ class Run:
     metrics: dict[str, Any]
     task: str
     main_metric: str
+    data: str  # what the run read (adls_lightning.data.sources.data_read): the footer's provenance
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class Table:
     columns: list[str]
     main: str  # the main metric's column
     task: str
+    data: list[str]  # what the runs read, each source once
 
     def cell(self, runs: Sequence[Run], column: str) -> Cell:
         numbers, left_out = [], []
@@ -183,7 +185,9 @@ def read_run(folder: Path) -> Run:
         from adls_lightning.data.tasks import task_main_metric
 
         main = task_main_metric(task) if data.get("task") else "acc"
-    return Run(folder, _configuration(overrides), metrics, task, main)
+    from adls_lightning.data.sources import data_read  # the data libraries: only once a run is read
+
+    return Run(folder, _configuration(overrides), metrics, task, main, data_read(data))
 
 
 def _configuration(overrides: list[Any]) -> dict[str, str]:
@@ -227,7 +231,13 @@ def build_table(runs: Sequence[Run]) -> Table:
     columns += [k for k in EXTRAS if k in found]
     main = next((c for c in columns if c.endswith(f"/{first.main_metric}")), columns[0] if columns else "")
     return Table(
-        keys, [f"{k}={first.overrides[k]}" for k in shared], list(rows.values()), columns, main, first.task
+        keys,
+        [f"{k}={first.overrides[k]}" for k in shared],
+        list(rows.values()),
+        columns,
+        main,
+        first.task,
+        list(dict.fromkeys(run.data for run in runs)),
     )
 
 
@@ -267,7 +277,10 @@ def markdown(table: Table) -> str:
                 partial = True
             cells.append(text + refs)
         lines.append(f"| {' | '.join(cells)} |")
-    lines += ["", f"{table.task}: mean ± std (sample) over the n runs (seeds) of each configuration."]
+    lines += [
+        "",
+        f"{'; '.join(table.data)}: mean ± std (sample) over the n runs (seeds) of each configuration.",
+    ]
     for number, note in enumerate(notes, 1):
         lines.append(f"[{number}] not a number: {note}; left out of the mean.")
     if partial:
