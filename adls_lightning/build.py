@@ -21,7 +21,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf, read_write
 
-from adls_lightning.errors import ConfigError
+from adls_lightning.errors import ConfigError, did_you_mean
 
 # Python packages whose callables a config may name in `_target_`: the project's and its libraries'.
 ALLOWED_TARGETS = (
@@ -277,8 +277,7 @@ def check_argument_names(key: str, obj: Callable[..., Any], kwargs: Mapping[str,
             return named  # takes any keyword
     for name in kwargs:
         if not str(name).startswith("_") and name not in named:
-            close = difflib.get_close_matches(str(name), named, n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
+            hint = did_you_mean(difflib.get_close_matches(str(name), named))
             where = f"{key}.{name}" if key else str(name)
             raise ConfigError(f"{where}: unknown key; valid: {', '.join(named)}{hint}")
     return named

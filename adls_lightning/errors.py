@@ -93,7 +93,7 @@ def composition_error_line(err: BaseException) -> str:
     return "; ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
-def _did_you_mean(closest: typing.Sequence[str]) -> str:
+def did_you_mean(closest: typing.Sequence[str]) -> str:
     """`` (did you mean a, b or c?)``, or nothing when nothing is close."""
     if not closest:
         return ""
@@ -110,7 +110,7 @@ def _unknown_preset_line(missing_cfg_file: str, options: typing.Sequence[str]) -
     if not presets:
         return f"{group}={name}: no such preset; {group} has none"
     closest = difflib.get_close_matches(name, presets)
-    return f"{group}={name}: no such preset; valid: {', '.join(presets)}{_did_you_mean(closest)}"
+    return f"{group}={name}: no such preset; valid: {', '.join(presets)}{did_you_mean(closest)}"
 
 
 def _unknown_key_line(key: str, append: str, cause: BaseException | None) -> str:
@@ -124,7 +124,7 @@ def _unknown_key_line(key: str, append: str, cause: BaseException | None) -> str
     keys = [str(k) for k in node] if hasattr(node, "keys") else []
     closest = difflib.get_close_matches(missing, keys)
     if closest:
-        return f"{key}: no such key" + _did_you_mean([f"{level}{match}{rest}" for match in closest])
+        return f"{key}: no such key" + did_you_mean([f"{level}{match}{rest}" for match in closest])
     if not keys:
         return f"{key}: no such key (a new key is added with {append})"
     where = level.rstrip(".") or "the config"

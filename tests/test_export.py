@@ -132,7 +132,7 @@ def test_load_packed_names_a_missing_file(tmp_path):
         (["ckpt=CKPT", "out=X", "group_size=abc"], "group_size=abc: must be a positive integer"),
         (["ckpt=CKPT", "out=X", "pack_embeddings=maybe"], "pack_embeddings=maybe: must be true or false"),
         (["ckpt=CKPT", "out=X", "group_size=5", *TINY], "group_size=5: group_size=5 does not divide"),
-        (["ckpt=CKPT", "out=X", "model=no_such_model"], "overrides ['model=no_such_model']"),
+        (["ckpt=CKPT", "out=X", "model=no_such_model"], "model=no_such_model: no such preset; valid: "),
         (["ckpt=CKPT", "out=X"], "its weights do not fit the model"),
         (["ckpt"], "'ckpt': expected key=value"),
     ],

@@ -262,8 +262,8 @@ def test_init_from_study_refuses_a_study_without_a_usable_trial(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["search=nosuch"], "Could not find 'search/nosuch'"),
-        (["hydra/sweeper/sampler=nosuch"], "Could not find 'hydra/sweeper/sampler/nosuch'"),
+        (["search=nosuch"], "search=nosuch: no such preset; valid: "),
+        (["hydra/sweeper/sampler=nosuch"], "hydra/sweeper/sampler=nosuch: no such preset; valid: "),
         (["hydra/sweeper/sampler=grid"], "hydra/sweeper/sampler=grid needs an explicit grid"),
         (
             ["hydra.sweeper.storage=postgresql://nobody@localhost:1/none"],

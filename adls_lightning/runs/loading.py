@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from adls_lightning.errors import ConfigError
+from adls_lightning.errors import ConfigError, composition_error_line
 from adls_lightning.export.compressed import (
     bake_quantized_layers,
     record_compression,
@@ -115,7 +115,7 @@ def compose_train_config(
                 f"{unknown.group(1)}: unknown key; valid: this command's options ({', '.join(options) or 'none'}) or a key "
                 f"of conf/train.yaml (model=..., data.*, quant.*; a new key: +{unknown.group(1)}=...)"
             ) from None
-        raise ConfigError(f"overrides {list(overrides)}: {first}") from error
+        raise ConfigError(composition_error_line(error)) from None
 
 
 def keep_run_settings(cfg: Any, overrides: list[str], checkpoint: Mapping[str, Any]) -> list[str]:
