@@ -104,6 +104,15 @@ def _inputs(base: Path) -> None:
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
     (job / "metrics.json").write_text('{"val/acc": 0.5, "test/ac')  # cut while written by hand
+    finished = base / "sweep_ok" / "0"
+    (finished / ".hydra").mkdir(parents=True)
+    (finished / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
+    (finished / "metrics.json").write_text('{"val/acc": 0.5, "test/acc": 0.25}')
+    (base / "study_page").mkdir()  # a study report's page: not the sweep report's to redraw
+    (base / "study_page" / "index.html").write_text(
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='generator' content='adls_lightning.reports.study'><title>Study s</title></head></html>\n"
+    )
 
 
 def _cases(base: Path) -> list[Case]:
@@ -194,7 +203,16 @@ def _cases(base: Path) -> list[Case]:
             f"{base / 'earlier'}: no mxint8_config.json, config.json or *.onnx",
         ),
         Case(
-            "predict unknown option", "export.predict", (str(base / "hf"), "--batch"), "'--batch': expected"
+            "predict unknown option",
+            "export.predict",
+            (str(base / "hf"), "--batch"),
+            "--batch: unknown option (valid: file=, batch_size=;",
+        ),
+        Case(
+            "predict misspelt option",
+            "export.predict",
+            (str(base / "hf"), "btach_size=4", "a great film"),
+            "btach_size: unknown option (valid: file=, batch_size=; usage: adls-predict DIR",
         ),
         Case(
             "evaluate pickled weights",
@@ -250,6 +268,47 @@ def _cases(base: Path) -> list[Case]:
             (f"sweep={base / 'sweep'}", f"out={base / 'r'}"),
             f"{base / 'sweep' / '0' / 'metrics.json'}: damaged",
             ("r",),
+        ),
+        Case(
+            "sweep report unknown metric",
+            "reports.sweep",
+            (f"sweep={base / 'sweep_ok'}", f"out={base / 'r'}", "metric=val/acuracy"),
+            "metric=val/acuracy: no job of the sweep has it; valid: test/acc, val/acc",
+            ("r",),
+        ),
+        # the reports' out: new, empty or their own earlier output, never another's
+        Case(
+            "sweep report out of another tool",
+            "reports.sweep",
+            (f"sweep={base / 'sweep_ok'}", f"out={base / 'earlier'}"),
+            f"out={base / 'earlier'}: holds sensitivity.csv; valid: a new or empty folder, or one holding an "
+            "earlier adls_lightning.reports.sweep output (index.html)",
+        ),
+        Case(
+            "sweep report out of the study report",
+            "reports.sweep",
+            (f"sweep={base / 'sweep_ok'}", f"out={base / 'study_page'}"),
+            f"out={base / 'study_page'}: holds index.html not written by adls_lightning.reports.sweep",
+        ),
+        Case(
+            "study report out of another tool",
+            "reports.study",
+            (str(base / "random.journal"), f"out={base / 'earlier'}"),
+            f"out={base / 'earlier'}: holds sensitivity.csv",
+        ),
+        Case(
+            "table out of another tool",
+            "reports.table",
+            (str(base / "sweep_ok"), f"out={base / 'earlier'}"),
+            f"out={base / 'earlier'}: holds sensitivity.csv; valid: a new or empty folder, or one holding an "
+            "earlier adls-table output (table.md, table.csv, table.png)",
+        ),
+        # a misspelt option of the budget is named before the options are checked (it reaches them as an override)
+        Case(
+            "budget misspelt option",
+            "tools.budget",
+            (ckpt, "latncy=0.5"),
+            "latncy: unknown key (did you mean latency?); valid: this command's options (ckpt, latency,",
         ),
         Case(
             "sweep report unknown key",

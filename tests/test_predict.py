@@ -331,6 +331,12 @@ def test_command_reads_arguments_stdin_and_a_file(exports, texts, tmp_path):
     # a text holding '=' is a text, not an option
     code, out, _ = run_in_process(predict_main, str(exports["hf"]), "rating=10, loved it")
     assert code == 0 and len(json_lines(out)) == 1
+    # one spelt like an option is refused, naming it; after -- every argument is a text as written
+    code, out, err = run_in_process(predict_main, str(exports["hf"]), "btach_size=4", "x")
+    assert (code, out) == (2, "") and err.startswith("error: btach_size: unknown option"), err
+    code, out, err = run_in_process(predict_main, str(exports["hf"]), "--", "btach_size=4", "--help")
+    assert code == 0, err
+    assert json_lines(out) == [dict(row) for row in predict(exports["hf"], ["btach_size=4", "--help"])]
 
 
 def test_command_refuses_an_empty_line_before_printing(exports):

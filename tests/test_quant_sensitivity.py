@@ -50,7 +50,7 @@ def test_groups_by_layer_kind_and_block():
     }
 
 
-def test_search_command_searches_the_most_sensitive_layers_and_fixes_the_rest():
+def test_search_command_searches_the_most_sensitive_layers_and_fixes_the_rest(tmp_path):
     import shlex
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -58,12 +58,68 @@ def test_search_command_searches_the_most_sensitive_layers_and_fixes_the_rest():
     scores = [GroupScore("kind", (NAMES[0], NAMES[2]), 0.6, 0.3), GroupScore("c", (NAMES[5],), 0.8, 0.1)]
     scores.append(GroupScore("o", (NAMES[1], NAMES[3]), 0.9, 0.0))
     default = {"weight": {"format": "integer", "params": {"width": 8, "frac_width": 4}}}
-    words = shlex.split(search_command(default, scores, top=2))
-    assert words[:4] == ["python", "search.py", "search=mixed_precision", "search.precision=integer"]
-    overrides = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(words[4:])}
+    ckpt = tmp_path / "a run" / "checkpoints" / "best.ckpt"  # a space in the path: quoted for the shell
+    words = shlex.split(search_command(default, scores, 2, ckpt, ["model=tiny_random"]))
+    assert words[:2] == ["python", "search.py"]
+    overrides = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(words[2:])}
+    assert overrides["search"] == "mixed_precision" and overrides["search.precision"] == "integer"
+    assert overrides["init_ckpt"] == str(ckpt) and overrides["model"] == "tiny_random"
     regex = overrides["hydra.sweeper.search_space.layers"]
     assert [n for n in NAMES if re.fullmatch(regex, n)] == [NAMES[0], NAMES[2], NAMES[5]]
     assert overrides["quant.config.default"] == default
+
+
+def test_the_search_command_starts_from_the_analysed_run_and_composes(tmp_path, tiny_imdb_dir, cache_dir):
+    """The printed command as search.py's pre-flight composes it: init_ckpt is the analysed checkpoint, and the
+    model and data are its run's (Hydra's record beside it) with the command's own overrides, not the defaults;
+    the run's quant=none, its folder and its seed-free settings do not undo the search's quantization."""
+    import shlex
+
+    import yaml
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from adls_lightning.app.preflight import check_composed_config, check_run_inputs
+    from adls_lightning.export.compressed import run_overrides
+    from adls_lightning.overrides import merge_overrides
+    from tests.helpers import compose_config
+
+    run = tmp_path / "fp"
+    (run / ".hydra").mkdir(parents=True)
+    (run / "checkpoints").mkdir()
+    ckpt = run / "checkpoints" / "best.ckpt"
+    torch.save(
+        {"state_dict": {}, "pytorch-lightning_version": "2.5.0"}, ckpt
+    )  # what the pre-flight reads of it
+    model_and_data = [
+        "model=tiny_random",
+        "model/lora=none",
+        f"data.data_dir={tiny_imdb_dir}",
+        "data.max_length=64",
+    ]
+    recorded = [*model_and_data, "quant=none", f"hydra.run.dir={run}", "trainer.max_epochs=1"]
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(recorded))
+    run_args = merge_overrides(run_overrides(ckpt), ["data.val_size=30"])  # as run_sensitivity composes them
+    default = {"weight": {"format": "integer", "params": {"width": 8, "frac_width": 4}}}
+    scores = [GroupScore("q", (NAMES[0], NAMES[2]), 0.6, 0.3), GroupScore("c", (NAMES[5],), 0.8, 0.1)]
+    words = shlex.split(search_command(default, scores, 1, ckpt, run_args))
+    assert words[:3] == ["python", "search.py", "search=mixed_precision"]
+    here = [f"paths.cache_dir={cache_dir}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    try:
+        trained = compose_config("train", [*model_and_data, "data.val_size=30", here[0]])
+        search = compose_config("search", [*words[2:], *here], return_hydra_config=True)
+        job = check_composed_config(search, multirun=True)
+        check_run_inputs(job)  # init_ckpt: a checkpoint there
+    finally:
+        GlobalHydra.instance().clear()
+    assert job["init_ckpt"] == str(ckpt)
+    assert job["model"] == OmegaConf.to_container(trained.model, resolve=True)
+    assert job["data"] == OmegaConf.to_container(trained.data, resolve=True)
+    assert job["trainer"]["max_epochs"] == 1
+    assert (
+        job["quant"]["config"]["default"] == default
+    )  # the search quantizes: the run's quant=none is left out
+    assert OmegaConf.select(search, "hydra.sweeper.search_space.layers") == "|".join(scores[0].layers)
 
 
 def test_each_score_is_that_group_quantized_alone_and_the_model_ends_float(tiny_bert):
@@ -123,7 +179,9 @@ def test_command_writes_the_sorted_table_from_the_runs_own_validation_score(floa
     command = (tmp_path / "s" / SEARCH_FILE).read_text()
     searched = re.search(r'layers="([^"]*)"', command).group(1).split("|")
     assert searched == [name for row in rows[1:3] for name in row["layers"].split()]
-    assert command.startswith("python search.py search=mixed_precision search.precision=integer")
+    assert command.startswith(
+        f"python search.py search=mixed_precision init_ckpt={ckpt.absolute()} model=tiny_random"
+    )
     assert "+quant.config.default={data_in: {format: integer, params: {width: 8, frac_width: 4}}" in command
 
 
@@ -161,7 +219,10 @@ def test_the_written_search_runs_over_the_sensitive_layers_with_the_rest_fixed(
     words = shlex.split((tmp_path / "s" / SEARCH_FILE).read_text())
     assert words[:2] == ["python", "search.py"]
     sweep = tmp_path / "sweep"
-    overrides = [*tiny_run(tiny_imdb_dir, cache_dir), "model=tiny_random", "hydra.sweeper.n_trials=1"]
+    assert (
+        "model=tiny_random" in words and f"init_ckpt={ckpt.absolute()}" in words
+    )  # the run's, not the default
+    overrides = [*tiny_run(tiny_imdb_dir, cache_dir), "hydra.sweeper.n_trials=1"]
     run_studies(tmp_path, [[*words[2:], *overrides, f"hydra.sweep.dir={sweep}"]])
     storage = f"sqlite:///{sweep / 'mixed_precision-integer-acc-tpe'}.db"
     (trial,) = optuna.load_study(study_name="mixed_precision-integer-acc-tpe", storage=storage).trials

@@ -259,3 +259,42 @@ def test_reports_as_a_browser_shows_them(runs, tmp_path):
         pixels = imread(shot)[..., :3]
         assert pixels.std() > 0.05  # text, figures, tables: far from a blank page
         assert (np.abs(pixels[..., 2] - pixels[..., 0]) > 0.2).any()  # plotly's coloured traces are there
+
+
+def test_a_report_redraws_its_own_earlier_page_and_refuses_the_others(tmp_path):
+    """Each report's out: its own earlier page is redrawn (run twice: the second page is the new one); the other
+    report's page or another command's files are refused in one line, and left as they were. A hand-made sweep
+    (one job) and study (two trials): no training."""
+    from adls_lightning.errors import ConfigError
+    from adls_lightning.tools import report, study_report
+
+    job = tmp_path / "sweep" / "0"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
+    (job / "metrics.json").write_text('{"val/acc": 0.5}')
+    db = tmp_path / "s.db"
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{db}")
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=2)
+    sweep_out, study_out = tmp_path / "sweep_report", tmp_path / "study_report"
+    for _ in range(2):  # the second run redraws the first one's page
+        assert report.write_report([f"sweep={job.parent}", f"out={sweep_out}"]) == sweep_out / "index.html"
+        assert study_report.write_report([str(db), f"out={study_out}"]) == study_out / "index.html"
+    (job / "metrics.json").write_text('{"val/acc": 0.75}')
+    report.write_report([f"sweep={job.parent}", f"out={sweep_out}"])
+    assert "<td class=num>0.75</td>" in (sweep_out / "index.html").read_text()
+
+    pages = {p: p.read_bytes() for p in (sweep_out / "index.html", study_out / "index.html")}
+    with pytest.raises(
+        ConfigError, match=f"out={study_out}: holds index.html not written by adls_lightning.reports.sweep"
+    ):
+        report.write_report([f"sweep={job.parent}", f"out={study_out}"])
+    with pytest.raises(
+        ConfigError, match=f"out={sweep_out}: holds index.html not written by adls_lightning.reports.study"
+    ):
+        study_report.write_report([str(db), f"out={sweep_out}"])
+    (sweep_out / "notes.txt").write_text("mine")
+    with pytest.raises(
+        ConfigError, match=re.escape(f"out={sweep_out}: holds notes.txt; valid: a new or empty")
+    ):
+        report.write_report([f"sweep={job.parent}", f"out={sweep_out}"])
+    assert {p: p.read_bytes() for p in pages} == pages

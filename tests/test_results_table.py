@@ -126,6 +126,11 @@ def test_csv_holds_mean_std_n_per_metric_and_the_runs(sweep, tmp_path, capsys):
         assert float(row["test/acc std"]) == pytest.approx(np.std(numbers, ddof=1), abs=1e-12)
     assert rows[0]["runs"].split() == [str(root / str(job)) for job in range(3)]
     assert (out / "table.png").read_bytes()[:4] == b"\x89PNG"
+    # out holds the earlier table: redrawn, here of the first method's runs alone
+    assert main([*(str(root / str(job)) for job in range(3)), f"out={out}"]) == 0
+    redrawn = (out / "table.md").read_text()
+    assert "prune=l1_0.5" in redrawn and "wanda_0.5" not in redrawn
+    assert sorted(p.name for p in out.iterdir()) == ["table.csv", "table.md", "table.png"]
 
 
 def test_per_seed_keys_and_trial_identity_are_left_out(tmp_path, capsys):

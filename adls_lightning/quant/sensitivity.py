@@ -154,7 +154,14 @@ def plot(path: Path, title: str, metric_name: str, scores: Sequence[GroupScore])
 
 def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
     """Load the checkpoint's float model and data, then :func:`layer_sensitivity` (``options``: the command's, of
-    :mod:`adls_lightning.tools.sensitivity`: ``quant``, ``by``, ``split``; their keys are named in errors)."""
+    :mod:`adls_lightning.tools.sensitivity`: ``quant``, ``by``, ``split``; their keys are named in errors).
+
+    Returns:
+        The main metric's name, its full-precision value, the groups' scores (most sensitive first), the table's
+        title, the preset's ``quant.config.default`` (a plain mapping, or None) and the overrides the run's model
+        and data were composed with (its recorded ones, then the command's; a search from the checkpoint takes
+        them).
+    """
     from omegaconf import OmegaConf
 
     from adls_lightning.build import build
@@ -243,7 +250,7 @@ def run_sensitivity(ckpt: Path, options: dict, overrides: list[str]):
         f"on the {options['split']} "
         f"split, {ckpt.name}"
     )
-    return task.main_metric, baseline, scores, title, preset_default
+    return task.main_metric, baseline, scores, title, preset_default, run_args
 
 
 if __name__ == "__main__":  # `python -m adls_lightning.quant.sensitivity`, the spelling the docs use

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from adls_lightning.files.atomic import atomic_write_bytes
+
+#: the file a page is written to, in its report's folder
+PAGE_FILE = "index.html"
+#: how a page names the command that wrote it (first in its head), so a redraw tells its own earlier page from
+#: another report's
+GENERATOR = re.compile(r"<meta name='generator' content='([\w.]+)'>")
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
@@ -74,6 +81,8 @@ class Page:
     """The sections of one report page, in order."""
 
     title: str
+    #: the command that writes it (``adls_lightning.reports.sweep``): named in the page's head
+    generator: str
     sections: list[str] = field(default_factory=list)
     figures: int = 0
 
@@ -121,6 +130,7 @@ class Page:
         plotly_js = f"<script>{get_plotlyjs()}</script>" if self.figures else ""
         return (
             "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            f"<meta name='generator' content='{html.escape(self.generator)}'>"
             f"<title>{html.escape(self.title)}</title><style>{STYLE}</style>{plotly_js}</head>"
             f"<body><h1>{html.escape(self.title)}</h1>{''.join(self.sections)}"
             f"<script>{SORT_SCRIPT}</script></body></html>\n"
@@ -129,6 +139,28 @@ class Page:
     def write(self, out_dir: Path) -> Path:
         """Write ``out_dir/index.html`` (the folder is created; the file is replaced whole, never half-written)."""
         out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / "index.html"
+        path = out_dir / PAGE_FILE
         atomic_write_bytes(path, self.html().encode())
         return path
+
+
+def page_generator(folder: Path) -> str | None:
+    """The command that wrote ``folder``'s page (its head's generator), or None: no page, or not one of these."""
+    try:
+        with (folder / PAGE_FILE).open("rb") as page:
+            head = page.read(512).decode("utf-8", "replace")
+    except OSError:
+        return None
+    found = GENERATOR.search(head)
+    return found.group(1) if found else None
+
+
+def check_page_folder(out: Path, command: str) -> None:
+    """Refuse a page's ``out=`` unless new, empty, or ``command``'s own earlier page (redrawn in place).
+
+    Raises:
+        ConfigError: naming ``out=`` and what it holds.
+    """
+    from adls_lightning.reports.output import check_report_folder
+
+    check_report_folder(out, command, (PAGE_FILE,), lambda folder: page_generator(folder) == command)

@@ -23,6 +23,8 @@ from adls_lightning.reports.page import Page
 from adls_lightning.search.from_study import open_study, study_storage
 from adls_lightning.search.storage import mask_password
 
+#: the command that writes the page (named in it: a redraw recognises its own earlier page)
+COMMAND = "adls_lightning.reports.study"
 # The overrides the sweeper gives each job to find its trial again: not part of what the trial trained.
 TRIAL_IDENTITY = "++search.trial."
 # A trial's job is a run of conf/search.yaml; as one run (not a sweep), without reporting to a trial.
@@ -274,7 +276,7 @@ def cost_section(page: Page, study: optuna.Study, best: Sequence[FrozenTrial]) -
 def study_page(study: optuna.Study, shown_storage: str) -> Page:
     names = metric_names(study)
     trials = study.get_trials(deepcopy=False)
-    page = Page(f"Study {study.study_name}")
+    page = Page(f"Study {study.study_name}", COMMAND)
     counts = {s.name.lower(): sum(t.state == s for t in trials) for s in TrialState}
     page.facts(
         {

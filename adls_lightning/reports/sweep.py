@@ -18,6 +18,8 @@ from adls_lightning.reports.page import Page
 from adls_lightning.runs.record import METRICS_FILE
 
 RECORD = Path(".hydra")
+#: the command that writes the page (named in it: a redraw recognises its own earlier page)
+COMMAND = "adls_lightning.reports.sweep"
 
 
 @dataclass(frozen=True)
@@ -136,10 +138,19 @@ def metric_figure(jobs: Sequence[Job], key: str, metric: str) -> Any:
 
 
 def sweep_page(sweep: Path, jobs: Sequence[Job], metric: str | None) -> Page:
+    """The page of the sweep's ``jobs``, drawing ``metric`` (None: the jobs' ``optimized_metric``).
+
+    Raises:
+        ConfigError: ``metric`` is in no finished job's metrics (naming those they have); with no job finished
+            yet, any metric is drawn once one is.
+    """
+    finished = [j for j in jobs if j.metrics]
+    recorded = sorted({m for j in finished for m in j.metrics})
+    if metric is not None and finished and metric not in recorded:
+        raise ConfigError(f"metric={metric}: no job of the sweep has it; valid: {', '.join(recorded)}")
     metric = metric or next((j.optimized_metric for j in jobs if j.optimized_metric), None) or "val/acc"
     swept = swept_keys(jobs)
-    finished = [j for j in jobs if j.metrics]
-    page = Page(f"Sweep {sweep.name}")
+    page = Page(f"Sweep {sweep.name}", COMMAND)
     page.facts(
         {
             "folder": str(sweep),
@@ -158,7 +169,7 @@ def sweep_page(sweep: Path, jobs: Sequence[Job], metric: str | None) -> Page:
     if fixed:
         page.heading("Common overrides")
         page.code(" ".join(f"{k}={v}" for k, v in fixed.items()))
-    names = sorted({m for j in jobs for m in j.metrics}, key=lambda m: (m != metric, m))
+    names = sorted(recorded, key=lambda m: (m != metric, m))
     rows = [
         [str(j.folder.relative_to(sweep)), *(as_number(j.overrides.get(k)) for k in swept)]
         + [j.metrics.get(m) for m in names]

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from adls_lightning.errors import ConfigError
+from adls_lightning.reports.output import check_report_folder
 from adls_lightning.runs.folder import check_writable
 from adls_lightning.runs.record import METRICS_FILE, read_run_record
 
@@ -349,6 +350,7 @@ def results_table(sources: Sequence[str], out: Path | None = None, search_dir: P
         raise ConfigError(f"no runs given (usage: {USAGE})")
     if out is not None:
         check_writable(out, "out")
+        check_report_folder(out, "adls-table", OUTPUTS)
     table = build_table([read_run(folder) for folder in find_runs(sources, search_dir)])
     if not table.columns:
         raise ConfigError(f"{table.rows[0][1][0].path / METRICS_FILE}: no test/ or val/ metric in the runs")

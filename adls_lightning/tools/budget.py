@@ -47,7 +47,13 @@ from typing import Any
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.search.budget_run import DEPLOYED, RESULT_FILE, BudgetSettings
-from adls_lightning.tools.options import check_writable, flag_option, run_tool, split_options
+from adls_lightning.tools.options import (
+    check_override_keys,
+    check_writable,
+    flag_option,
+    run_tool,
+    split_options,
+)
 
 OPTIONS: dict[str, str | None] = {
     "ckpt": None,
@@ -162,6 +168,7 @@ def budget_command(argv: Sequence[str]) -> None:
     from adls_lightning.search.budget_run import run_budget
 
     options, overrides = split_options(argv, OPTIONS, USAGE)
+    check_override_keys(overrides, list(OPTIONS))
     settings = check_options(options)
     result = run_budget(settings, overrides, report=lambda line: print(line, flush=True))
     print_result(result)

@@ -11,13 +11,14 @@ Imports only the ground floor (no torch), so ``--help`` and a refusal answer at 
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from adls_lightning.errors import ConfigError
+from adls_lightning.errors import ConfigError, did_you_mean
 from adls_lightning.overrides import merge_overrides as merge_overrides
 from adls_lightning.overrides import override_key as override_key
 from adls_lightning.runs.folder import check_writable as check_writable
@@ -71,6 +72,58 @@ def split_options(
     if positional is not None:
         options[positional] = bare
     return options, extra
+
+
+#: the config folder of ``conf/train.yaml`` (and ``search.yaml``): its groups and top-level keys are what an
+#: override may set
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+#: the root configs a run's overrides compose with (a search trial's run composes search.yaml)
+ROOT_CONFIGS = ("train.yaml", "search.yaml")
+
+
+def config_top_keys(conf_dir: Path = CONF_DIR) -> set[str]:
+    """Every top-level key an override of the run's config may set without ``+``: the config groups (the
+    folders), ``hydra``, and the keys of the root configs and of every ``@package _global_`` option (a preset
+    such as ``search/preset=cpu`` or ``method=...`` sets keys at the top). Read as YAML, no Hydra: milliseconds."""
+    import yaml
+
+    keys = {"hydra"} | {p.name for p in conf_dir.iterdir() if p.is_dir()}
+    for path in conf_dir.rglob("*.yaml"):
+        text = path.read_text()
+        if path.parent == conf_dir and path.name not in ROOT_CONFIGS:
+            continue  # another command's root (graph.yaml)
+        if path.parent != conf_dir and "@package _global_" not in text.split("\n", 1)[0]:
+            continue
+        try:
+            node = yaml.safe_load(text)
+        except yaml.YAMLError:  # Hydra refuses it when it composes, naming the file
+            continue
+        if isinstance(node, dict):
+            keys.update(str(k) for k in node if k != "defaults")
+    return keys
+
+
+def check_override_keys(overrides: Sequence[str], options: Sequence[str]) -> None:
+    """Refuse an override whose top-level key neither this command nor the run's config has: a misspelt option
+    (``latncy=0.5``) reaches here as an override, and is named before any option is checked (an option's own
+    check would name the option it misses instead). ``+key=...`` adds a key and is Hydra's to check.
+
+    Raises:
+        ConfigError: naming the key, the command's options and the config's.
+    """
+    known: set[str] | None = None
+    for token in overrides:
+        if token.startswith(("+", "~")):
+            continue
+        key = override_key(token)
+        known = config_top_keys() if known is None else known
+        top = key.split("@")[0].split(".")[0]  # model@pkg=x: a group placed elsewhere
+        if top not in known:
+            close = difflib.get_close_matches(top, [*options, *sorted(known)], n=3)
+            raise ConfigError(
+                f"{key}: unknown key{did_you_mean(close)}; valid: this command's options ({', '.join(options)}) "
+                f"or a key of conf/train.yaml (model=..., data.*, quant.*; a new key: +{key}=...)"
+            )
 
 
 def flag_option(options: Mapping[str, Any], key: str) -> bool:
@@ -128,8 +181,10 @@ def report_arguments(
     return args
 
 
-def check_out_dir(out: str) -> Path:
-    """The report's folder: creatable and writable (nothing is written before the report is ready).
+def check_out_dir(out: str, command: str | None = None) -> Path:
+    """The report's folder: creatable and writable (nothing is written before the report is ready) and, for
+    ``command``'s page, new, empty or that command's own earlier page
+    (:func:`adls_lightning.reports.page.check_page_folder`).
 
     Raises:
         ConfigError: naming ``out=``.
@@ -138,6 +193,10 @@ def check_out_dir(out: str) -> Path:
 
     path = Path(out).expanduser().absolute()
     check_output_dir(path, {}, "out", earlier_run=False)
+    if command is not None:
+        from adls_lightning.reports.page import check_page_folder
+
+        check_page_folder(path, command)
     return path
 
 

@@ -5,11 +5,13 @@
 an ONNX folder runs ``model.onnx``, or give the path of its other graph, e.g. ``DIR/model_int8.onnx``). The
 folder alone is read: its ``config.json`` (label names, how the run truncated its texts), its tokenizer and its
 weights; no run, data or network. Texts come from the arguments, else from ``file=PATH``, else from stdin, one per
-line; for a task of pairs (MRPC, MNLI, ...) a TAB separates the two texts of a pair. Prints one JSON line per
+line; for a task of pairs (MRPC, MNLI, ...) a TAB separates the two texts of a pair. An argument spelt like an
+option (``name=value``, no space) that is not one is refused; every argument after ``--`` is a text as written
+(``adls-predict DIR -- "x=1"``), and so is every line of a file or stdin. Prints one JSON line per
 text, in order: ``{"label": NAME, "scores": {NAME: probability, ...}}`` (a regression:
 ``{"label": value, "scores": value}``). ``batch_size``: texts per forward pass.
 
-Bad input (a path that is not an export, a damaged config or weights, no tokenizer in the folder, single texts for
+Bad input (an unknown option, a path that is not an export, a damaged config or weights, no tokenizer in the folder, single texts for
 a task of pairs or pairs for one of single texts, an empty line): one ``error:`` line on stderr naming it, exit
 code 2, nothing printed on stdout. ``--help``: this text.
 
@@ -21,6 +23,7 @@ model loaded between calls.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,14 +37,37 @@ from adls_lightning.tools.options import HELP_FLAGS, run_tool, split_options
 OPTIONS = {"file": None, "batch_size": "32"}
 
 
+#: a token spelt as an option, ``name=value`` with no space: a misspelt option (``btach_size=4``), not a text
+OPTION_LIKE = re.compile(r"[A-Za-z_]\w*=\S*")
+#: after it every token is ``DIR`` or a text, as written (a text spelt like an option: ``-- "x=1"``)
+END_OF_OPTIONS = "--"
+
+
 def split_command_line(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     """This command's options (``file=``, ``batch_size=``, ``--help``) and its bare arguments, ``DIR`` then the
-    texts; a text may hold ``=`` (only this command's own keys are options)."""
+    texts. A text may hold ``=`` and spaces; one spelt like an option (``name=value``, no space) is refused unless
+    it comes after ``--``, and so is an unknown ``--flag``. ``DIR`` may be named like an option (a sweep's
+    ``lr=0.1`` folder): a first bare argument that exists is ``DIR``.
+
+    Raises:
+        HelpRequested: ``--help`` / ``-h`` before ``--``.
+        ConfigError: an unknown option, naming it, the valid ones and ``--``.
+    """
     option_tokens, bare = [], []
-    for token in argv:
+    for index, token in enumerate(argv):
+        if token == END_OF_OPTIONS:
+            bare.extend(argv[index + 1 :])
+            break
         key = token.partition("=")[0]
-        is_option = key in OPTIONS and "=" in token
-        (option_tokens if is_option or token in HELP_FLAGS or token.startswith("--") else bare).append(token)
+        if key in OPTIONS and "=" in token or token in HELP_FLAGS:
+            option_tokens.append(token)
+        elif token.startswith("--") or (OPTION_LIKE.fullmatch(token) and (bare or not Path(token).exists())):
+            raise ConfigError(
+                f"{key}: unknown option (valid: {', '.join(f'{k}=' for k in OPTIONS)}; usage: {USAGE}); "
+                f"to predict a text spelt like an option, put it after --: adls-predict DIR -- {token!r}"
+            )
+        else:
+            bare.append(token)
     options, _ = split_options(option_tokens, OPTIONS, USAGE, overrides=False)
     return options, bare
 

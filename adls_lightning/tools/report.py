@@ -6,8 +6,11 @@ Jobs are the folders under ``sweep`` holding a run record (``.hydra/overrides.ya
 checks passed); a job without ``metrics.json`` (failed or still running) is listed without metrics. A search's
 folder (``search.py``) is a study: ``python -m adls_lightning.reports.study`` draws it with Optuna's figures.
 
-Bad input (an unknown option, an ``out`` that cannot be written, a damaged run record or ``metrics.json``): one
-line naming it, exit code 2, nothing written. ``--help``: this text.
+``out`` is a new or empty folder, or one holding this command's earlier page (redrawn).
+
+Bad input (an unknown option, a ``metric`` no finished job has, an ``out`` that cannot be written or holds anything
+but this command's earlier page, a damaged run record or ``metrics.json``): one line naming it (and, for
+``metric``, the metrics the jobs have), exit code 2, nothing written. ``--help``: this text.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.reports.sweep import read_jobs, sweep_page
+from adls_lightning.reports.sweep import COMMAND, read_jobs, sweep_page
 from adls_lightning.tools.options import check_out_dir, report_arguments, report_main
 
 USAGE = "python -m adls_lightning.reports.sweep sweep=<multirun folder> out=DIR [metric=NAME]"
@@ -41,7 +44,7 @@ def write_report(argv: Sequence[str]) -> Path:
         ConfigError: bad arguments, an unwritable ``out``, or no job under ``sweep``.
     """
     args = parse_command(argv)
-    out = check_out_dir(args["out"])
+    out = check_out_dir(args["out"], COMMAND)
     sweep = Path(args["sweep"]).expanduser().absolute()
     return sweep_page(sweep, read_jobs(sweep), args.get("metric")).write(out)
 

@@ -17,8 +17,11 @@ A value that is not a number (``nan``: a diverged run) or missing from some runs
 silently: the mean is over the numbers, says over how many (``0.8123 ± 0.0100 (2/3)``), and a footnote names each
 run left out (as ``scripts/glue_table.py`` does for its averages).
 
+``out`` is a new or empty folder, or one holding an earlier table (only those three files: redrawn).
+
 Bad input (no run matched, a damaged ``metrics.json`` or run record, runs of different tasks, an ``out`` that
-cannot be written): one ``error:`` line naming it, exit code 2, nothing written. ``--help``: this text.
+cannot be written or holds anything but an earlier table): one ``error:`` line naming it, exit code 2, nothing
+written. ``--help``: this text.
 
 Example::
 

@@ -13,9 +13,9 @@ with encoder points (``quant=int8_scaled_all``, ``ibert_int8``) measures them to
 Output: the table sorted by the metric's drop from full precision (largest first), printed, and written to
 ``out`` as ``sensitivity.csv`` and ``sensitivity.png`` (default ``out``: ``<run>/sensitivity/<preset>-<by>`` beside
 the checkpoint's run folder), and ``search_command.txt``: a Lab 3 mixed-precision search (``search.py
-search=mixed_precision``) over the layers of the ``search_top`` most sensitive groups only (default: the more
-sensitive half), every other layer fixed at the preset's format (``quant.config.default``), so the trials spend
-their budget where precision matters. Bad input: one line naming the key, exit code 2, nothing written, before the
+search=mixed_precision``) from the checkpoint (``init_ckpt=`` and its run's model and data overrides) over the
+layers of the ``search_top`` most sensitive groups only (default: the more sensitive half), every other layer fixed
+at the preset's format (``quant.config.default``), so the trials spend their budget where precision matters. Bad input: one line naming the key, exit code 2, nothing written, before the
 model is loaded; an ``out`` that already holds files is refused unless ``overwrite=true``, one that cannot be written
 before the measurement starts. The preset's settings (``quant.calibration``, ...) are checked by the callback
 ``train.py`` builds from them, so both commands accept and refuse the same values. ``--help``: this text.
@@ -29,6 +29,7 @@ The command; the measurement is :mod:`adls_lightning.quant.sensitivity`.
 
 from __future__ import annotations
 
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,7 +48,14 @@ from adls_lightning.quant.sensitivity import (
     run_sensitivity,
     write_csv,
 )
-from adls_lightning.tools.options import check_writable, flag_option, override_key, run_tool, split_options
+from adls_lightning.tools.options import (
+    check_override_keys,
+    check_writable,
+    flag_option,
+    override_key,
+    run_tool,
+    split_options,
+)
 
 OPTIONS: dict[str, str | None] = {
     "ckpt": None,
@@ -73,21 +81,33 @@ def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, str | None], list[st
             f"search_top={options['search_top']}: must be an integer >= 0 (0: no search command)"
         )
     options["overwrite"] = "true" if flag_option(options, "overwrite") else "false"
+    check_override_keys(overrides, list(OPTIONS))
     if any(override_key(override) in ("compress", "prune") for override in overrides):
         raise ConfigError("compress= / prune=: sensitivity measures quantization alone; leave them out")
     return options, overrides
 
 
-def search_command(preset_default: Any, scores: Sequence[GroupScore], top: int) -> str:
+#: override keys of the analysed run a search does not take: the search sets its own quantization and study, and
+#: sensitivity refuses a compressed run
+NOT_SEARCHED_FROM = ("quant", "prune", "compress", "search", "init_from_study")
+
+
+def search_command(
+    preset_default: Any, scores: Sequence[GroupScore], top: int, ckpt: Path, run_args: Sequence[str]
+) -> str:
     """``search.py`` over the layers of the ``top`` most sensitive groups, every other layer at ``preset_default``
-    (the preset's ``quant.config.default``, a plain mapping)."""
+    (the preset's ``quant.config.default``, a plain mapping), from the analysed checkpoint: ``init_ckpt=`` (its
+    absolute path) and the overrides its run's model and data were built with (``run_args``: the run's recorded
+    ones and the command's own, as :func:`~adls_lightning.quant.sensitivity.run_sensitivity` composed them)."""
     searched = [name for score in scores[:top] for name in score.layers]
     formats = [v["format"] for v in preset_default.values() if isinstance(v, dict) and "format" in v]
     precision = f"search.precision={formats[0]} " if formats else ""
+    run = [shlex.quote(arg) for arg in run_args if override_key(arg).split(".")[0] not in NOT_SEARCHED_FROM]
+    start = " ".join([shlex.quote(f"init_ckpt={Path(ckpt).absolute()}"), *run])
     # the space's regex fullmatches layer names; a dot matching itself is all it needs here (no backslashes to
     # escape through the shell and Hydra's parser)
     return (
-        f"python search.py search=mixed_precision {precision}"
+        f"python search.py search=mixed_precision {start} {precision}"
         f"'hydra.sweeper.search_space.layers=\"{'|'.join(searched)}\"' "
         f"'+quant.config.default={_flow(preset_default)}'"
     )
@@ -138,7 +158,7 @@ def measure_and_write(argv: Sequence[str]) -> None:
     if not ckpt.is_file():
         raise ConfigError(f"ckpt={ckpt}: no such file (give a train.py checkpoint)")
     out = check_out(ckpt, options)
-    metric_name, baseline, scores, title, preset_default = run_sensitivity(ckpt, options, overrides)
+    metric_name, baseline, scores, title, preset_default, run_args = run_sensitivity(ckpt, options, overrides)
     table = format_table(metric_name, baseline, scores)
     print(title)
     print(table)
@@ -149,7 +169,7 @@ def measure_and_write(argv: Sequence[str]) -> None:
     # default: the more sensitive half of the groups
     top = int(options["search_top"]) if options["search_top"] is not None else (len(scores) + 1) // 2
     if top and preset_default is not None:
-        command = search_command(preset_default, scores, top)
+        command = search_command(preset_default, scores, top, ckpt, run_args)
         (out / SEARCH_FILE).write_text(command + "\n")
         written.append(SEARCH_FILE)
         print(

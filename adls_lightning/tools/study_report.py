@@ -10,8 +10,11 @@ and timed there), that export's measured speed beside the predicted one once the
 best-accuracy trial under latency budgets of 0.5, 0.7 and 0.9 x fp32. For a live view of a study, Optuna's web UI
 serves the same storage: ``optuna-dashboard sqlite:///outputs/search/NAME/NAME.db`` (docs/search.md).
 
-Bad input (an unknown option, an ``out`` that cannot be written, a storage that is damaged or holds no such
-study): one line naming it, exit code 2, nothing written. ``--help``: this text.
+``out`` is a new or empty folder, or one holding this command's earlier page (redrawn).
+
+Bad input (an unknown option, an ``out`` that cannot be written or holds anything but this command's earlier page,
+a storage that is damaged or holds no such study): one line naming it, exit code 2, nothing written. ``--help``:
+this text.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from adls_lightning.reports.study import load_study, study_page
+from adls_lightning.reports.study import COMMAND, load_study, study_page
 from adls_lightning.tools.options import check_out_dir, report_arguments, report_main
 
 USAGE = "python -m adls_lightning.reports.study <study name | .db | .journal | URL> out=DIR [study=NAME]"
@@ -41,7 +44,7 @@ def write_report(argv: Sequence[str]) -> Path:
         ConfigError: bad arguments, an unwritable ``out``, or no such study.
     """
     args = parse_command(argv)
-    out = check_out_dir(args["out"])
+    out = check_out_dir(args["out"], COMMAND)
     study, shown = load_study(args["source"], args.get("study"))
     return study_page(study, shown).write(out)
 
