@@ -250,7 +250,7 @@ def check_resolved_target(where: str, target: Any) -> None:
 def check_argument_names(key: str, obj: Callable[..., Any], kwargs: Mapping[str, Any]) -> list[str] | None:
     """Check that every key a config passes to ``obj`` names one of its arguments (Hydra's own ``_...`` keys aside).
     A callable taking ``**kwargs`` takes any, unless it is one of the project's classes handing them on to its base
-    class (the data modules): then its base's arguments are the rest.
+    classes (the data modules): then their arguments are the rest.
 
     Returns:
         The argument names ``obj`` takes by keyword, or None when its signature cannot be read.
@@ -258,23 +258,20 @@ def check_argument_names(key: str, obj: Callable[..., Any], kwargs: Mapping[str,
     Raises:
         ConfigError: ``key.name: unknown key; valid: ... (did you mean ...?)``.
     """
-    named: list[str] = []
-    for function in _constructors(obj):
-        try:
-            parameters = inspect.signature(function).parameters
-        except (TypeError, ValueError):
-            return None
-        named += [
-            name
-            for name, p in parameters.items()
-            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-            and name != "self"
-            and name not in named
-        ]
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-            break
-        if not (inspect.isclass(obj) and _is_project_class(function)):
-            return named  # takes any keyword
+    try:
+        named, takes_any = _keyword_parameters(inspect.signature(obj))
+        bases = obj.__mro__[1:] if inspect.isclass(obj) and _in_project(obj) else ()
+        for base in bases if takes_any else ():
+            if base is object or "__init__" not in base.__dict__:
+                continue
+            more, takes_any = _keyword_parameters(inspect.signature(base.__dict__["__init__"]))
+            named += [name for name in more if name != "self" and name not in named]
+            if not takes_any or not _in_project(base):
+                break
+    except (TypeError, ValueError):
+        return None
+    if takes_any:
+        return named
     for name in kwargs:
         if not str(name).startswith("_") and name not in named:
             hint = did_you_mean(difflib.get_close_matches(str(name), named))
@@ -283,17 +280,16 @@ def check_argument_names(key: str, obj: Callable[..., Any], kwargs: Mapping[str,
     return named
 
 
-def _constructors(obj: Any) -> list[Any]:
-    """A function itself; a class: the ``__init__`` each class of its MRO defines, from its own on."""
-    if not inspect.isclass(obj):
-        return [obj]
-    return [
-        cls.__dict__["__init__"] for cls in obj.__mro__ if "__init__" in cls.__dict__ and cls is not object
-    ]
+def _keyword_parameters(signature: inspect.Signature) -> tuple[list[str], bool]:
+    """The names a signature takes by keyword, and whether it takes ``**kwargs`` too."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    parameters = signature.parameters.values()
+    named = [p.name for p in parameters if p.kind in kinds]
+    return named, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-def _is_project_class(init: Any) -> bool:
-    return str(getattr(init, "__module__", "")).startswith("adls_lightning.")
+def _in_project(cls: type) -> bool:
+    return str(getattr(cls, "__module__", "")).startswith("adls_lightning.")
 
 
 def build(node: Any, key: str, **kwargs: Any) -> Any:

@@ -21,6 +21,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -112,9 +113,17 @@ def train_cmd(data_dir: Path, cache_dir: Path, out: Path, *extra: str) -> list[s
 
 
 def run_train(
-    data_dir: Path, cache_dir: Path, out: Path, *extra: str, env: dict[str, str] | None = None
+    data_dir: Path,
+    cache_dir: Path,
+    out: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    ctrl_c: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run :func:`train_cmd` to the end (this module's callbacks allowed as targets); output captured."""
+    """Run :func:`train_cmd` to the end (this module's callbacks allowed as targets); output captured.
+
+    ``ctrl_c``: start it with SIGINT's default action, as from a terminal (pytest-xdist's workers ignore SIGINT,
+    and a child inherits that, so a Ctrl-C the test sends would otherwise be dropped)."""
     full_env = {
         **os.environ,
         "ADLS_EXTRA_TARGETS": f"{__name__}.*",
@@ -129,6 +138,7 @@ def run_train(
         capture_output=True,
         text=True,
         timeout=600,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if ctrl_c else None,
     )
 
 

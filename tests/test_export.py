@@ -163,7 +163,10 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tiny_ckpt, tmp_path, capsy
 def test_bad_input_from_the_command_line_has_no_traceback(tmp_path):
     result = run_export(f"ckpt={tmp_path / 'missing.ckpt'}", f"out={tmp_path / 'out'}")
     assert result.returncode == 2
-    assert result.stderr.strip() == f"error: ckpt={tmp_path / 'missing.ckpt'}: no such checkpoint file"
+    assert (
+        result.stderr.strip()
+        == f"error: ckpt={tmp_path / 'missing.ckpt'}: no such checkpoint file (give a .ckpt path)"
+    )
 
 
 @pytest.mark.slow

@@ -254,7 +254,7 @@ def test_last_checkpoint_of_a_finished_fit_holds_its_final_weights(
     resume = [*SMALL_RUN, "trainer.max_epochs=3", *recording(more_dir), *interrupt]
     more = run_train(
         tiny_imdb_dir, cache_dir, more_dir, *resume, "ckpt_path=last",
-        env={"ADLS_EXTRA_TARGETS": f"tests.helpers.*,{INTERRUPT_TARGET}"},
+        env={"ADLS_EXTRA_TARGETS": f"tests.helpers.*,{INTERRUPT_TARGET}"}, ctrl_c=True,
     )  # fmt: skip
     assert more.returncode == 130, more.stderr[-3000:]
     assert sorted(recorded_batches(more_dir)) == list(range(2 * STEPS_PER_EPOCH, 23))
