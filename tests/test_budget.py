@@ -257,7 +257,10 @@ def test_command_refuses_a_budget_no_assignment_meets_in_one_line(float_ckpt, tm
     ("args", "expected"),
     [
         ((), "error: ckpt: required"),
-        (("ckpt=nowhere.ckpt", "latency=0.5"), "error: ckpt=nowhere.ckpt: no such file"),
+        (
+            ("ckpt=nowhere.ckpt", "latency=0.5"),
+            "error: ckpt=nowhere.ckpt: no such checkpoint file (give a train.py checkpoint)",
+        ),
         (("latency=-1",), "error: latency=-1: must be a ratio"),
         (("latency=0.5", "bytes=0.5"), "error: latency= or bytes=: give exactly one budget"),
         (("latency=0.5", "batch=0"), "error: batch=0: must be a positive integer"),

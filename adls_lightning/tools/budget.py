@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from adls_lightning.checkpoints import missing_checkpoint
 from adls_lightning.errors import ConfigError
 from adls_lightning.search.budget_run import DEPLOYED, RESULT_FILE, BudgetSettings
 from adls_lightning.tools.options import (
@@ -88,7 +89,7 @@ def check_options(options: dict[str, Any]) -> BudgetSettings:
         raise ConfigError(f"ckpt: required, a train.py checkpoint ({USAGE})")
     ckpt = Path(options["ckpt"])
     if not ckpt.is_file():
-        raise ConfigError(f"ckpt={ckpt}: no such file (give a train.py checkpoint)")
+        raise missing_checkpoint(ckpt, "ckpt", "a train.py checkpoint")
     given = [key for key in ("latency", "bytes", "assignment") if options[key] is not None]
     if len(given) != 1:
         raise ConfigError(

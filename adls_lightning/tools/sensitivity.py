@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from adls_lightning.checkpoints import missing_checkpoint
 from adls_lightning.errors import ConfigError
 from adls_lightning.quant.sensitivity import (
     CSV_FILE,
@@ -156,7 +157,7 @@ def measure_and_write(argv: Sequence[str]) -> None:
     options, overrides = parse_arguments(argv)
     ckpt = Path(options["ckpt"])
     if not ckpt.is_file():
-        raise ConfigError(f"ckpt={ckpt}: no such file (give a train.py checkpoint)")
+        raise missing_checkpoint(ckpt, "ckpt", "a train.py checkpoint")
     out = check_out(ckpt, options)
     metric_name, baseline, scores, title, preset_default, run_args = run_sensitivity(ckpt, options, overrides)
     table = format_table(metric_name, baseline, scores)
