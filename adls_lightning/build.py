@@ -117,18 +117,8 @@ def target_allowed(target: str) -> bool:
 
 def iter_targets(node: Any, key: str) -> Iterator[tuple[str, Any]]:
     """Yield ``(dotted key, _target_ value)`` for every ``_target_`` below ``node`` (unresolved interpolations kept)."""
-    if isinstance(node, (DictConfig, ListConfig)):
-        node = OmegaConf.to_container(node, resolve=False)
-    if isinstance(node, Mapping):
-        for name, value in node.items():
-            child = f"{key}.{name}" if key else str(name)
-            if name == "_target_":
-                yield child, value
-            else:
-                yield from iter_targets(value, child)
-    elif isinstance(node, Sequence) and not isinstance(node, (str, bytes)):
-        for index, value in enumerate(node):
-            yield from iter_targets(value, f"{key}[{index}]")
+    for where, built in _target_nodes(node, key):
+        yield (f"{where}._target_" if where else "_target_"), built["_target_"]
 
 
 def _target_nodes(node: Any, key: str) -> Iterator[tuple[str, Mapping]]:

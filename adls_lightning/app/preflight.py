@@ -339,7 +339,8 @@ def check_composed_config(
             run_dir = run_dir / str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
         with open_dict(cfg):
             cfg.hydra.runtime.output_dir = str(run_dir)
-            cfg.hydra.job.num = 0
+            if not sweep_job:  # a sweep's job keeps its own number (its folder, ${hydra:job.num})
+                cfg.hydra.job.num = 0
         HydraConfig.instance().set_config(cfg)
         job = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:
@@ -523,13 +524,13 @@ def check_sweep_jobs(config_loader: Any, cfg: Any) -> dict[str, dict]:
     for number, job_overrides in enumerate(
         job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch
     ):
-        values = " ".join(o for o in job_overrides if o.split("=", 1)[0] in swept)
+        name = f"job {number} ({' '.join(o for o in job_overrides if o.split('=', 1)[0] in swept)})"
         job_cfg = config_loader.load_sweep_config(cfg, list(job_overrides))
         with open_dict(job_cfg):  # as Hydra's launchers number them
             job_cfg.hydra.job.id = str(number)
             job_cfg.hydra.job.num = number
-        with _naming(f"job {number} ({values})"):
-            jobs[f"job {number} ({values})"] = check_composed_config(
+        with _naming(name):
+            jobs[name] = check_composed_config(
                 job_cfg, multirun=False, callback_settings=False, sweep_job=True
             )
     return jobs
