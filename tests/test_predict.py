@@ -24,7 +24,7 @@ from adls_lightning.build import build
 from adls_lightning.export import selfcheck
 from adls_lightning.export.evaluate import evaluation_setup, predictions
 from adls_lightning.export.folder import INPUTS_KEY, load_folder
-from adls_lightning.export.predict import predict
+from adls_lightning.export.predict import parse_text, predict
 from adls_lightning.export.recipe import ExportRecipe
 from adls_lightning.models import load_tokenizer
 from adls_lightning.overrides import merge_overrides
@@ -363,3 +363,19 @@ def test_a_glue_task_is_recorded_as_pairs_or_single_texts(task, pairs):
         "max_length": cfg.data.max_length,
         "truncation_side": "right",
     }
+
+
+def test_a_line_of_more_than_two_fields_is_refused_not_taken_for_a_pair(exports, tmp_path):
+    # GLUE's own dev.tsv rows (Quality, #1 ID, #2 ID, #1 String, #2 String) were read as the pair (Quality, rest)
+    tsv = tmp_path / "dev.tsv"
+    tsv.write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t10\t11\ta film\tthe film\n")
+    code, out, err = run_in_process(predict_main, str(exports["hf"]), f"file={tsv}")
+    assert (code, out) == (2, "")
+    assert err.strip().splitlines() == [
+        f"error: file={tsv} line 1: 5 TAB-separated fields; a pair is two texts separated by one TAB "
+        "(from a TSV file, cut its two text columns first)"
+    ]
+    code, out, err = run_in_process(predict_main, str(exports["hf"]), "a great film", "a\tb\tc")
+    assert (code, out) == (2, "") and err.startswith("error: text 2: 3 TAB-separated fields;"), err
+    # one TAB is still a pair, no TAB a single text
+    assert parse_text("a\tb") == ("a", "b") and parse_text("a b") == "a b"

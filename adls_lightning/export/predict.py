@@ -161,10 +161,20 @@ def _tokenizer(folder: Path):
         ) from None
 
 
-def parse_text(line: str) -> Text:
-    """One text of the command line or of a line of input: a TAB makes it a pair."""
-    first, tab, second = line.partition(PAIR_SEPARATOR)
-    return (first, second) if tab else line
+def parse_text(line: str, where: str = "text") -> Text:
+    """One text of the command line or of a line of input: a TAB makes it a pair.
+
+    Raises:
+        ConfigError: naming ``where``: more than one TAB, as in a row of a TSV file (GLUE's own files have five
+            columns), which is no pair of texts.
+    """
+    fields = line.split(PAIR_SEPARATOR)
+    if len(fields) > 2:
+        raise ConfigError(
+            f"{where}: {len(fields)} TAB-separated fields; a pair is two texts separated by one TAB "
+            "(from a TSV file, cut its two text columns first)"
+        )
+    return (fields[0], fields[1]) if len(fields) == 2 else line
 
 
 def read_texts(lines: Sequence[str], source: str) -> list[Text]:
@@ -176,5 +186,5 @@ def read_texts(lines: Sequence[str], source: str) -> list[Text]:
             raise ConfigError(
                 f"{source} line {number}: empty; one text per line (a pair: two texts and a TAB)"
             )
-        texts.append(parse_text(line))
+        texts.append(parse_text(line, f"{source} line {number}"))
     return texts

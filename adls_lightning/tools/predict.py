@@ -95,7 +95,7 @@ def predict_command(argv: Sequence[str]) -> None:
 
     predictor = Predictor(folder)
     if arguments:
-        texts = [parse_text(text) for text in arguments]
+        texts = [parse_text(text, f"text {number}") for number, text in enumerate(arguments, start=1)]
     elif options["file"]:
         path = Path(options["file"])
         try:
