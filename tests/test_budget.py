@@ -249,7 +249,7 @@ def test_command_refuses_a_budget_no_assignment_meets_in_one_line(float_ckpt, tm
     )
     assert code == 2
     lines = stderr.strip().splitlines()
-    assert lines[-1].startswith("error: latency=0.05: no assignment meets 0.05 x fp32"), stderr
+    assert lines[-1].startswith("error: latency=0.05: no assignment meets 0.05 of fp32's latency"), stderr
     assert not out.exists()
 
 

@@ -232,8 +232,8 @@ def budget_assignment(
     least = fixed + sum(min(o.cost for o in group) for group in priced.values())
     if budget <= 0 or least > ratio * whole:
         raise ConfigError(
-            f"{metric}={ratio:g}: no assignment meets {ratio:g} x fp32 ({ratio * whole:.4g} {unit}); the cheapest "
-            f"predicted is {least:.4g} {unit} = {least / whole:.3f} x fp32 (give {metric}= at least "
+            f"{metric}={ratio:g}: no assignment meets {ratio:g} of fp32's {metric} ({ratio * whole:.4g} {unit}); "
+            f"the cheapest predicted is {least:.4g} {unit} = {least / whole:.3f} of fp32's (give {metric}= at least "
             f"{math.ceil(least / whole * 100) / 100:g})"
         )
     solution = solve(priced, budget, resolution)

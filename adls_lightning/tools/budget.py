@@ -19,7 +19,7 @@ From a full-precision checkpoint (LoRA merged, as the export loads it) it
    ``mixed_config.json`` and the recipe), reloads it from the folder alone, evaluates the run's main metric on
    its test split with the reloaded model (the fp32 model's beside it), and measures both models' latency at the
    batch and length asked (interleaved rounds, medians);
-5. prints the assignment, the predicted and measured latency (ms and x fp32) and the metric, and writes them to
+5. prints the assignment, the predicted and measured latency (ms, and the speed-up over fp32) and the metric, and writes them to
    ``budget.json`` in ``out`` (default ``<run>/budget/latency<RATIO>`` beside the checkpoint's run folder).
    ``adls-evaluate DIR`` and ``adls-predict DIR`` run the folder like any export.
 
@@ -151,8 +151,8 @@ def print_result(result: dict[str, Any]) -> None:
         )
     print(
         f"latency at batch {result['batch']} x {result['tokens']} tokens, {result['threads']} thread(s): predicted "
-        f"{result['predicted_ms']:.2f} ms ({result['predicted_x_fp32']:.2f}x fp32), measured "
-        f"{result['measured_ms']:.2f} ms ({result['measured_x_fp32']:.2f}x fp32 measured at "
+        f"{result['predicted_ms']:.2f} ms ({result['predicted_x_fp32']:.2f}x as fast as fp32), measured "
+        f"{result['measured_ms']:.2f} ms ({result['measured_x_fp32']:.2f}x as fast as fp32, measured at "
         f"{result['measured_fp32_ms']:.2f} ms); prediction error {result['prediction_error_pct']:+.1f}%"
     )
     print(f"weights: {result['model_bytes'] / 1e6:.2f} MB of {result['fp32_model_bytes'] / 1e6:.2f} MB fp32")
