@@ -22,7 +22,7 @@ import yaml
 from adls_lightning.errors import ConfigError
 from adls_lightning.reports.output import check_report_folder
 from adls_lightning.runs.folder import check_writable
-from adls_lightning.runs.record import METRICS_FILE, read_run_record
+from adls_lightning.runs.record import METRICS_FILE, RUN_RECORD_DIR, _read_mapping, read_run_record
 
 USAGE = "adls-table RUN_OR_GLOB... [out=DIR]  (or python -m adls_lightning.reports.table RUN_OR_GLOB... [out=DIR])"
 OUTPUTS = ("table.md", "table.csv", "table.png")
@@ -43,7 +43,8 @@ EXTRAS = {
 
 @dataclass(frozen=True)
 class Run:
-    """One finished run: its folder, its overrides (``key -> value``, per-seed keys left out) and its metrics."""
+    """One run: its folder, its overrides (``key -> value``, per-seed keys left out) and its metrics; a job folder
+    with a run record and no ``metrics.json`` (failed, killed or still running) is a run that did not finish."""
 
     path: Path
     overrides: dict[str, str]
@@ -51,6 +52,10 @@ class Run:
     task: str
     main_metric: str
     data: str  # what the run read (adls_lightning.data.sources.data_read): the footer's provenance
+    seed: str = (
+        ""  # its per-seed settings ("seed=1"): runs of one row with the same seed are not seed samples
+    )
+    finished: bool = True
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,8 @@ class Table:
     data: list[str]  # what the runs read, each source once
 
     def cell(self, runs: Sequence[Run], column: str) -> Cell:
+        """The column's numbers over the row's finished runs (a run that did not finish is the row's footnote)."""
+        runs = [run for run in runs if run.finished]
         numbers, left_out = [], []
         for run in runs:
             value = run.metrics.get(column)
@@ -109,7 +116,10 @@ def _natural(path: Path) -> list[Any]:
 
 
 def find_runs(sources: Sequence[str], search_dir: Path | None = None) -> list[Path]:
-    """The run folders (holding ``metrics.json``) of each source, in order, each once; see the module docstring.
+    """The run folders of each source, in order, each once (two spellings of one folder, relative, absolute or
+    through a symlink, are one run); see the module docstring. A run folder holds ``metrics.json``; below a folder
+    given, a job folder with a run record (``.hydra/overrides.yaml``) and no ``metrics.json`` is found too (a job
+    that failed or has not finished: the table names it).
 
     Raises:
         ConfigError: naming the source that matches no run folder (or the study that cannot be read).
@@ -129,14 +139,21 @@ def find_runs(sources: Sequence[str], search_dir: Path | None = None) -> list[Pa
             found = _study_runs(source, search_dir)
         else:
             raise ConfigError(f"{source}: no such run folder, glob or study")
-        if not found:
+        if not any((folder / METRICS_FILE).is_file() for folder in found):
             raise ConfigError(f"{source}: no run found (no {METRICS_FILE} in or below it)")
         folders += found
-    return list(dict.fromkeys(folders))
+    unique: dict[Path, Path] = {}
+    for folder in folders:
+        unique.setdefault(folder.resolve(), folder)  # the first spelling names it
+    return list(unique.values())
 
 
 def _runs_under(folder: Path) -> list[Path]:
-    return sorted((p.parent for p in folder.rglob(METRICS_FILE)), key=_natural)
+    """The run folders in or below ``folder``: those with ``metrics.json`` and the job folders with a run record
+    and none."""
+    finished = {p.parent for p in folder.rglob(METRICS_FILE)}
+    unfinished = {p.parent.parent for p in folder.rglob(str(OVERRIDES_FILE))} - finished
+    return sorted(finished | unfinished, key=_natural)
 
 
 def _study_runs(source: str, search_dir: Path | None) -> list[Path]:
@@ -156,14 +173,23 @@ def _study_runs(source: str, search_dir: Path | None) -> list[Path]:
 
 
 def read_run(folder: Path) -> Run:
-    """The run of ``folder``: metrics, overrides (per-seed keys left out), task and main metric.
+    """The run of ``folder``: metrics, overrides (per-seed keys left out), task and main metric; without
+    ``metrics.json``, a run that did not finish (no metrics).
 
     Raises:
         ConfigError: a damaged ``metrics.json``, config or overrides record, or no overrides record (the run's
             configuration is then unknown), naming the file.
     """
+    finished = (folder / METRICS_FILE).is_file()
     try:
-        metrics, config = read_run_record(folder)
+        if finished:
+            metrics, config = read_run_record(folder)
+        else:
+            config_file = folder / RUN_RECORD_DIR / "config.yaml"
+            metrics, config = (
+                {},
+                _read_mapping(config_file, yaml.safe_load, "YAML") if config_file.is_file() else {},
+            )
     except ValueError as error:
         raise ConfigError(str(error)) from None
     record = folder / OVERRIDES_FILE
@@ -177,6 +203,17 @@ def read_run(folder: Path) -> Run:
         raise ConfigError(f"{record}: not readable YAML ({' '.join(str(error).split())})") from None
     if not isinstance(overrides, list):
         raise ConfigError(f"{record}: not a list of overrides (holds {type(overrides).__name__})")
+    task, main = run_task(config)
+    from adls_lightning.data.sources import data_read  # the data libraries: only once a run is read
+
+    data = data_read(config.get("data") or {})
+    return Run(
+        folder, _configuration(overrides), metrics, task, main, data, _seed(overrides, config), finished
+    )
+
+
+def run_task(config: dict[str, Any]) -> tuple[str, str]:
+    """(task, main metric) of a run's saved config (``.hydra/config.yaml``): what its table or page compares."""
     data = config.get("data") or {}
     task = str(data.get("task") or data.get("hub_name") or data.get("_target_") or "unknown")
     main = data.get("main_metric")
@@ -186,9 +223,25 @@ def read_run(folder: Path) -> Run:
         from adls_lightning.data.tasks import task_main_metric
 
         main = task_main_metric(task) if data.get("task") else "acc"
-    from adls_lightning.data.sources import data_read  # the data libraries: only once a run is read
+    return task, main
 
-    return Run(folder, _configuration(overrides), metrics, task, main, data_read(data))
+
+def check_one_task(runs: Sequence[tuple[Path, str]]) -> None:
+    """Refuse ``(folder, task)`` pairs of more than one task: one metric is not comparable across tasks.
+
+    Raises:
+        ConfigError: naming the first run and the first run of another task.
+    """
+    first, first_task = runs[0] if runs else (None, None)
+    for path, task in runs:
+        if task != first_task:
+            raise ConfigError(
+                f"runs of different tasks: {first} is {first_task}, {path} is {task}; give the runs of one task"
+            )
+
+
+def _is_per_seed(name: str) -> bool:
+    return name == "seed" or name.endswith(".seed")
 
 
 def _configuration(overrides: list[Any]) -> dict[str, str]:
@@ -197,10 +250,20 @@ def _configuration(overrides: list[Any]) -> dict[str, str]:
     for override in map(str, overrides):
         key, _, value = override.partition("=")
         name = key.lstrip("+~")
-        if name == "seed" or name.endswith(".seed") or name.startswith(TRIAL_IDENTITY):
+        if _is_per_seed(name) or name.startswith(TRIAL_IDENTITY):
             continue
         kept[key] = value
     return kept
+
+
+def _seed(overrides: list[Any], config: dict[str, Any]) -> str:
+    """The run's per-seed settings (``seed=1``, and any ``*.seed`` overridden): the seed its row's spread is over."""
+    settings = {"seed": str(config["seed"])} if "seed" in config else {}
+    for override in map(str, overrides):
+        key, _, value = override.partition("=")
+        if _is_per_seed(key.lstrip("+~")):
+            settings[key.lstrip("+~")] = value
+    return " ".join(f"{key}={value}" for key, value in sorted(settings.items()))
 
 
 def build_table(runs: Sequence[Run]) -> Table:
@@ -209,13 +272,10 @@ def build_table(runs: Sequence[Run]) -> Table:
     Raises:
         ConfigError: runs of different tasks, naming one run of each.
     """
-    first = runs[0]
-    for run in runs:
-        if run.task != first.task:
-            raise ConfigError(
-                f"runs of different tasks: {first.path} is {first.task}, {run.path} is {run.task}; "
-                "give the runs of one task"
-            )
+    first = next(run for run in runs if run.finished)
+    check_one_task(
+        [(first.path, first.task)] + [(r.path, r.task) for r in runs if r.finished or r.task != "unknown"]
+    )
     all_keys = list(dict.fromkeys(k for run in runs for k in run.overrides))
     shared = [k for k in all_keys if len({run.overrides.get(k) for run in runs}) == 1]
     keys = [k for k in all_keys if k not in shared]
@@ -256,15 +316,32 @@ def markdown(table: Table) -> str:
     heads = [*(table.keys or ["configuration"]), "n", *(EXTRAS.get(c, (c,))[0] for c in table.columns)]
     lines = [f"| {' | '.join(heads)} |", "|---" * len(heads) + "|"]
     notes: list[str] = []
-    partial = False
+    partial = unfinished = False
     for label, runs in table.rows:
         cells = list(label.values()) or ["all runs"]
-        cells.append(str(len(runs)))
+        finished = [run for run in runs if run.finished]
+        count = str(len(finished)) if len(finished) == len(runs) else f"{len(finished)}/{len(runs)}"
+        unfinished = unfinished or len(finished) < len(runs)
+        for run in runs:
+            if not run.finished:
+                notes.append(f"{run.path}: no {METRICS_FILE} (failed or unfinished); left out.")
+                count += f" [{len(notes)}]"
+        by_seed: dict[str, list[Run]] = {}
+        for run in finished:
+            by_seed.setdefault(run.seed, []).append(run)
+        for seed, same in by_seed.items():
+            if len(same) > 1:
+                notes.append(
+                    f"{', '.join(str(run.path) for run in same)}: the same seed ({seed or 'none recorded'}), "
+                    "copies or reruns of one run; counted in n, so the row's std is not a spread over seeds."
+                )
+                count += f" [{len(notes)}]"
+        cells.append(count)
         for column in table.columns:
             cell = table.cell(runs, column)
             refs = ""
             for path, why in cell.left_out:
-                notes.append(f"{path} {why}")
+                notes.append(f"not a number: {path} {why}; left out of the mean.")
                 refs += f" [{len(notes)}]"
             if cell.mean is None:
                 cells.append(f"{MISSING}{refs}" if refs else "")
@@ -283,9 +360,11 @@ def markdown(table: Table) -> str:
         f"{'; '.join(table.data)}: mean ± std (sample) over the n runs (seeds) of each configuration.",
     ]
     for number, note in enumerate(notes, 1):
-        lines.append(f"[{number}] not a number: {note}; left out of the mean.")
+        lines.append(f"[{number}] {note}")
     if partial:
         lines.append("(n/N): the mean over the n of the row's N runs with a number.")
+    if unfinished:
+        lines.append("n as n/N: n of the row's N runs finished (the others are named above and left out).")
     if table.shared:
         lines.append(f"Shared by every run: {' '.join(table.shared)}")
     return "\n".join(lines)
@@ -298,6 +377,7 @@ def csv_text(table: Table) -> str:
     stats = [f"{c} {s}" for c in table.columns for s in ("mean", "std", "n")]
     writer.writerow([*(table.keys or ["configuration"]), "n", *stats, "runs"])
     for label, runs in table.rows:
+        runs = [run for run in runs if run.finished]
         values: list[Any] = [*(label.values() or ["all runs"]), len(runs)]
         for column in table.columns:
             cell = table.cell(runs, column)

@@ -15,7 +15,11 @@ The figure shows the main metric's mean ± std per configuration.
 
 A value that is not a number (``nan``: a diverged run) or missing from some runs of a row is never averaged
 silently: the mean is over the numbers, says over how many (``0.8123 ± 0.0100 (2/3)``), and a footnote names each
-run left out (as ``scripts/glue_table.py`` does for its averages).
+run left out (as ``scripts/glue_table.py`` does for its averages). A run is counted once however it is named (two
+spellings of its folder, a symlink, overlapping globs). A job folder with a run record and no ``metrics.json`` below
+a folder given (a job that failed, was killed or is still running) is named in a footnote and its row's ``n`` reads
+``2/3``. Runs of a row with the same seed (a copy, a study that sampled one configuration twice) stay in ``n`` and
+are named in a footnote: their spread is not a spread over seeds.
 
 ``out`` is a new or empty folder, or one holding an earlier table (only those three files: redrawn).
 
