@@ -15,6 +15,7 @@ import yaml
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.reports.page import Page
+from adls_lightning.reports.table import check_one_task, run_task
 from adls_lightning.runs.record import METRICS_FILE
 
 RECORD = Path(".hydra")
@@ -24,12 +25,14 @@ COMMAND = "adls_lightning.reports.sweep"
 
 @dataclass(frozen=True)
 class Job:
-    """One job of a multirun: its folder, overrides (key -> value as written) and metrics (empty: none)."""
+    """One job of a multirun: its folder, overrides (key -> value as written), metrics (empty: none) and task
+    (None: no saved config)."""
 
     folder: Path
     overrides: dict[str, str]
     metrics: dict[str, Any]
     optimized_metric: str | None
+    task: str | None = None
 
 
 def _optimized_metric(config_file: Path) -> str | None:
@@ -64,7 +67,8 @@ def read_jobs(sweep: Path) -> list[Job]:
     """The jobs under ``sweep`` (any depth), in folder order (Hydra's job numbers sort numerically).
 
     Raises:
-        ConfigError: ``sweep`` is not a folder, or holds no job.
+        ConfigError: ``sweep`` is not a folder, holds no job, or holds jobs of different tasks (one metric is not
+            comparable across them; ``adls-table`` refuses them alike).
     """
     if not sweep.is_dir():
         raise ConfigError(
@@ -80,12 +84,14 @@ def read_jobs(sweep: Path) -> list[Job]:
         metrics_file = folder / METRICS_FILE
         metrics = _read(metrics_file, json.loads, dict) if metrics_file.is_file() else {}
         config_file = folder / RECORD / "config.yaml"
-        jobs.append(Job(folder, overrides, metrics, _optimized_metric(config_file)))
+        config = _read(config_file, yaml.safe_load, dict) if config_file.is_file() else None
+        task = run_task(config or {})[0] if config is not None else None
+        jobs.append(Job(folder, overrides, metrics, _optimized_metric(config_file), task))
     if not jobs:
         raise ConfigError(f"sweep={sweep}: no job folder with a run record (.hydra/overrides.yaml) under it")
-    return sorted(
-        jobs, key=lambda j: [int(p) if p.isdigit() else p for p in j.folder.relative_to(sweep).parts]
-    )
+    jobs.sort(key=lambda j: [int(p) if p.isdigit() else p for p in j.folder.relative_to(sweep).parts])
+    check_one_task([(job.folder, job.task) for job in jobs if job.task is not None])
+    return jobs
 
 
 def swept_keys(jobs: Sequence[Job]) -> list[str]:

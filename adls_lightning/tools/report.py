@@ -8,8 +8,9 @@ folder (``search.py``) is a study: ``python -m adls_lightning.reports.study`` dr
 
 ``out`` is a new or empty folder, or one holding this command's earlier page (redrawn).
 
-Bad input (an unknown option, a ``metric`` no finished job has, an ``out`` that cannot be written or holds anything
-but this command's earlier page, a damaged run record or ``metrics.json``): one line naming it (and, for
+Bad input (an unknown option, a ``metric`` no finished job has, jobs of different tasks (refused as ``adls-table``
+refuses them), an ``out`` that cannot be written or holds anything but this command's earlier page, a damaged run
+record or ``metrics.json``): one line naming it (and, for
 ``metric``, the metrics the jobs have), exit code 2, nothing written. ``--help``: this text.
 """
 
