@@ -41,8 +41,7 @@ def load_study(
     """
     from sqlalchemy.exc import SQLAlchemyError
 
-    search_dir = search_dir or Path(os.environ.get("PROJECT_ROOT", os.getcwd())) / "outputs" / "search"
-    spec, name = study_storage(source, search_dir, key="source")
+    spec, name = _storage(source, search_dir)
     try:
         return open_study(mask_password(source), spec, study or name, key="source"), mask_password(spec)
     except ConfigError:
@@ -60,6 +59,40 @@ def load_study(
         raise ConfigError(
             f"source={mask_password(source)}: not a readable Optuna storage ({type(error).__name__}: {first}); "
             "give a study's .db, .journal or URL as search.py wrote it"
+        ) from None
+
+
+def search_dirs() -> list[Path]:
+    """Where a study's name is looked up: ``outputs/search`` of ``$PROJECT_ROOT`` (else of the working folder: where
+    ``adls-search`` writes), then of this checkout (where ``python /path/to/search.py`` writes, wherever it is
+    started from)."""
+    from adls_lightning.data.folder import PROJECT_ROOT  # the checkout's folder
+
+    here = Path(os.environ.get("PROJECT_ROOT", os.getcwd())) / "outputs" / "search"
+    checkout = PROJECT_ROOT / "outputs" / "search"
+    return [here] if here.resolve() == checkout.resolve() else [here, checkout]
+
+
+def _storage(source: str, search_dir: Path | None) -> tuple[str, str | None]:
+    """:func:`study_storage` of ``source``, a name looked up in ``search_dir`` or else in each of :func:`search_dirs`.
+
+    Raises:
+        ConfigError: no such storage; for a name, naming every folder looked in.
+    """
+    folders = [search_dir] if search_dir else search_dirs()
+    for folder in folders[:-1]:
+        try:
+            return study_storage(source, folder, key="source")
+        except ConfigError:
+            continue
+    try:
+        return study_storage(source, folders[-1], key="source")
+    except ConfigError:
+        if len(folders) == 1 or "/" in source or "://" in source:
+            raise
+        raise ConfigError(
+            f"source={source}: no such study file, and no study of that name in {' or '.join(map(str, folders))} "
+            "(give a .db or .journal file, an SQLAlchemy URL or a study name as in DIR/NAME/NAME.db)"
         ) from None
 
 

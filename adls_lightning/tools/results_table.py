@@ -4,7 +4,8 @@
 
 Each argument is a run folder, a folder holding runs (a multirun's numbered job folders, a search's trials: every
 ``metrics.json`` below it), a glob of either (quoted: ``'outputs/train/multiruns/*'``), or an Optuna study (its
-``.db`` or ``.journal`` file, URL or name under ``outputs/search``: the folders its trials recorded).
+``.db`` or ``.journal`` file, URL or name under ``outputs/search`` of the working folder or of this checkout, where
+``search.py`` writes: the folders its trials recorded).
 
 One row per configuration: the overrides (``.hydra/overrides.yaml``) that differ between the runs, with the
 per-seed keys (``seed``, ``data.seed``, any ``*.seed``) and a search trial's identity left out, so the seeds of a
