@@ -214,7 +214,10 @@ def test_grid_sampler_runs_the_explicit_grid_once(toy, tmp_path):
             ["hydra.sweeper.storage=sqlite:////nonexistent/dir/x.db"],
             "hydra.sweeper.storage=sqlite:////nonexistent",
         ),
-        (["hydra.sweeper.storage=nosuchdb://x"], "hydra.sweeper.storage=nosuchdb://x: cannot be opened"),
+        (
+            ["hydra.sweeper.storage=nosuchdb://x"],
+            "hydra.sweeper.storage=nosuchdb://x: unknown URL scheme 'nosuchdb'; valid: sqlite",
+        ),
         (["hydra/sweeper/sampler=nosuch"], "Could not find 'hydra/sweeper/sampler/nosuch'"),
         (["hydra.sweeper.direction=up"], "hydra.sweeper.direction=up: must be maximize or minimize"),
         (["hydra.sweeper.keep_checkpoints=-1"], "hydra.sweeper.keep_checkpoints=-1: must be a whole number"),

@@ -26,6 +26,9 @@ def main(cfg):
         time.sleep(cfg.sleep)
     if x in cfg.fail_at:
         raise RuntimeError(f"toy failure at x={x}")
+    if x in cfg.constant_at:  # a regression run whose predictions do not vary: its correlation is nan
+        from adls_lightning.app.objective import trial_result
+        return trial_result({"val/pearson": float("nan"), "x": float(x)}, ["val/pearson"])
     if cfg.report:  # a job that reports per-step values to its trial and is pruned like a Lightning run
         from adls_lightning.search.storage import open_trial
         from hydra.utils import instantiate
@@ -55,6 +58,7 @@ y: 0
 sleep: 0.0
 until: null
 fail_at: []
+constant_at: []
 report: false
 two_objectives: false
 log_pid: null

@@ -51,20 +51,31 @@ INTERRUPTED_EXIT = 130
 @contextlib.contextmanager
 def resume_hint_on_interrupt(cfg: DictConfig) -> Iterator[None]:
     """A single run interrupted by Ctrl-C (SIGINT) ends with exit code 130 and, as stderr's last line, the command
-    that resumes it when its ``last.ckpt`` is there (:func:`interrupted_line`).
-
-    Lightning catches the KeyboardInterrupt inside ``fit``/``validate``/``test``, shuts down and exits with code
-    1, as it does for other failures: a SIGINT is told apart by noting it as it arrives (the usual
-    KeyboardInterrupt raised all the same). A multirun's jobs, and a handler someone else installed, are left as
-    they are.
+    that resumes it when its ``last.ckpt`` is there (:func:`interrupted_line`). A multirun's jobs are left as they
+    are (a search's sweeper says how to resume the study: :func:`exit_on_interrupt`).
     """
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    single_run = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN
+    if not (HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN):
+        yield
+        return
+    with exit_on_interrupt(lambda: interrupted_line(cfg)):
+        yield
+
+
+@contextlib.contextmanager
+def exit_on_interrupt(last_line: Callable[[], str]) -> Iterator[None]:
+    """Ctrl-C (SIGINT) in the block ends the process with exit code 130 and ``last_line()`` as stderr's last line
+    (how to resume), instead of a traceback.
+
+    Lightning catches the KeyboardInterrupt inside ``fit``/``validate``/``test``, shuts down and exits with code
+    1, as it does for other failures: a SIGINT is told apart by noting it as it arrives (the usual
+    KeyboardInterrupt raised all the same). Off the main thread, or under a SIGINT handler someone else installed
+    (or SIGINT ignored), the block runs as it is.
+    """
     if (
-        not single_run
-        or threading.current_thread() is not threading.main_thread()
+        threading.current_thread() is not threading.main_thread()
         or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
     ):
         yield
@@ -81,7 +92,7 @@ def resume_hint_on_interrupt(cfg: DictConfig) -> Iterator[None]:
     except (KeyboardInterrupt, SystemExit):
         if not received:
             raise
-        print(interrupted_line(cfg), file=sys.stderr)
+        print(last_line(), file=sys.stderr)
         sys.exit(INTERRUPTED_EXIT)
     finally:
         if signal.getsignal(signal.SIGINT) is note_and_interrupt:

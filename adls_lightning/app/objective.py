@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -18,11 +19,32 @@ class TrialResult:
         names: the objectives' names, stored as the study's metric names (plot labels).
         values: the objective values, in the order of ``hydra.sweeper.direction``.
         metrics: all metrics of the run (``metrics.json``), stored on the trial as the user attr ``metrics``.
+        notes: why a value is not the run's metric as logged (:func:`undefined_correlation_note`), stored on the
+            trial as the user attr ``objective_note``.
     """
 
     names: tuple[str, ...]
     values: tuple[float, ...]
     metrics: dict[str, float] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+#: Metrics that are correlations (GLUE's regression task STS-B): torchmetrics gives ``nan`` when the predictions do
+#: not vary (a collapsed regression head, common in low-bit trials), where the covariance with the labels is exactly 0.
+CORRELATION_METRICS = ("pearson", "spearman")
+#: The objective value of such a correlation: 0, "no correlation", what a constant prediction has (its covariance
+#: with the labels is 0) and what a guessing model scores on average. Not -1, which would claim a perfectly inverted
+#: model; and not a failure, which is a job that broke: a search must learn that this region of its space is bad.
+UNDEFINED_CORRELATION = 0.0
+
+
+def undefined_correlation_note(name: str, value: float) -> str | None:
+    """Why the objective scores metric ``name`` as :data:`UNDEFINED_CORRELATION`, or None when it takes ``value``."""
+    if math.isnan(value) and name.rsplit("/", 1)[-1] in CORRELATION_METRICS:
+        return (
+            f"{name} is nan (the predictions do not vary): scored {UNDEFINED_CORRELATION:g}, no correlation"
+        )
+    return None
 
 
 def objective_names(metrics: Sequence[str], weights: Sequence[float] | None = None) -> tuple[str, ...]:
@@ -48,7 +70,8 @@ def objective_values(
 ) -> tuple[float, ...]:
     """The objective values of a run: the named metrics, or their weighted sum when ``weights`` is given.
 
-    A missing metric is an error, never a default (MASE's search scored a missing bit width as 32).
+    A missing metric is an error, never a default (MASE's search scored a missing bit width as 32). A correlation of
+    predictions that do not vary (``nan``) is :data:`UNDEFINED_CORRELATION` (:func:`undefined_correlation_note`).
 
     Raises:
         ConfigError: a named metric is not among the run's metrics.
@@ -61,6 +84,9 @@ def objective_values(
             f"(it has: {', '.join(sorted(run_metrics))}); enable the callback that reports it"
         )
     values = [float(run_metrics[name]) for name in metrics]
+    values = [
+        UNDEFINED_CORRELATION if undefined_correlation_note(n, v) else v for n, v in zip(metrics, values)
+    ]
     if weights is None:
         return tuple(values)
     return (sum(w * v for w, v in zip(weights, values)),)
@@ -73,8 +99,20 @@ def run_trial(cfg: DictConfig) -> TrialResult:
     objective = cfg.search.objective
     metrics, weights = list(objective.metrics), objective.get("weights")
     weights = None if weights is None else [float(w) for w in weights]
-    names = objective_names(metrics, weights)  # fail before training on a malformed objective
-    run_metrics = run(cfg)
+    objective_names(metrics, weights)  # fail before training on a malformed objective
+    return trial_result(run(cfg), metrics, weights)
+
+
+def trial_result(
+    run_metrics: Mapping[str, float], metrics: Sequence[str], weights: Sequence[float] | None = None
+) -> TrialResult:
+    """A run's metrics scored as a trial (:func:`objective_values`), with a note for each value not taken as logged."""
+    notes = (
+        undefined_correlation_note(name, float(run_metrics[name])) for name in metrics if name in run_metrics
+    )
     return TrialResult(
-        names=names, values=objective_values(run_metrics, metrics, weights), metrics=run_metrics
+        names=objective_names(metrics, weights),
+        values=objective_values(run_metrics, metrics, weights),
+        metrics=dict(run_metrics),
+        notes=tuple(note for note in notes if note),
     )

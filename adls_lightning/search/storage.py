@@ -95,7 +95,7 @@ def storage_spec(storage: str | Mapping[str, Any] | None, sweep_dir: str | Path,
     if storage is None:
         return default_storage_url(sweep_dir, study_name)
     if isinstance(storage, str):
-        return storage
+        return storage if is_journal(storage) else checked_url(storage, storage_key(storage))
     kind = storage.get("kind")
     if kind not in STORAGE_KINDS:
         raise ConfigError(
@@ -103,7 +103,9 @@ def storage_spec(storage: str | Mapping[str, Any] | None, sweep_dir: str | Path,
             "(search/storage=sqlite|journal|postgresql)"
         )
     if kind == "sqlite":
-        return storage.get("url") or default_storage_url(sweep_dir, study_name)
+        if not storage.get("url"):
+            return default_storage_url(sweep_dir, study_name)
+        return checked_url(str(storage["url"]), storage_key(storage))
     if kind == "journal":
         if not storage.get("path"):
             Path(sweep_dir).mkdir(parents=True, exist_ok=True)
@@ -127,7 +129,52 @@ def storage_spec(storage: str | Mapping[str, Any] | None, sweep_dir: str | Path,
             f"search.storage.url={mask_password(str(url))}: not a PostgreSQL URL; expected "
             "postgresql+psycopg://USER@HOST:PORT/DB"
         )
-    return str(url)
+    return checked_url(str(url), storage_key(storage))
+
+
+#: The URLs a study's storage may have, as a refusal names them.
+VALID_URLS = (
+    "sqlite:///<file>.db (search/storage=sqlite), "
+    "postgresql+psycopg://USER@HOST:PORT/DB (search/storage=postgresql)"
+)
+
+
+def storage_key(storage: str | Mapping[str, Any] | None) -> str:
+    """The setting a user gave the storage by, as errors name it: ``search.storage.url`` / ``.path`` for a
+    ``search/storage`` node (:func:`storage_spec`), ``hydra.sweeper.storage`` for a URL or path set there."""
+    if not isinstance(storage, Mapping):
+        return "hydra.sweeper.storage"
+    if storage.get("kind") == "journal":
+        return "search.storage.path"
+    if storage.get("kind") == "postgresql" and not storage.get("url"):
+        return URL_ENV
+    return "search.storage.url"
+
+
+def checked_url(url: str, key: str) -> str:
+    """``url``, an SQLAlchemy URL of a study's storage, once its scheme is a database SQLAlchemy knows and, for an
+    SQLite file, its folder exists: an explicit URL's folder is not made (a typo would start a new study elsewhere);
+    the default file's is (:func:`default_storage_url`).
+
+    Raises:
+        ConfigError: naming ``key``, the URL (password masked) and the cause.
+    """
+    import sqlalchemy.engine
+    import sqlalchemy.exc
+
+    shown = mask_password(url)
+    try:
+        sqlalchemy.engine.make_url(url).get_dialect()
+    except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError):
+        scheme = url.split("://", 1)[0]
+        raise ConfigError(f"{key}={shown}: unknown URL scheme {scheme!r}; valid: {VALID_URLS}") from None
+    path = sqlite_file(url)
+    if path is not None and not path.absolute().parent.is_dir():
+        raise ConfigError(
+            f"{key}={shown}: folder {path.absolute().parent} does not exist; create it, or leave {key} null "
+            "(<hydra.sweep.dir>/<study_name>.db)"
+        )
+    return url
 
 
 def sqlite_file(spec: str) -> Path | None:

@@ -46,7 +46,7 @@ import numpy as np
 import optuna
 from hydra.core.override_parser.types import Quote, QuotedString
 from hydra.core.plugins import Plugins
-from hydra.errors import CompactHydraException
+from hydra.errors import CompactHydraException, HydraException
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 
@@ -55,14 +55,16 @@ from hydra.types import HydraContext, TaskFunction
 # here rather than copied (pinned by hydra-optuna-sweeper==1.4.0rc3 in pyproject.toml).
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
+from adls_lightning.app.cli import exit_on_interrupt
 from adls_lightning.app.objective import TrialResult, objective_names
 from adls_lightning.build import build
-from adls_lightning.errors import ConfigError, exit_with
+from adls_lightning.errors import ConfigError, composition_error_line, exit_with
 from adls_lightning.files.atomic import atomic_write_json
 from adls_lightning.progress import trial_line
 from adls_lightning.search.identity import (
@@ -72,7 +74,14 @@ from adls_lightning.search.identity import (
     settings_digest,
     study_settings,
 )
-from adls_lightning.search.storage import is_journal, job_spec, mask_password, open_storage, storage_spec
+from adls_lightning.search.storage import (
+    is_journal,
+    job_spec,
+    mask_password,
+    open_storage,
+    storage_key,
+    storage_spec,
+)
 
 log = logging.getLogger(__name__)
 # Heartbeat-based stale-trial handling and metric names are marked experimental in Optuna; this module relies on
@@ -104,10 +113,16 @@ CHECKPOINT_SUFFIX = ".ckpt"
 # trials whose checkpoints keep_checkpoints may delete: those that ended with a result, or were pruned. A failed
 # trial keeps its own (a manual resume with ckpt_path=last, a look at what went wrong); a running one is never seen.
 PRUNABLE_STATES = (TrialState.COMPLETE, TrialState.PRUNED)
+# user attr saying why a completed trial's value is not its metric as logged (TrialResult.notes)
+OBJECTIVE_NOTE_ATTR = "objective_note"
 
 
 class SearchConfigError(ConfigError, CompactHydraException):
     """Bad sweeper input; Hydra prints it as one line (a ``CompactHydraException``) and exits non-zero."""
+
+
+class StudyStopped(CompactHydraException):
+    """Too many of the study's trials failed; Hydra prints it as one line and exits with code 1."""
 
 
 def format_override_value(value: Any) -> str:
@@ -488,7 +503,7 @@ class StudySweeper(Sweeper):
                     "grace_period": self.grace_period,
                     "heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY),
                 }
-            self.storage = open_storage(url, **rdb)
+            self.storage = open_storage(url, storage_key(cfg), **rdb)
         except ConfigError as err:
             raise SearchConfigError(str(err)) from None
         self.storage_url = url
@@ -532,7 +547,38 @@ class StudySweeper(Sweeper):
     # -- the sweep ----------------------------------------------------------------------------------------------
 
     def sweep(self, arguments: list[str]) -> list[FrozenTrial]:
+        # (trial number, re-queued) of the batch a Ctrl-C stopped
+        self.interrupted: list[tuple[int, bool]] = []
+        with exit_on_interrupt(self._interrupted_line):
+            try:
+                study, budget = self._prepare(arguments)
+            except ConfigError as err:
+                # a refusal before any trial ran or the study was touched: exit code 2 like the entry points' own
+                exit_with(str(err))
+            return self._run(study, budget)
+
+    def _interrupted_line(self) -> str:
+        """What a Ctrl-C of the sweep leaves, and how to go on (the last line of a search stopped by Ctrl-C)."""
+        study = f"study {self.study_name}" if self.study_name else "the search"
+        requeued = [str(number) for number, again in self.interrupted if again]
+        failed = [str(number) for number, again in self.interrupted if not again]
+        done = "".join(
+            [
+                f", trial {', '.join(requeued)} re-queued with its parameters" if requeued else "",
+                f", trial {', '.join(failed)} recorded failed (a retry is re-queued once)" if failed else "",
+            ]
+        )
+        return f"interrupted: {study}{done}; re-run the same command to resume"
+
+    def _prepare(self, arguments: list[str]) -> tuple[optuna.Study, int]:
+        """Everything before the first trial: the space, its dry run, the study opened (or refused); returns the
+        study and its budget (``n_trials``, or the grid's size when smaller).
+
+        Raises:
+            ConfigError: bad input, before any trial ran or the study was written to.
+        """
         params = [f"{k!s}={v}" for k, v in (self.params or {}).items()] + list(arguments)
+        self.sweep_texts = {param.split("=", 1)[0]: param for param in params}  # as the user wrote them
         distributions, fixed_params, fixed_overrides = create_params_from_overrides(params)
         for name in fixed_params:
             distributions.pop(name, None)
@@ -565,6 +611,10 @@ class StudySweeper(Sweeper):
             len(budget_trials(study.get_trials(deepcopy=False))),
             budget,
         )
+        return study, budget
+
+    def _run(self, study: optuna.Study, budget: int) -> list[FrozenTrial]:
+        """Ask, launch and record trials until the study holds ``budget`` of them; the best trial(s)."""
         allowed_failures = math.floor(self.max_failure_rate * budget)
         while True:
             self._retry_dead_workers(study)
@@ -597,15 +647,13 @@ class StudySweeper(Sweeper):
                     continue
                 failures = job_failures(study.get_trials(deepcopy=False))
                 if len(failures) > allowed_failures:
-                    log.error(
-                        "%d trials of the study failed, more than hydra.sweeper.max_failure_rate=%s x %d: stopping",
-                        len(failures),
-                        self.max_failure_rate,
-                        budget,
-                    )
-                    if isinstance(job_failure, ConfigError):
-                        raise SearchConfigError(f"trial {trial.number} failed: {job_failure}") from None
-                    raise job_failure
+                    # each failure was logged with its reason (and is recorded in the study): one line, no traceback
+                    raise StudyStopped(
+                        f"error: study {self.study_name} stopped: {len(failures)} trial(s) failed, more than "
+                        f"hydra.sweeper.max_failure_rate={self.max_failure_rate} x {budget} trials allows; the last, "
+                        f"trial {trial.number}: {_one_line(job_failure)}; fix the cause (or raise "
+                        "hydra.sweeper.max_failure_rate) and re-run the same command to go on"
+                    ) from None
         self._keep_best_checkpoints(study)
         return self._report(study)
 
@@ -754,7 +802,23 @@ class StudySweeper(Sweeper):
             raise SearchConfigError(
                 f"{clash[0]}: set on the command line and by the search space; remove one"
             )
-        self.validate_batch_is_legal([self._job_overrides(overrides, {})])
+        try:
+            self.validate_batch_is_legal([self._job_overrides(overrides, {})])
+        except (HydraException, OmegaConfBaseException) as err:
+            raise SearchConfigError(self._composition_error_line(err, overrides)) from None
+
+    def _composition_error_line(self, err: Exception, sampled: Mapping[str, Any]) -> str:
+        """Hydra's error composing the dry run's job as one line (:func:`composition_error_line`), naming a sweep
+        override as the user wrote it (``key=interval(...)``) rather than by the value the dry run sampled."""
+        line = composition_error_line(err)
+        for key, value in sampled.items():
+            written = self.sweep_texts.get(key)
+            if written is None:
+                continue
+            if line.startswith(f"{key}: "):
+                line = f"{written}: {line.removeprefix(f'{key}: ')}"
+            line = line.replace(f"{key}={format_override_value(value)}", written)
+        return line
 
     def _trial_overrides(self, trial: optuna.Trial) -> list[str]:
         if self.base_seed is not None and self.sampler_cfg.get("_target_") not in SEQUENCE_SAMPLERS:
@@ -797,9 +861,11 @@ class StudySweeper(Sweeper):
             # Interrupted (Ctrl-C) or the launcher broke: fail the trials and queue them again for the next run.
             for trial, _ in jobs:
                 self._tell(study, trial, state=TrialState.FAIL, skip_if_finished=True)
-                RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)(
-                    study, self.storage.get_trial(trial._trial_id)
-                )
+                failed = self.storage.get_trial(trial._trial_id)
+                # the callback re-queues a trial retried fewer than MAX_RETRY times (read first: it extends the list)
+                requeued = len(RetryHeartbeatStaleTrialCallback.retry_history(failed)) < MAX_RETRY
+                RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)(study, failed)
+                self.interrupted.append((trial.number, requeued))
             raise
         for (trial, _), ret in zip(jobs, returns):
             yield trial, self._record(study, trial, ret)
@@ -816,9 +882,13 @@ class StudySweeper(Sweeper):
             return None
         except Exception as err:
             return self._fail(study, trial, err)
+        note = None
         if isinstance(value, TrialResult):
             values = list(value.values)
             trial.set_user_attr("metrics", value.metrics)
+            if value.notes:  # a value not taken as logged (a correlation of constant predictions): say why
+                note = "; ".join(value.notes)
+                trial.set_user_attr(OBJECTIVE_NOTE_ATTR, note)
             if study.metric_names is None:
                 study.set_metric_names(list(value.names))
         else:  # a plain task function, as for the stock sweeper
@@ -834,7 +904,8 @@ class StudySweeper(Sweeper):
         self._tell(study, trial, values=values)
         best = study.best_trials if len(self.directions) > 1 else [study.best_trial]
         names = study.metric_names or [f"objective_{i}" for i in range(len(values))]
-        log.info(trial_line(trial.number, values, trial.params, names, [(t.number, t.values) for t in best]))
+        line = trial_line(trial.number, values, trial.params, names, [(t.number, t.values) for t in best])
+        log.info(line if note is None else f"{line} | {note}")
         return None
 
     def _fail(self, study: optuna.Study, trial: optuna.Trial, err: Exception) -> Exception:
@@ -865,6 +936,9 @@ class StudySweeper(Sweeper):
                 "params": t.params,
                 "metrics": t.user_attrs.get("metrics", {}),
                 "output_dir": t.user_attrs.get("output_dir"),
+                **(
+                    {"note": t.user_attrs[OBJECTIVE_NOTE_ATTR]} if OBJECTIVE_NOTE_ATTR in t.user_attrs else {}
+                ),
             }
 
         best = study.best_trials  # the Pareto front; a single best trial for one objective
