@@ -10,26 +10,36 @@ A hub data set is not fetched here: a download is the run's, with its log lines.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from adls_lightning.data.folder import (
     AUTO,
+    IMDB_HUB_NAME,
     IMDB_LABEL_NAMES,
     IMDB_LABELS,
+    find_split_files,
     folder_data_dir,
     imdb_data_dir,
     load_folder,
+    local_identity,
     resolve_data_dir,
 )
 from adls_lightning.data.glue import HUB_NAME as GLUE_HUB_NAME
-from adls_lightning.data.glue import load_glue
+from adls_lightning.data.glue import glue_files, load_glue
 from adls_lightning.data.settings import check_val_size
 
 # Where the project's data modules are importable from (the package re-exports them from .datamodule).
 DATA_MODULE_PACKAGES = ("adls_lightning.data", "adls_lightning.data.datamodule")
 # A value left out on the command line: the run's build reports it in Hydra's words.
 MISSING = "???"
+# How :func:`data_identity` starts: local files by their content, or a hub data set by its name.
+LOCAL_DATA = "sha256:"
+HUB_DATA = "hub:"
+# The content digest of files already hashed by this process, by their path, size and modification time.
+_DIGESTS: dict[str, str] = {}
 
 
 def check_local_data(data: Mapping[str, Any]) -> None:
@@ -84,3 +94,56 @@ def data_read(data: Mapping[str, Any]) -> str:
     if auto:
         where += f" (data.data_dir={AUTO}, as found here)"
     return f"{data['task']} from {where}" if data.get("task") else where
+
+
+def data_identity(data: Mapping[str, Any]) -> str | None:
+    """What a resolved ``data`` node reads, the same wherever the same data are read from: its local files by
+    content (``sha256:<digest> of train.parquet, test.parquet``), whatever folder holds them (another checkout,
+    ``$ADLS_IMDB_DIR``, a worker machine's copy); or its hub data set (``hub:stanfordnlp/imdb``). IMDb's
+    ``data.data_dir=auto`` is resolved as the run resolves it (:func:`~adls_lightning.data.folder.imdb_data_dir`).
+    None for a data module of another kind (its ``data_dir`` is all that is known of it). A search's study records
+    this as its ``data.data_dir`` (:mod:`adls_lightning.search.identity`).
+
+    Raises:
+        ConfigError: the folder or one of its split files is missing (the run's own message).
+    """
+    package, _, name = str(data.get("_target_", "")).rpartition(".")
+    if package not in DATA_MODULE_PACKAGES or data.get("data_dir") == MISSING:
+        return None
+    if name == "GlueDataModule":
+        if "task" not in data:
+            return None
+        folder = resolve_data_dir(data.get("data_dir"))
+        if folder is None:
+            return HUB_DATA + GLUE_HUB_NAME
+        files = glue_files(folder, data["task"])
+    elif name in ("IMDbDataModule", "FolderDataModule"):
+        if name == "IMDbDataModule":  # its defaults: the data module's signature
+            folder = resolve_data_dir(imdb_data_dir(data.get("data_dir", AUTO)))
+            hub = data.get("hub_name", IMDB_HUB_NAME)
+        else:
+            folder = folder_data_dir(data.get("data_dir"), data.get("hub_name"))
+            hub = data.get("hub_name")
+        if folder is None:
+            return f"{HUB_DATA}{hub}"
+        files = find_split_files(folder)
+    else:
+        return None
+    names = {split: path.relative_to(folder).as_posix() for split, path in files.items()}
+    digest = hashlib.sha256()
+    for split in sorted(files):
+        digest.update(f"{split}:{names[split]}:{_file_digest(files[split])}\n".encode())
+    return f"{LOCAL_DATA}{digest.hexdigest()[:16]} of {', '.join(names.values())}"
+
+
+def is_data_identity(value: object) -> bool:
+    """Whether ``value`` is a :func:`data_identity` (not a folder, ``auto`` or null as a config gives it)."""
+    return isinstance(value, str) and value.startswith((LOCAL_DATA, HUB_DATA))
+
+
+def _file_digest(path: Path) -> str:
+    key = local_identity({"file": path})  # unchanged path, size and mtime: the content hashed before
+    if key not in _DIGESTS:
+        with path.open("rb") as handle:
+            _DIGESTS[key] = hashlib.file_digest(handle, "sha256").hexdigest()
+    return _DIGESTS[key]

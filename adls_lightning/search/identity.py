@@ -12,6 +12,12 @@ created; a later command on the same study must have the same settings (:func:`c
 re-running a command resumes its study and any other command is refused, naming the keys that differ.
 The budget and the bookkeeping (``n_trials``, ``n_jobs``, heartbeats, ``max_failure_rate``, the storage) are not
 settings: raising ``n_trials`` to extend a study is a resume.
+
+The data are recorded as what the trials read, not as the config names them: ``data.data_dir`` holds the files'
+content digest or the hub data set (:func:`~adls_lightning.data.sources.data_identity`). IMDb's default
+``data.data_dir=auto`` finds ``$ADLS_IMDB_DIR``, ``../shared/data/imdb`` or the hub, so "auto" alone would let a
+search on other data join the study; and a study resumes from another checkout or worker machine holding the same
+files elsewhere. Caches (``*.cache_dir``) are where results are kept, not what they are: not settings either.
 """
 
 from __future__ import annotations
@@ -45,12 +51,18 @@ NOT_SETTINGS = (
     "callbacks.progress",
     "callbacks.throughput",
 )
+# A key ending so names where a cache lives (the tokenized data, the cost model's timings): moved, it holds the same.
+CACHE_DIR = "cache_dir"
+# The trial config's key recorded as the data read (:func:`_data_read`), not as the folder is configured.
+DATA_SOURCE_KEY = "data.data_dir"
 # The sweeper's own keys that shape what is sampled (the rest is budget, storage and bookkeeping).
 SWEEPER_SETTINGS = ("search_space", "params", "grid", "sampler", "startup_trials", "direction")
 
 
 def _excluded(key: str, ignore: Iterable[str]) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in (*NOT_SETTINGS, *ignore))
+    return key.rpartition(".")[2] == CACHE_DIR or any(
+        key == k or key.startswith(k + ".") for k in (*NOT_SETTINGS, *ignore)
+    )
 
 
 def _leaves(node: Any, prefix: str, ignore: tuple[str, ...] = ()) -> Iterable[tuple[str, Any]]:
@@ -109,7 +121,28 @@ def study_settings(
             )
     # the sweep overrides, one key per parameter: their order on the command line does not matter
     settings.update((f"hydra.sweep.{name}", _plain(repr(d))) for name, d in distributions.items())
+    if DATA_SOURCE_KEY in settings:
+        data = OmegaConf.select(config, "data")
+        try:
+            node = OmegaConf.to_container(data, resolve=True) if isinstance(data, DictConfig) else None
+        except Exception:  # an interpolation only a running job resolves: the value as configured
+            node = None
+        read = _data_read(node) if node is not None else None
+        if read is not None:
+            settings[DATA_SOURCE_KEY] = _plain(read)
     return dict(sorted(settings.items()))
+
+
+def _data_read(data: Mapping[str, Any]) -> str | None:
+    """The data a ``data`` node reads (:func:`~adls_lightning.data.sources.data_identity`), or None when it cannot be
+    told here (another data module's kind, or a missing folder: the trial refuses that itself)."""
+    # imported here: the data package (datasets, pyarrow) is read only when a study is checked
+    from adls_lightning.data.sources import data_identity
+
+    try:
+        return data_identity(data)
+    except (ConfigError, OSError):
+        return None
 
 
 def settings_digest(settings: Mapping[str, str]) -> str:
@@ -136,13 +169,17 @@ def settings_difference(old: Mapping[str, str], new: Mapping[str, str], shown: i
 
 def current_settings(recorded: Mapping[str, str], settings: Mapping[str, str]) -> dict[str, str]:
     """A study's recorded settings with each ``_target_`` under today's name
-    (:func:`~adls_lightning.build.current_target`), so a study made before a rename resumes; and a recorded class
-    whose settings choose the subclass it builds (``settings_choose_the_class``, the pruning callbacks) read as the
-    subclass ``settings`` name when it is one: the other settings carry the difference."""
+    (:func:`~adls_lightning.build.current_target`), so a study made before a rename resumes; without the keys that
+    are no longer settings (a cache's folder); its ``data.data_dir`` as the data read when it was recorded as
+    configured (:func:`_read_recorded_data`); and a recorded class whose settings choose the subclass it builds
+    (``settings_choose_the_class``, the pruning callbacks) read as the subclass ``settings`` name when it is one:
+    the other settings carry the difference."""
     current = {
         key: _plain(current_target(json.loads(value))) if key.endswith("._target_") else value
         for key, value in recorded.items()
+        if not _excluded(key, ())  # recorded before it was known not to be a setting
     }
+    _read_recorded_data(current)
     for key, value in current.items():
         new = settings.get(key)
         if key.endswith("._target_") and new is not None and new != value:
@@ -151,6 +188,26 @@ def current_settings(recorded: Mapping[str, str], settings: Mapping[str, str]) -
             if chooses and isinstance(new_class, type) and issubclass(new_class, old_class):
                 current[key] = new
     return current
+
+
+def _read_recorded_data(recorded: dict[str, str]) -> None:
+    """A study recorded before the data read was (its ``data.data_dir`` as configured: ``auto``, a folder or null)
+    gets the data that value reads here and now, so that its resume with the same data goes on. Its ``auto`` cannot
+    tell which folder its trials read: it stands for what ``auto`` finds now, as it did when it was recorded; a
+    folder that no longer exists stays as recorded (and differs)."""
+    from adls_lightning.data.sources import is_data_identity
+
+    value = recorded.get(DATA_SOURCE_KEY)
+    if value is None or is_data_identity(json.loads(value)):
+        return
+    node = {
+        key.removeprefix("data."): json.loads(text)
+        for key, text in recorded.items()
+        if key.startswith("data.") and key.count(".") == 1
+    }
+    read = _data_read(node)
+    if read is not None:
+        recorded[DATA_SOURCE_KEY] = _plain(read)
 
 
 def check_study_settings(
