@@ -190,13 +190,10 @@ def check_shapes(
         # model: compare with the layout this model takes once merged, as the resumed run's callbacks will do.
         own = _merged_layout(model) or own
         common = [k for k in state_dict if k in own]
-    lora = any(".lora_A." in k for k in state_dict)
-    if not common and lora and not any(".lora_A." in k for k in model_state):
-        raise ConfigError(
-            f"{key}={path}: a LoRA checkpoint, and this model has no LoRA adapters (model.lora=null); keep the "
-            f"run's LoRA, or export it merged (python -m adls_lightning.export ckpt={path} out=DIR format=hf) and "
-            "start from that folder with model.backbone.name_or_path=DIR"
-        )
+    # a full checkpoint fits a LoRA model's merged layout, so only the LoRA checkpoint is refused here; the other
+    # way round is told when the weights load (SequenceClassifier's init_ckpt), once callbacks merged or not
+    if not common and _has_lora(state_dict) and not _has_lora(model_state):
+        raise ConfigError(lora_mismatch(state_dict, model_state, path, key))
     if not common:
         raise ConfigError(
             f"{key}={path}: no weight of this model in the checkpoint (another model? e.g. it has "
@@ -221,6 +218,28 @@ def check_shapes(
                 f"{key}={path}: shapes of key {name} differ: checkpoint {_shape(theirs.shape)} vs model "
                 f"{_shape(ours.shape)} (a checkpoint of another architecture)"
             )
+
+
+def _has_lora(state_dict: Mapping[str, Any]) -> bool:
+    return any(".lora_A." in k for k in state_dict)
+
+
+def lora_mismatch(
+    state_dict: Mapping[str, Any], model_state: Mapping[str, Any], path: str | Path, key: str
+) -> str | None:
+    """The refusal of a checkpoint and a model of which one has LoRA adapters and the other none, or None."""
+    if _has_lora(state_dict) and not _has_lora(model_state):
+        return (
+            f"{key}={path}: a LoRA checkpoint, and this model has no LoRA adapters (model.lora=null); keep the "
+            f"run's LoRA, or export it merged (python -m adls_lightning.export ckpt={path} out=DIR format=hf) and "
+            "start from that folder with model.backbone.name_or_path=DIR"
+        )
+    if _has_lora(model_state) and not _has_lora(state_dict):
+        return (
+            f"{key}={path}: a full fine-tune checkpoint (no LoRA adapters), and this model has LoRA adapters; "
+            "build the model its run trained: model/lora=none"
+        )
+    return None
 
 
 def _differs(theirs: Any, ours: Any) -> bool:

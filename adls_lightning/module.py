@@ -17,6 +17,7 @@ from adls_lightning.checkpoints import (
     complete_light_state,
     frozen_base_digests,
     light_state,
+    lora_mismatch,
     read_checkpoint,
 )
 from adls_lightning.data.tasks import REGRESSION_BIAS_INITS, build_metric
@@ -250,7 +251,17 @@ class SequenceClassifier(LightningModule):
             if self.init_head == "new":  # this model's own fresh head in place of the checkpoint's
                 own_head = {k: v for k, v in self.state_dict().items() if is_task_head_key(k)}
                 state = {**without_task_head(state), **own_head}
-            self.load_state_dict(state, strict=True)
+            # strict, with the keys that differ as one line: the usual one is a LoRA model and a full fine-tune
+            # checkpoint (both directions: lora_mismatch), which the shapes checked before the run cannot tell from
+            # a LoRA run's merged checkpoint
+            differ = self.load_state_dict(state, strict=False)
+            if differ.missing_keys or differ.unexpected_keys:
+                raise ConfigError(
+                    lora_mismatch(state, self.state_dict(), self.init_ckpt, "init_ckpt")
+                    or f"init_ckpt={self.init_ckpt}: does not fit this model ({len(differ.missing_keys)} weights "
+                    f"missing, e.g. {next(iter(differ.missing_keys), 'none')}; {len(differ.unexpected_keys)} "
+                    f"unexpected, e.g. {next(iter(differ.unexpected_keys), 'none')})"
+                )
             self._init_loaded = True
             new_head = (
                 " (all but the task head, which is new: init_head=new)" if self.init_head == "new" else ""

@@ -1,9 +1,10 @@
 """Start a run from the best trial of a stored study: ``init_from_study=STUDY`` (Lab 3 from Lab 2's best).
 
 ``STUDY`` is the study's storage (a ``.db`` file or an SQLAlchemy URL holding one study) or a study name, looked up
-where ``search.py`` keeps it by default (``outputs/search/<name>/<name>.db``). The best trial's model becomes this
-run's model: its ``model=`` choice and the ``model.*`` overrides it ran with (the sampled architecture), read from
-the trial's run record (``<trial dir>/.hydra``), and its weights: ``init_ckpt=`` its best checkpoint. A trial that
+where ``search.py`` keeps it (``${paths.log_dir}/search/<name>/<name>.db``, with the command's own ``paths.log_dir=``
+when it gives one). The best trial's model becomes this run's model: its ``model=`` choice, its ``model/<group>=``
+choices (``model/lora=none``: a full fine-tune) and the ``model.*`` overrides it ran with (the sampled architecture),
+read from the trial's run record (``<trial dir>/.hydra``), and its weights: ``init_ckpt=`` its best checkpoint. A trial that
 saved no checkpoint gives its model config only, and the run says so (the weights are then initialised afresh).
 
 The expansion happens on the command line, before Hydra composes anything, so the run's own record
@@ -36,7 +37,8 @@ class StudyStart:
         study_name: the study.
         trial: the best trial's number.
         value: its objective value.
-        overrides: the model overrides (``model=...``, ``model.*=...``) and ``init_ckpt=...`` when it saved one.
+        overrides: the model overrides (``model=...``, ``model/<group>=...``, ``model.*=...``) and
+            ``init_ckpt=...`` when it saved one.
         checkpoint: the best checkpoint of the trial, or None when it saved none.
     """
 
@@ -145,12 +147,19 @@ def _read_yaml(path: Path) -> object:
 
 
 def model_overrides(trial_dir: Path) -> list[str]:
-    """``model=<choice>`` and every ``model.*`` override the trial ran with (from its run record)."""
+    """``model=<choice>``, each ``model/<group>=<choice>`` (LoRA or none, optimizer, scheduler, backbone) and every
+    ``model.*`` override the trial ran with (from its run record): the groups as chosen, so that a default of this
+    run's own (LoRA) does not replace the trial's (``model/lora=none``)."""
     record = trial_dir / RUN_RECORD
     choices = (_read_yaml(record / "hydra.yaml") or {}).get("hydra", {}).get("runtime", {}).get("choices", {})
     if not choices.get("model"):
         raise ConfigError(f"{KEY}: {record / 'hydra.yaml'} names no model choice")
     overrides = [f"model={choices['model']}"]
+    overrides += [
+        f"{group}={choice}"
+        for group, choice in choices.items()
+        if group.startswith("model/") and choice is not None
+    ]
     for line in _read_yaml(record / "overrides.yaml") or []:
         key = str(line).split("=", 1)[0].lstrip("+~")
         if key.startswith("model."):
@@ -184,6 +193,16 @@ def command_line_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def default_search_dir(args: Sequence[str]) -> Path:
+    """Where ``search.py`` keeps its studies for the command line ``args``: ``${paths.log_dir}/search``, with the
+    command's own ``paths.log_dir=`` when it gives one (else ``outputs/`` of the project: conf/paths/default.yaml).
+    A relative folder is the run's working directory's, as Hydra leaves it."""
+    log_dirs = [a.split("=", 1)[1] for a in args if command_line_key(a) == "paths.log_dir"]
+    if log_dirs:
+        return Path(log_dirs[-1]).expanduser() / "search"
+    return Path(os.environ.get("PROJECT_ROOT", os.getcwd())) / "outputs" / "search"
+
+
 def expand_command_line(
     args: Sequence[str], search_dir: Path | None = None, name_study: bool = False
 ) -> list[str]:
@@ -201,7 +220,7 @@ def expand_command_line(
     sources = [a.split("=", 1)[1] for a in args if command_line_key(a) == KEY]
     if not sources or sources[-1] in ("", "null"):
         return list(args)
-    search_dir = search_dir or Path(os.environ.get("PROJECT_ROOT", os.getcwd())) / "outputs" / "search"
+    search_dir = search_dir or default_search_dir(args)
     start = start_from_study(sources[-1], search_dir)
     clash = next((a for a in args if command_line_key(a) in ("model", "init_ckpt")), None)
     if clash is not None:
