@@ -374,6 +374,16 @@ def task_main_metric(name: str) -> str:
 OmegaConf.register_resolver("task_main_metric", task_main_metric, replace=True)
 
 
+def study_name_task(task: str | None) -> str:
+    """``${study_name_task:${oc.select:data.task,null}}``: ``-<task>`` in a GLUE search's default study name
+    (``mixed_precision-integer-stsb-acc-tpe``), so that searches of one space on two tasks (or on IMDb, whose
+    names have no task) keep studies of their own; nothing without a task."""
+    return "" if task is None else f"-{task}"
+
+
+OmegaConf.register_resolver("study_name_task", study_name_task, replace=True)
+
+
 # The task-head helpers live beside the models (adls_lightning.models); their old names here keep working.
 _MOVED_TO_MODELS = ("TASK_HEAD_MODULES", "is_task_head_key", "without_task_head", "head_outputs")
 
