@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
+from adls_lightning.errors import ConfigError
 from adls_lightning.export import WEIGHTS_FILE
 from adls_lightning.export.compressed import run_overrides
 from adls_lightning.export.folder import load_folder
@@ -173,13 +174,64 @@ def test_weights_only_formats_refuse_activation_compression_in_one_line(exported
     out = tmp_path / "out"
     code, _, stderr = call(main, f"ckpt={ckpt}", f"out={out}", f"format={format}")
     assert code == 2
-    scaled = "int8=scaled (a quant=int8_scaled run's grid as an int8 graph), " if format == "onnx" else ""
+    # a fixed-point (integer) run: int8=scaled, which carries scaled_integer inputs only, is not offered
     assert stderr.strip().splitlines() == [
         f"error: format={format}: layer bert.encoder.layer.0.attention.self.query quantizes its data_in as integer, "
-        f"which a {format} folder does not carry; valid: {scaled}format=hf (its {RECIPE_FILE} carries it), or export the "
-        "weights alone by overriding the run's activation settings (e.g. prune.activation=null)"
+        f"which a {format} folder does not carry; valid: format=hf (its {RECIPE_FILE} carries it), or a run that "
+        "quantizes weights only"
     ]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("exported", ["pruned"], indirect=True)
+def test_activation_pruned_run_is_advised_only_what_exports_it(exported, tmp_path):
+    """prune=l1_0.5 prunes activations: onnx is refused, and what the refusal advises works; the override the
+    advice once named (prune.activation=null on the export) cannot unsay the checkpoint's record, nor is it named."""
+    _, ckpt, _, _, _ = exported
+    out = tmp_path / "out"
+    for extra in ([], ["prune.activation=null"]):
+        code, _, stderr = call(main, f"ckpt={ckpt}", f"out={out}", "format=onnx", *extra)
+        assert code == 2 and not out.exists()
+        assert stderr.strip().splitlines() == [
+            "error: format=onnx: the run prunes input activations to 0.5, which a onnx folder does not carry; valid: "
+            f"format=hf (its {RECIPE_FILE} carries it), or a run trained without activation pruning "
+            "(prune.activation=null, or a weights-only preset: prune=wanda_0.5, sparsegpt_0.5, l1_2of4, "
+            "movement_0.9, structured_0.5)"
+        ]
+    code, _, stderr = call(
+        main, f"ckpt={ckpt}", f"out={out}", "format=hf", "check=agreement", "check_rows=40"
+    )
+    assert code == 0, stderr[-3000:]
+
+
+SCALED_INT8 = {"format": "scaled_integer", "params": {"width": 8, "granularity": "tensor"}}
+
+
+@pytest.mark.parametrize(
+    "activation_quant, activation_prune, offered",
+    [
+        ({"l": {"data_in": SCALED_INT8, "data_out": None}}, None, True),  # quant=int8_scaled
+        ({"l": {"data_in": {"format": "integer", "params": {"width": 8}}, "data_out": None}}, None, False),
+        ({"l": {"data_in": {**SCALED_INT8, "params": {"width": 4}}, "data_out": None}}, None, False),
+        ({"l": {"data_in": SCALED_INT8, "data_out": SCALED_INT8}}, None, False),
+        ({"l": {"data_in": SCALED_INT8, "data_out": None}}, {"activation": {"sparsity": 0.5}}, False),
+    ],
+)
+def test_int8_scaled_is_advised_only_to_runs_it_exports(activation_quant, activation_prune, offered):
+    from adls_lightning.export.from_checkpoint import refuse_compression_beyond_weights
+    from adls_lightning.runs.loading import LoadedRun
+
+    recipe = ExportRecipe(
+        activation_quant=activation_quant,
+        activation_prune=activation_prune,
+        baked={"quantized_layers": 1, "pruned_layers": 0},
+    )
+    with pytest.raises(ConfigError) as refused:
+        refuse_compression_beyond_weights(LoadedRun(None, None, recipe, {}), "onnx")
+    assert (
+        "valid: int8=scaled (the run's int8 grid as an int8 graph), format=hf" in str(refused.value)
+    ) is offered
+    assert "format=hf (its compression.json carries it)" in str(refused.value)
 
 
 def test_overrides_given_replace_the_runs_own():

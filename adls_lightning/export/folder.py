@@ -32,6 +32,10 @@ WEIGHTS_FILE = "model.safetensors"
 HF_CONFIG_FILE = "config.json"
 #: weights files a folder may hold that are pickles: never read here (a pickle can run code when loaded)
 PICKLED_WEIGHTS = ("pytorch_model.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+#: the export's self-check (:mod:`adls_lightning.export.selfcheck`); its ``failed`` key marks an export whose
+#: read-back disagreed with the run, which no reader runs (:func:`check_folder`)
+EXPORT_JSON = "export.json"
+FAILED_KEY = "failed"
 #: the key of ``config.json`` that says how the run fed texts to the model (see :func:`task_inputs`)
 INPUTS_KEY = "adls_inputs"
 ONNX_DEFAULT = "model.onnx"
@@ -152,6 +156,20 @@ def _graph_export(path: Path, usage: str) -> ExportFolder | None:
     return ExportFolder(folder, kind, graph)
 
 
+def refuse_failed_export(folder: Path) -> None:
+    """Refuse a folder whose export failed its self-check (:data:`EXPORT_JSON` says so under :data:`FAILED_KEY`):
+    its files are kept for inspection, but they do not compute what the run did."""
+    check = folder / EXPORT_JSON
+    if not check.is_file():
+        return
+    failed = read_json(check).get(FAILED_KEY)
+    if failed:
+        raise ConfigError(
+            f"{folder}: its export failed its self-check ({failed}); valid: export the checkpoint again into a "
+            "new folder"
+        )
+
+
 def check_folder(path: Path, usage: str = "an exported folder") -> ExportFolder:
     """What :func:`load_folder` reads, checked without building a model: ``format=mxint8`` (its config and
     weights), ``format=hf`` (``config.json`` and ``model.safetensors``) or an ONNX export (``config.json`` and
@@ -163,6 +181,7 @@ def check_folder(path: Path, usage: str = "an exported folder") -> ExportFolder:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: no such folder; expected an exported folder ({usage})")
+    refuse_failed_export(path if path.is_dir() else path.parent)
     graph = _graph_export(path, usage)
     if graph is not None:
         return graph
@@ -258,7 +277,9 @@ def load_folder(path: Path, recipe: ExportRecipe | None = None, usage: str = "an
 
 
 __all__ = [
+    "EXPORT_JSON",
     "EXPORT_KINDS",
+    "FAILED_KEY",
     "GRAPH_SUFFIXES",
     "HF_CONFIG_FILE",
     "INPUTS_KEY",
@@ -270,6 +291,7 @@ __all__ = [
     "check_safetensors",
     "load_folder",
     "read_json",
+    "refuse_failed_export",
     "task_inputs",
     "write_config",
 ]

@@ -23,8 +23,15 @@ from typing import Any
 from torch import nn
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.export.folder import save_tokenizer, write_config
-from adls_lightning.export.recipe import RECIPE_FILE
+from adls_lightning.export.folder import (
+    CONFIG_FILE,
+    EXPORT_JSON,
+    HF_CONFIG_FILE,
+    WEIGHTS_FILE,
+    save_tokenizer,
+    write_config,
+)
+from adls_lightning.export.recipe import ACTIVATION_STATE_FILE, RECIPE_FILE, ExportRecipe
 from adls_lightning.export.selfcheck import self_check
 from adls_lightning.export.settings import CheckSettings, ExportSettings
 from adls_lightning.runs.loading import LoadedRun, load_checkpoint_model
@@ -44,6 +51,9 @@ class Exported:
     runs_formats: bool = False
     #: whether the artifact is the run's int8 codes as an int8 graph (``int8=scaled``): not advised again
     int8_scaled: bool = False
+    #: ``(atol, rtol)`` within which the artifact's logits are the reference's (the self-check fails beyond it);
+    #: None: an approximation (dynamic int8, PT2E int8, MXINT8 packing), whose agreement is reported
+    tolerance: tuple[float, float] | None = None
 
 
 def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exported:
@@ -63,6 +73,8 @@ def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exp
     model, recipe = loaded.model, loaded.recipe
     if settings.format != "hf":
         refuse_compression_beyond_weights(loaded, settings.format)
+    if settings.format == "mxint8":
+        check_exclude(model, settings.exclude)  # refused before an earlier export's files are removed
     reference = None  # the self-check's run model (run_model) unless packing consumes it below
     out = settings.out
     with tempfile.TemporaryDirectory() as fp32_dir:
@@ -75,17 +87,16 @@ def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exp
         runtime = None
         if settings.int8 == "auto":
             runtime, int8_choice = choose_int8_runtime(model, loaded.config, settings.check)
-        out.mkdir(parents=True, exist_ok=True)
+        removed = replace_earlier_export(settings, loaded.config)
         summary = export_onnx_files(model, out, settings.int8 is True or runtime == ORT_DYNAMIC)
         if runtime == PT2E:
             int8_file, written = export_pt2e_file(model, out, loaded.config)
             summary += f"; {written}"
     elif settings.format == "hf":
-        out.mkdir(parents=True, exist_ok=True)
+        removed = replace_earlier_export(settings, loaded.config)
         model.save_pretrained(out)
         summary = f"save_pretrained (merged, fp32): {fp32_bytes / 1e6:.1f} MB"
     else:
-        check_exclude(model, settings.exclude)
         # packing replaces the model's layers in place: the self-check compares the folder with the float model
         if settings.check.mode != "none":
             reference = copy.deepcopy(model).eval()
@@ -93,6 +104,7 @@ def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exp
             packed = pack_for_export(model, settings.group_size, settings.exclude, settings.pack_embeddings)
         except ValueError as error:
             raise ConfigError(f"group_size={settings.group_size}: {error}") from error
+        removed = replace_earlier_export(settings, loaded.config)
         save_packed(model, packed, out)
         weights = folder_bytes(out, [WEIGHTS_FILE])
         summary = (
@@ -120,13 +132,131 @@ def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exp
         lines.append(int8_choice)
     if loaded.note:
         lines.append(f"note: {loaded.note}")
+    lines += removed_lines(removed)
     artifact = out
+    # an hf folder and the fp32 graph compute the run's logits up to float rounding; int8 and packing approximate
+    tolerance = None if settings.format == "mxint8" or settings.int8 else fp32_tolerance()
     if settings.format == "onnx":
         from adls_lightning.export import onnx as onnx_export
 
         # int8=true|auto: the int8 file is the one asked for; model.onnx is the float reference beside it
         artifact = int8_file or out / (onnx_export.ONNX_INT8_FILE if settings.int8 else onnx_export.ONNX_FILE)
-    return Exported(loaded, artifact, lines, reference=reference, runs_formats=settings.format == "mxint8")
+    return Exported(
+        loaded,
+        artifact,
+        lines,
+        reference=reference,
+        runs_formats=settings.format == "mxint8",
+        tolerance=tolerance,
+    )
+
+
+def fp32_tolerance() -> tuple[float, float]:
+    """The bound of an fp32 artifact's logits (ONNX Runtime's graph, an ``hf`` folder with its recipe)."""
+    from adls_lightning.export.onnx import FP32_ATOL, FP32_RTOL
+
+    return FP32_ATOL, FP32_RTOL
+
+
+#: the tokenizer files ``save_pretrained`` writes (transformers' names: its config, special tokens and added tokens,
+#: the fast tokenizer's file, and the vocabularies of WordPiece, BPE and SentencePiece tokenizers)
+TOKENIZER_FILES = (
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.json",
+    "chat_template.jinja",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+)
+
+
+def export_outputs() -> tuple[str, ...]:
+    """The names of the files an export of any format writes into its folder (``adls-budget``'s per-layer mixed
+    export too): what ``overwrite=true`` replaces (:func:`replace_earlier_export`). A graph larger than 2 GB keeps
+    its weights beside it, in ``<graph>.data``."""
+    from adls_lightning.export import int4, int8, onnx, pt2e
+    from adls_lightning.export.mixed import MIXED_CONFIG_FILE
+
+    graphs = (onnx.ONNX_FILE, onnx.ONNX_INT8_FILE, int8.INT8_SCALED_FILE, int4.INT4_FILE)
+    return (
+        WEIGHTS_FILE,
+        HF_CONFIG_FILE,
+        "generation_config.json",
+        CONFIG_FILE,
+        MIXED_CONFIG_FILE,
+        RECIPE_FILE,
+        ACTIVATION_STATE_FILE,
+        EXPORT_JSON,
+        *graphs,
+        *(f"{graph}.data" for graph in graphs),
+        pt2e.PT2E_FILE,
+        pt2e.RUN_CODES_FILE,
+        *TOKENIZER_FILES,
+    )
+
+
+def earlier_export_outputs(out: Path) -> list[Path]:
+    """The files of ``out`` an earlier export wrote (:func:`export_outputs`), in name order."""
+    names = set(export_outputs())
+    try:
+        return sorted(p for p in out.iterdir() if p.name in names and not p.is_dir())
+    except OSError:  # no folder yet
+        return []
+
+
+def replace_earlier_export(settings: ExportSettings, cfg: Any) -> list[str]:
+    """Ready ``settings.out`` for this export, right before its first file is written (every refusal that can come
+    first has): created, and with ``overwrite=true`` an earlier export's files removed, so that none of another
+    model's weights, graphs or recipe is read beside this one's (a graph of the old run would run instead of new
+    ``hf`` weights). Files no export writes stay. Returns the names removed.
+
+    Raises:
+        ConfigError: the export reads one of those files, or the folder itself, as an input (its checkpoint, a
+            path of the run's config such as a ``model.name`` folder): nothing is removed.
+    """
+    from omegaconf import OmegaConf
+
+    from adls_lightning.runs.folder import _config_strings
+
+    out = settings.out
+    earlier = earlier_export_outputs(out) if settings.overwrite else []
+    if earlier:
+        removed, target = {p.resolve() for p in earlier}, out.resolve()
+        config = OmegaConf.to_container(cfg, resolve=False) if cfg is not None else {}
+        for key, value in [("ckpt", str(settings.ckpt)), *_config_strings(config)]:
+            try:  # only a path that exists is read (an interpolation, a name on the hub is none)
+                path = Path(value).expanduser()
+                if not path.exists():
+                    continue
+                path = path.resolve()
+            except (
+                OSError,
+                RuntimeError,
+                ValueError,
+            ):  # a string that is no path (too long, a loop of links)
+                continue
+            if path in removed or path == target:
+                raise ConfigError(
+                    f"overwrite=true: {key}={value} is read by this export from {out}, whose earlier export's files "
+                    "it would remove; valid: another out=, or copy it elsewhere first"
+                )
+        for path in earlier:
+            path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return [p.name for p in earlier]
+
+
+def removed_lines(removed: Sequence[str]) -> list[str]:
+    """What ``overwrite=true`` removed, said in one line (none when nothing was)."""
+    if not removed:
+        return []
+    shown = ", ".join(removed[:6]) + (f" and {len(removed) - 6} more" if len(removed) > 6 else "")
+    return [f"overwrite=true: removed the earlier export's {len(removed)} files ({shown})"]
 
 
 def run_model(settings: ExportSettings, overrides: Sequence[str], loaded: LoadedRun) -> nn.Module:
@@ -166,6 +296,7 @@ def check_export(settings: ExportSettings, overrides: Sequence[str], exported: E
         structured=bool(getattr(reference.config, CONFIG_ATTRIBUTE, None)),
         runs_formats=exported.runs_formats,
         int8_scaled=exported.int8_scaled,
+        tolerance=exported.tolerance,
     )
 
 
@@ -191,9 +322,10 @@ def load_for_graph(settings: ExportSettings, overrides: Sequence[str], option: s
         settings.ckpt, overrides, keep_quantized=True, options=list(settings.tool_keys)
     )
     if loaded.recipe.activation_prune:
+        # the checkpoint's compression record says what the run computed; an override cannot unsay it
         raise ConfigError(
-            f"{option}: the run prunes input activations, which the {graph} graph does not carry; valid: override "
-            "prune.activation=null"
+            f"{option}: the run prunes input activations, which the {graph} graph does not carry; valid: format=hf "
+            f"(its {RECIPE_FILE} carries them), or a run trained without activation pruning (prune.activation=null)"
         )
     return loaded
 
@@ -232,7 +364,7 @@ def export_scaled_int8(settings: ExportSettings, overrides: Sequence[str]) -> Ex
             "checkpoint: quant=int8_scaled quant.mode=ptq), or int8=true for ONNX Runtime's dynamic int8"
         )
     out = settings.out
-    out.mkdir(parents=True, exist_ok=True)
+    removed = replace_earlier_export(settings, loaded.config)
     path, choice = scaled_int8_runtime(model, layers, loaded.config, settings)
     check = int8_export.check_int8(path, model)
     tokenizer_saved = write_graph_folder(loaded, out, len(layers))
@@ -245,7 +377,15 @@ def export_scaled_int8(settings: ExportSettings, overrides: Sequence[str]) -> Ex
         f"{' (tokenizer included)' if tokenizer_saved else ''}"
     )
     lines = [choice, line] if choice else [line]
-    return Exported(loaded, path, lines, reference=model, runs_formats=True, int8_scaled=True)
+    return Exported(
+        loaded,
+        path,
+        lines + removed_lines(removed),
+        reference=model,
+        runs_formats=True,
+        int8_scaled=True,
+        tolerance=(int8_export.INT8_ATOL, int8_export.INT8_RTOL),
+    )
 
 
 def scaled_int8_runtime(
@@ -338,7 +478,7 @@ def export_int4(settings: ExportSettings, overrides: Sequence[str]) -> Exported:
             "quant=w4_gptq quant.gptq=null for round to nearest)"
         )
     out = settings.out
-    out.mkdir(parents=True, exist_ok=True)
+    removed = replace_earlier_export(settings, loaded.config)
     path = out / int4_export.INT4_FILE
     accuracy = int4_export.INT8_INPUTS if settings.int4 == "int8_inputs" else 0
     int4_export.export_int4_graph(model, path, accuracy)
@@ -353,7 +493,14 @@ def export_int4(settings: ExportSettings, overrides: Sequence[str]) -> Exported:
         f"the fake-quantized PyTorch model on {onnx_export.SAMPLE_ROWS}×{onnx_export.SAMPLE_TOKENS} tokens: "
         f"{check.describe()}{' (tokenizer included)' if tokenizer_saved else ''}"
     )
-    return Exported(loaded, path, [line], reference=model, runs_formats=True)
+    tolerance = (
+        (int4_export.INT8_INPUTS_ATOL, int4_export.INT8_INPUTS_RTOL)
+        if accuracy
+        else (int4_export.INT4_ATOL, int4_export.INT4_RTOL)
+    )
+    return Exported(
+        loaded, path, [line, *removed_lines(removed)], reference=model, runs_formats=True, tolerance=tolerance
+    )
 
 
 def refuse_compression_beyond_weights(loaded: LoadedRun, format: str) -> None:
@@ -362,17 +509,47 @@ def refuse_compression_beyond_weights(loaded: LoadedRun, format: str) -> None:
     found = loaded.activation_compression()
     if found:
         # a scaled int8 run (quant=int8_scaled) has its own int8 route, which keeps its activation grid
-        scaled = "int8=scaled (a quant=int8_scaled run's grid as an int8 graph), " if format == "onnx" else ""
+        scaled = (
+            "int8=scaled (the run's int8 grid as an int8 graph), "
+            if format == "onnx" and int8_inputs_only(loaded.recipe)
+            else ""
+        )
+        # What the run computed comes from the checkpoint's compression record, which no override changes: an
+        # export of the weights alone would compute a model the run never evaluated, and the self-check, comparing
+        # it with the run's model stripped alike, could not tell. The weights-only exports are of runs trained so.
+        retrain = (
+            "a run trained without activation pruning (prune.activation=null, or a weights-only preset: "
+            "prune=wanda_0.5, sparsegpt_0.5, l1_2of4, movement_0.9, structured_0.5)"
+            if loaded.recipe.activation_prune
+            else "a run that quantizes weights only"
+        )
         raise ConfigError(
             f"format={format}: {found}, which a {format} folder does not carry; valid: {scaled}format=hf (its "
-            f"{RECIPE_FILE} carries it), or export the weights alone by overriding the run's activation settings "
-            "(e.g. prune.activation=null)"
+            f"{RECIPE_FILE} carries it), or {retrain}"
         )
     if format == "mxint8" and loaded.recipe.baked["quantized_layers"]:
         raise ConfigError(
             "format=mxint8: the run quantized its weights (e.g. with quant=); packing those values as MXINT8 would "
             "quantize them a second time; valid: format=hf, or the float checkpoint of a run without quant="
         )
+
+
+def int8_inputs_only(recipe: ExportRecipe) -> bool:
+    """Whether the only activation compression of ``recipe`` is 8-bit scaled-integer inputs of linear layers (what
+    ``int8=scaled`` carries: a ``quant=int8_scaled`` run), no activation pruning, no quantized outputs."""
+    operands = [spec for entry in recipe.activation_quant.values() for spec in entry.values()]
+    inputs = [entry.get("data_in") for entry in recipe.activation_quant.values()]
+    return (
+        not recipe.activation_prune
+        and bool(inputs)
+        and sum(spec is not None for spec in operands) == len(inputs)
+        and all(
+            spec is not None
+            and spec["format"] == "scaled_integer"
+            and int(spec["params"].get("width", 0)) == 8
+            for spec in inputs
+        )
+    )
 
 
 #: how many training batches calibrate the PT2E graph's static activation scales (as quant.calibration.batches)

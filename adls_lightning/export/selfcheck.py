@@ -18,8 +18,13 @@ size), an artifact that is not faster (speedup below :data:`FASTER_AT` at some b
 no runtime here (minifloat, block formats, log, binary: the folder holds the fake-quantized weights as float), each
 with the methods that would be faster (:data:`FASTER_METHODS`), less those the artifact already is.
 
-``artifact`` names the file that ran: the graph of an ONNX export, the weights file of a folder (``hf``,
-``mxint8``).
+``artifact`` names the file that ran, as the readers find it in the folder: the graph of an ONNX export, the
+weights file of a folder (``hf``, ``mxint8``). The check fails (:class:`ExportCheckError`, exit code 1) when that is
+not the file the export wrote (another graph in the folder would run instead), or when the export is exact up to a
+stated tolerance (``tolerance``: fp32 graphs and ``hf`` folders, the run's own int8 and int4 codes) and a logit read
+back misses the run's by more: ``export.json`` then says so under ``failed``, and the readers refuse the folder
+(:func:`adls_lightning.export.folder.refuse_failed_export`). Approximations of the run's float model (ONNX Runtime's
+dynamic int8, PT2E int8, MXINT8 packing) are reported, not held to a bound.
 
 ``check=full`` (the default) does both, ``check=agreement`` skips the timing, ``check=none`` writes no
 ``export.json`` (the export's own exactness checks still run).
@@ -39,11 +44,11 @@ import torch
 from torch import nn
 
 from adls_lightning.data.inputs import model_inputs
-from adls_lightning.export.settings import CHECK_MODES, OPTIONS, CheckSettings
+from adls_lightning.export.folder import EXPORT_JSON, FAILED_KEY
+from adls_lightning.export.settings import CHECK_MODES, OPTIONS, CheckSettings, ExportCheckError
 from adls_lightning.gemm import cpu_name
 from adls_lightning.search.cost import clock_for, time_calls, torch_threads
 
-EXPORT_JSON = "export.json"
 #: below this speedup at any batch size an artifact is named "not faster" (timing noise under load is ~5 %)
 FASTER_AT = 1.1
 #: weight formats with a runtime here, and the export that runs them
@@ -114,17 +119,31 @@ def held_batches(
 
 
 @torch.inference_mode()
-def agreement(artifact: nn.Module, reference: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> dict:
-    """Label agreement and the largest logit difference of ``artifact`` vs ``reference`` on ``batches``."""
+def agreement(
+    artifact: nn.Module,
+    reference: nn.Module,
+    batches: Sequence[dict[str, torch.Tensor]],
+    tolerance: tuple[float, float] | None = None,
+) -> dict:
+    """Label agreement and the largest logit difference of ``artifact`` vs ``reference`` on ``batches``; with a
+    ``tolerance`` ``(atol, rtol)``, ``within_tolerance``: every logit within ``atol + rtol·|reference logit|``."""
     same = total = 0
     largest = 0.0
+    within = True
     for batch in batches:
         expected = reference(**batch).logits.float()
         actual = artifact(**batch).logits.float()
         same += int((expected.argmax(-1) == actual.argmax(-1)).sum())
         total += len(expected)
-        largest = max(largest, float((expected - actual).abs().max()))
-    return {"agreement": same / total, "max_logit_diff": largest, "rows": total}
+        difference = (expected - actual).abs()
+        largest = max(largest, float(difference.max()))
+        if tolerance is not None:
+            atol, rtol = tolerance
+            within = within and bool((difference <= atol + rtol * expected.abs()).all())
+    result = {"agreement": same / total, "max_logit_diff": largest, "rows": total}
+    if tolerance is not None:
+        result["within_tolerance"] = within
+    return result
 
 
 @torch.inference_mode()
@@ -223,26 +242,53 @@ def self_check(
     structured: bool = False,
     runs_formats: bool = False,
     int8_scaled: bool = False,
+    tolerance: tuple[float, float] | None = None,
 ) -> dict | None:
     """Check the export in ``out`` (the artifact at ``artifact_path``: the folder, or its ``.onnx`` file) against
     ``reference`` (the run's model as it evaluated it), write :data:`EXPORT_JSON` and print the table; returns
-    what was written (None with ``check=none``). ``int8_scaled``: see :func:`verdict`."""
-    from adls_lightning.export.folder import WEIGHTS_FILE, load_folder
+    what was written (None with ``check=none``). ``int8_scaled``: see :func:`verdict`. ``tolerance``: ``(atol,
+    rtol)`` of an export that computes the run's logits up to float rounding (None: an approximation, reported).
+
+    Raises:
+        ExportCheckError: the readers would run another file than the artifact, or a logit misses the run's by
+            more than ``tolerance``; :data:`EXPORT_JSON` then marks the folder failed (:data:`FAILED_KEY`).
+    """
+    from adls_lightning.export.folder import WEIGHTS_FILE, check_folder, load_folder
     from adls_lightning.export.recipe import ExportRecipe
 
     if settings.mode == "none":
         return None
     recipe = ExportRecipe.read(out)
+    # the file adls-predict and adls-evaluate run when given this path: the one checked and named
+    found = check_folder(artifact_path)
+    ran = found.graph_file.name if found.graph_file is not None else WEIGHTS_FILE
+    written = WEIGHTS_FILE if artifact_path.is_dir() else artifact_path.name
+    if ran != written:
+        fail(
+            out,
+            {"artifact": ran},
+            f"the folder's readers run {ran}, not the {written} this export wrote; valid: a new out=, or move "
+            f"{ran} out of {out}",
+        )
 
     def load() -> nn.Module:
         return load_folder(artifact_path, recipe)
 
     vocab = int(reference.config.vocab_size)
     batches, held = held_batches(cfg, settings.rows, vocab, settings.tokens)
-    # a folder runs its weights file (with its config beside it): that file is what was checked
-    result: dict[str, Any] = {"artifact": WEIGHTS_FILE if artifact_path.is_dir() else artifact_path.name}
-    result.update(agreement(load(), reference.eval(), batches))
+    result: dict[str, Any] = {"artifact": ran}
+    result.update(agreement(load(), reference.eval(), batches, tolerance))
     result["held"] = held
+    if tolerance is not None:
+        result["tolerance"] = {"atol": tolerance[0], "rtol": tolerance[1]}
+        if not result["within_tolerance"]:
+            fail(
+                out,
+                result,
+                f"{ran} read back disagrees with the run's own model beyond the export's tolerance (max |Δlogit| "
+                f"{result['max_logit_diff']:.3g} > {tolerance[0]:g} + {tolerance[1]:g}·|logit|; agreement "
+                f"{result['agreement']:.4f} on {held})",
+            )
     if settings.mode == "full":
         baseline = uncompressed_model(cfg)
         speed = speedups(baseline, load, settings, vocab)
@@ -268,6 +314,16 @@ def self_check(
     (out / EXPORT_JSON).write_text(json.dumps(result, indent=1) + "\n")
     print(describe(result))
     return result
+
+
+def fail(out: Path, result: dict[str, Any], why: str) -> None:
+    """Mark the export in ``out`` failed (:data:`EXPORT_JSON` with ``why`` under :data:`FAILED_KEY`: its files stay
+    for inspection, its readers refuse it) and raise :class:`ExportCheckError` saying so."""
+    (out / EXPORT_JSON).write_text(json.dumps({**result, FAILED_KEY: why}, indent=1) + "\n")
+    raise ExportCheckError(
+        f"{out / EXPORT_JSON}: self-check failed: {why}; the folder is marked failed and adls-predict and "
+        "adls-evaluate refuse it"
+    )
 
 
 def describe(result: dict) -> str:
@@ -298,6 +354,7 @@ __all__ = [
     "CheckSettings",
     "agreement",
     "describe",
+    "fail",
     "faster_methods",
     "held_batches",
     "self_check",

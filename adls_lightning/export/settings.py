@@ -107,5 +107,8 @@ class ExportSettings:
     #: ``format=onnx``: True (GPTQ 4-bit codes as ``MatMulNBits``), ``"int8_inputs"`` (inputs quantized per block)
     int4: bool | str = False
     check: CheckSettings = field(default_factory=CheckSettings)
+    #: ``out`` may hold files: an earlier export's are replaced (:func:`~adls_lightning.export.from_checkpoint.
+    #: replace_earlier_export`), anything else stays
+    overwrite: bool = False
     #: the calling tool's own keys, named when an override sets a key the run's config lacks
     tool_keys: tuple[str, ...] = ()

@@ -15,7 +15,8 @@ ONNX Runtime's dynamic int8, or where ``torchao`` is installed PT2E int8 compile
 ``int4=false`` (``format=onnx`` only: ``true`` writes instead ``model_int4.onnx``, the 4-bit weights of a
 ``quant=w4_gptq`` run as ONNX Runtime's ``MatMulNBits`` with the run's own codes and group steps, float inputs;
 ``int8_inputs``: the same, the kernel quantizing each block of inputs to int8; :mod:`adls_lightning.export.int4`),
-``overwrite=false`` (allow a non-empty ``out``); ``--help``: this text.
+``overwrite=false`` (``true``: allow a non-empty ``out``, whose earlier export's files are removed before this one
+is written, other files left; refused when the export reads one of them); ``--help``: this text.
 
 Every export checks itself (:mod:`adls_lightning.export.selfcheck`): ``export.json`` in the folder and a short
 table give the artifact's label agreement with the run's own model on held rows, the largest logit difference,
@@ -29,10 +30,14 @@ Hydra override of ``conf/train.yaml`` on top of them (without a run record: on t
 ``train.py``), e.g. ``model=tiny_random``. LoRA adapters are merged before anything is written; what a
 compressed run computed is baked into the weights (pruning masks, weights and biases as quantized, QAT or PTQ)
 and what acts on activations is written beside them (``compression.json``, :mod:`adls_lightning.export.compressed`),
-which ``format=onnx`` and ``mxint8`` cannot carry and so refuse. Bad input (an ``out`` that cannot be written, an
+which ``format=onnx`` and ``mxint8`` cannot carry and so refuse (the ``l1_*`` and ``random_*`` prune presets prune
+activations: ``format=hf``; the weights-only ones, ``wanda``, ``sparsegpt``, ``l1_2of4``, ``movement``,
+``structured``, export to all three). Bad input (an ``out`` that cannot be written, an
 ``exclude`` pattern that matches no linear layer, ...): one line naming the key, exit code 2, nothing written,
 before the model is loaded where it can be. An ONNX file whose ONNX
-Runtime logits miss PyTorch's: one line, exit code 1 (the file is kept for inspection).
+Runtime logits miss PyTorch's: one line, exit code 1 (the file is kept for inspection); so is a self-check whose
+read-back runs another file than the one written, or misses the run's logits beyond the bound of an exact format
+(``hf``, the fp32 graph, ``int8=scaled``, ``int4``): ``export.json`` marks the folder failed and the readers refuse it.
 """
 
 from __future__ import annotations
@@ -147,6 +152,7 @@ def check_options(options: dict[str, str | None]) -> ExportSettings:
         int8_runtime=int8_runtime,
         int4=int4,
         check=CheckSettings.from_options(options),
+        overwrite=overwrite,
         tool_keys=tuple(OPTIONS),
     )
 
