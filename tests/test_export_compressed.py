@@ -255,6 +255,41 @@ def test_run_overrides_keep_what_the_model_is_not_where_it_started(tmp_path):
     assert run_overrides(tmp_path / "checkpoints" / "best.ckpt") == ["data.task=mrpc", "quant=int8"]
 
 
+def test_run_overrides_read_a_relative_data_folder_where_the_run_started(tmp_path, monkeypatch):
+    """A run trained with data.data_dir=data/imdb from /work/a: its export, and the folder's later adls-evaluate
+    from any folder, read /work/a/data/imdb (Hydra's record names where the run started)."""
+    started = tmp_path / "started"
+    (started / "data" / "imdb").mkdir(parents=True)
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("- data.data_dir=data/imdb\n- model=tiny_random\n")
+    (run / ".hydra" / "hydra.yaml").write_text(f"hydra:\n  runtime:\n    cwd: {started}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert run_overrides(run / "checkpoints" / "best.ckpt") == [
+        f"data.data_dir={started / 'data' / 'imdb'}",
+        "model=tiny_random",
+    ]
+    # a record without the start folder: the value stays as typed (not guessed against this folder)
+    (run / ".hydra" / "hydra.yaml").unlink()
+    assert run_overrides(run / "checkpoints" / "best.ckpt")[0] == "data.data_dir=data/imdb"
+
+
+def test_export_records_a_relative_data_folder_as_the_absolute_one_it_read(
+    tmp_path, monkeypatch, fine_tuned, tiny_imdb_dir
+):
+    """data.data_dir given relative on the export's command line: compression.json records the folder it named
+    there, so adls-evaluate of the export from another folder scores the same data."""
+    monkeypatch.chdir(tiny_imdb_dir.parent)
+    relative = f"data.data_dir={tiny_imdb_dir.name}"
+    out = tmp_path / "hf"
+    code, _, stderr = call(main, f"ckpt={fine_tuned}", f"out={out}", "format=hf", "check=none", relative)
+    assert code == 0, stderr[-3000:]
+    recorded = json.loads((out / RECIPE_FILE).read_text())["run_overrides"]
+    assert f"data.data_dir={tiny_imdb_dir}" in recorded and relative not in recorded
+
+
 def test_recipe_file_damaged_is_one_line(tmp_path):
     (tmp_path / RECIPE_FILE).write_text('{"run_overrides": [], "activation_quant": ')
     (tmp_path / WEIGHTS_FILE).write_bytes(b"")

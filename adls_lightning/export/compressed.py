@@ -35,7 +35,7 @@ from torch import nn
 
 from adls_lightning.compression_record import COMPRESSED_CHECKPOINT, CompressionRecord, QuantizationRecord
 from adls_lightning.errors import ConfigError
-from adls_lightning.export.recipe import ACTIVATION_STATE_FILE, RECIPE_FILE, ExportRecipe
+from adls_lightning.export.recipe import ACTIVATION_STATE_FILE, RECIPE_FILE, ExportRecipe, absolute_paths
 from adls_lightning.layers import swap_module
 from adls_lightning.prune import Pruner, lab_pruning_specs
 from adls_lightning.quant import QuantRecipe, quantize_model, to_recipe
@@ -65,7 +65,21 @@ def run_overrides(ckpt: Path) -> list[str]:
         raise ConfigError(f"{record}: unreadable run record ({str(error).splitlines()[0]})") from None
     if not isinstance(tokens, ListConfig):
         raise ConfigError(f"{record}: not a list of overrides (a Hydra run record)")
-    return [str(t) for t in tokens if not str(t).lstrip("+~").startswith(_RUN_ONLY_KEYS)]
+    kept = [str(t) for t in tokens if not str(t).lstrip("+~").startswith(_RUN_ONLY_KEYS)]
+    # a relative data folder was typed where the run started (Hydra's record says where): read from there, and
+    # recorded so by the export, whatever folder the export or a later adls-evaluate runs in
+    started = run_folder_cwd(record.parent)
+    return kept if started is None else absolute_paths(kept, started)
+
+
+def run_folder_cwd(record_dir: Path) -> Path | None:
+    """The folder a run was started in (Hydra's record, ``hydra.runtime.cwd`` of ``<run>/.hydra/hydra.yaml``), or
+    None when the record does not say."""
+    try:
+        cwd = OmegaConf.select(OmegaConf.load(record_dir / "hydra.yaml"), "hydra.runtime.cwd", default=None)
+    except Exception:  # noqa: BLE001 - no record, or a damaged one: the overrides stay as typed
+        return None
+    return Path(cwd) if isinstance(cwd, str) and cwd else None
 
 
 @dataclass

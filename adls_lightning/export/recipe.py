@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from adls_lightning.errors import ConfigError
+from adls_lightning.overrides import override_key
 
 if TYPE_CHECKING:
     import torch
@@ -24,6 +26,24 @@ if TYPE_CHECKING:
 RECIPE_FILE = "compression.json"
 ACTIVATION_STATE_FILE = "compression.safetensors"
 RECIPE_VERSION = 1
+#: override keys whose value is a path, read relative to the folder the process runs in
+PATH_KEYS = ("data.data_dir",)
+
+
+def absolute_paths(overrides: Sequence[str], base: Path) -> list[str]:
+    """``overrides`` with each relative path of :data:`PATH_KEYS` made absolute against ``base`` (the folder it was
+    given in) where it names something there; every other token as given. An export keeps the run's overrides,
+    which ``adls-evaluate`` composes again from whatever folder it runs in: a relative data folder would be another
+    one there, or none."""
+    found = []
+    for token in overrides:
+        key, sep, value = token.partition("=")
+        if sep and value and override_key(token) in PATH_KEYS and not Path(value).is_absolute():
+            path = base / value
+            if path.exists():
+                token = f"{key}={os.path.normpath(path.absolute())}"
+        found.append(token)
+    return found
 
 
 @dataclass
@@ -46,7 +66,11 @@ class ExportRecipe:
         return {"activation": spec, "include": pruner.include, "exclude": pruner.exclude, "seed": pruner.seed}
 
     def write(self, out: Path, state: Mapping[str, torch.Tensor]) -> None:
-        (out / RECIPE_FILE).write_text(json.dumps(dataclasses.asdict(self), indent=1) + "\n")
+        """:data:`RECIPE_FILE` (a relative data path as the export read it: from its working folder) and the
+        activation quantizers' ``state``."""
+        recipe = dataclasses.asdict(self)
+        recipe["run_overrides"] = absolute_paths(self.run_overrides, Path.cwd())
+        (out / RECIPE_FILE).write_text(json.dumps(recipe, indent=1) + "\n")
         if state:
             from safetensors.torch import save_file
 
