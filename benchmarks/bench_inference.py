@@ -27,10 +27,12 @@ Below the table: the int8 export against the fake-quantized model (accuracy diff
 
 Timing: random token ids, no padding, ``batch x tokens``; each variant warmed up, then ``--repeats`` rounds in
 which every variant runs once in turn (so load from other processes hits all alike); the median round is kept.
-Accuracy: the test split the run's data config gives (``evaluation_loader`` of ``adls_lightning.export.evaluate``:
-same files, tokenizer, ``max_length``, truncation side; the first ``--accuracy-rows`` of its seeded stratified
-subset, so 2,000 with ``experiment=cpu`` is exactly the run's test set), with ``agree`` = share of predictions equal
-to torch eager's. Before the table: the GEMM rate of aten and oneDNN on MiniLM's 384->1536 forward at the first
+Accuracy: the test split the run's data config gives (``evaluation_loader`` of ``adls_lightning.export.evaluate``
+on the run's record beside the checkpoint, ``<run>/.hydra/overrides.yaml``, with ``--overrides`` on top, as
+``adls-export`` and ``adls-evaluate`` read it: same files, tokenizer, ``max_length``, truncation side; the seeded
+stratified subset of ``--accuracy-rows`` rows, so the run's ``data.test_size`` is exactly the run's test set and the
+accuracy its ``test/acc``), with ``agree`` = share of predictions equal to torch eager's. A checkpoint outside a run
+folder has no record: ``--overrides`` default to ``experiment=cpu`` there. Before the table: the GEMM rate of aten and oneDNN on MiniLM's 384->1536 forward at the first
 batch's rows (``bench_gemm.methods``) and the machine's peak estimate (``bench_gemm.peak``).
 
     python benchmarks/bench_inference.py --ckpt outputs/cpu/runs/2026-11-25_18-44-40/checkpoints/best-epoch00-step125.ckpt \\
@@ -308,14 +310,33 @@ def time_shape(
     return {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
 
-def accuracy(variants: list[Variant], overrides: list[str], rows: int) -> int:
-    """Each variant's accuracy (and agreement with the baseline) on the first ``rows`` test reviews."""
+def run_settings(ckpt: Path | None, overrides: list[str] | None, tiny: bool) -> list[str]:
+    """The overrides the checkpoint is loaded and scored under, on top of its run's own record (which
+    ``load_checkpoint_model`` and :func:`accuracy` read beside a checkpoint in its run folder): ``--overrides`` as
+    given; else none for a checkpoint in a run folder (its model and data as the run recorded them, so the
+    accuracy is the run's and ``adls-evaluate``'s), :data:`DEFAULT_OVERRIDES` for one outside a run folder
+    (nothing recorded), :data:`TINY_OVERRIDES` for ``--tiny``."""
+    from adls_lightning.export.compressed import run_overrides
+
+    if overrides is not None:
+        return list(overrides)
+    if tiny:
+        return list(TINY_OVERRIDES)
+    return [] if ckpt is not None and run_overrides(ckpt) else list(DEFAULT_OVERRIDES)
+
+
+def accuracy(variants: list[Variant], overrides: list[str], rows: int, ckpt: Path | None = None) -> int:
+    """Each variant's accuracy (and agreement with the baseline) on the first ``rows`` test reviews of the data
+    the checkpoint's run recorded (``ckpt`` in its run folder), ``overrides`` on top."""
+    from adls_lightning.export.compressed import run_overrides
     from adls_lightning.export.evaluate import evaluation_loader
+    from adls_lightning.overrides import merge_overrides
 
     # train and val sizes 8: the data module tokenizes those splits too (carved from the train file, independent
     # of the test subset, which depends only on test_size and the seed); the benchmark reads the test split only
     sizes = [f"data.test_size={rows}", "data.train_size=8", "data.val_size=8"]
-    loader = evaluation_loader([*overrides, *sizes])
+    recorded = run_overrides(ckpt) if ckpt is not None else []
+    loader = evaluation_loader(merge_overrides(recorded, [*overrides, *sizes]))
     batches = list(loader)
     labels = torch.cat([b["labels"] for b in batches]).numpy()
     baseline = None
@@ -420,8 +441,9 @@ def main() -> None:
         "--overrides",
         nargs="*",
         default=None,
-        help=f"Hydra overrides the checkpoint was trained with (default {DEFAULT_OVERRIDES}; --tiny: "
-        f"{TINY_OVERRIDES})",
+        help="Hydra overrides on top of the run's record beside the checkpoint (<run>/.hydra/overrides.yaml: its "
+        f"model and data, as adls-export and adls-evaluate read it; default none; a checkpoint outside a run folder: "
+        f"{DEFAULT_OVERRIDES}; --tiny: {TINY_OVERRIDES})",
     )
     parser.add_argument(
         "--quant-overrides",
@@ -456,9 +478,7 @@ def main() -> None:
 
     from adls_lightning.runs.loading import load_checkpoint_model
 
-    overrides = list(
-        args.overrides if args.overrides is not None else TINY_OVERRIDES if args.tiny else DEFAULT_OVERRIDES
-    )
+    overrides = run_settings(args.ckpt, args.overrides, args.tiny)
     if args.data_dir:
         overrides.append(f"data.data_dir={args.data_dir}")
     if args.cache_dir:
@@ -508,7 +528,7 @@ def main() -> None:
         rows_used = 0
         if args.accuracy_rows:
             torch.set_num_threads(max(args.threads))
-            rows_used = accuracy(variants, overrides, args.accuracy_rows)
+            rows_used = accuracy(variants, overrides, args.accuracy_rows, args.ckpt)
     print(
         f"\nms per batch, median of {args.repeats} after warm-up (× = speed-up vs {BASELINE}); "
         f"accuracy on {rows_used} test reviews, agree = same prediction as {BASELINE}\n"
