@@ -226,7 +226,9 @@ def test_exported_folder_evaluates_in_bf16_where_the_run_would(fine_tuned, tmp_p
         assert line.startswith(
             "Inference: weights cast to bf16 once" if value == "auto" else "Inference: fp32"
         )
-        accuracies[value] = float(re.search(r"test accuracy ([0-9.]+) on (\d+) reviews", stdout).group(1))
+        accuracies[value] = float(
+            re.search(r"test/acc ([0-9.]+), test/f1 \S+ on (\d+) texts", stdout).group(1)
+        )
     assert accuracies["32-true"] >= 0.9
     assert abs(accuracies["auto"] - accuracies["32-true"]) <= 0.01
 

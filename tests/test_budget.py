@@ -211,7 +211,7 @@ def test_command_chooses_within_the_budget_and_writes_what_it_measured(float_ckp
 
     code, evaluated, stderr = call(evaluate_main, str(out))
     assert code == 0, stderr
-    assert f"test accuracy {result['test/acc']:.4f}" in evaluated, evaluated
+    assert f"test/acc {result['test/acc']:.4f}" in evaluated, evaluated
     # and the same assignment given back (assignment=budget.json) exports the same model
     again = tmp_path / "again"
     code, stdout, stderr = call(

@@ -129,7 +129,7 @@ def test_evaluate_prints_the_run_test_accuracy(exported):
     case, _, metrics, _, folder, _ = exported
     code, stdout, stderr = call(export_evaluate.main, str(folder))
     assert code == 0, stderr[-3000:]
-    accuracy = float(re.search(r"test accuracy ([0-9.]+) on 40 reviews", stdout).group(1))
+    accuracy = float(re.search(r"test/acc ([0-9.]+), test/f1 \S+ on 40 texts", stdout).group(1))
     assert accuracy == pytest.approx(metrics["test/acc"], abs=5e-5), (case, stdout, metrics)
 
 
@@ -186,7 +186,7 @@ def test_checkpoint_without_record_exports_through_the_run_config(legacy_run, tm
     assert "compression: 14 quantized and 13 pruned layers" in stdout, stdout
     code, stdout, stderr = call(export_evaluate.main, str(tmp_path / "hf"))
     assert code == 0, stderr[-3000:]
-    accuracy = float(re.search(r"test accuracy ([0-9.]+) on 40 reviews", stdout).group(1))
+    accuracy = float(re.search(r"test/acc ([0-9.]+), test/f1 \S+ on 40 texts", stdout).group(1))
     assert accuracy == pytest.approx(metrics["test/acc"], abs=5e-5)
     # the two readers (config, record) rebuild the same model from the same weights
     old = load_checkpoint_model(ckpt, [])

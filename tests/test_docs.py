@@ -430,7 +430,7 @@ def test_the_tutorial_runs_as_written_at_tiny_scale(tiny_imdb_dir, cache_dir, tm
     # the export: a deployable folder; predict prints one JSON line per text with one of its labels
     config = json.loads((study / "export" / "config.json").read_text())
     labels = set(config["id2label"].values())
-    assert "test accuracy" in proc.stdout
+    assert "test/acc " in proc.stdout
     predictions = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"label"')]
     assert len(predictions) == 2
     for prediction in predictions:

@@ -76,7 +76,7 @@ def test_evaluate_prints_the_run_test_accuracy(exported):
     case, metrics, _, folder = exported
     code, stdout, stderr = call(export_evaluate.main, str(folder))
     assert code == 0, stderr[-3000:]
-    accuracy = float(re.search(r"test accuracy ([0-9.]+) on 40 reviews", stdout).group(1))
+    accuracy = float(re.search(r"test/acc ([0-9.]+), test/f1 \S+ on 40 texts", stdout).group(1))
     assert accuracy == pytest.approx(metrics["test/acc"], abs=5e-5), (case, stdout, metrics)
 
 

@@ -250,7 +250,7 @@ def test_a_light_checkpoint_exports_and_evaluates_to_the_runs_test_metric(tmp_pa
     )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     trained = json.loads((light_run / "metrics.json").read_text())
-    printed = re.search(r"test accuracy ([0-9.]+)", evaluated.stdout)
+    printed = re.search(r"test/acc ([0-9.]+)", evaluated.stdout)
     assert printed is not None, evaluated.stdout[-2000:]
     assert float(printed.group(1)) == pytest.approx(trained["test/acc"], abs=5e-5)
 

@@ -284,8 +284,8 @@ def test_evaluate_scores_an_onnx_folder_and_refuses_a_cut_graph(exports, tmp_pat
 
     code, out, err = run_in_process(evaluate_main, str(exports["onnx"]), str(exports["onnx_int8"]))
     assert code == 0, err[-3000:]
-    assert f"{exports['onnx']}: test accuracy" in out and "on 200 reviews" in out
-    assert f"{exports['onnx_int8']}: test accuracy" in out and f"same label as {exports['onnx']}" in out
+    assert f"{exports['onnx']}: test/acc " in out and "on 200 texts" in out
+    assert f"{exports['onnx_int8']}: test/acc " in out and f"same label as {exports['onnx']}" in out
     graph = tmp_path / "onnx_cut"
     shutil.copytree(exports["onnx"], graph)
     (graph / "model.onnx").write_bytes(b"\x08\x07" + bytes(64))
