@@ -126,7 +126,7 @@ def test_evaluate_prints_the_run_test_accuracy(exported):
     case, _, metrics, folder, _ = exported
     code, stdout, stderr = call(export_evaluate.main, str(folder))
     assert code == 0, stderr[-3000:]
-    accuracy = float(re.search(r"test accuracy ([0-9.]+) on 40 reviews", stdout).group(1))
+    accuracy = float(re.search(r"test/acc ([0-9.]+), test/f1 \S+ on 40 texts", stdout).group(1))
     assert accuracy == pytest.approx(metrics["test/acc"], abs=5e-5), (case, stdout, metrics)
     if case in ("qat", "ptq", "pruned"):
         # compressed from the fine-tuned model: not a constant prediction (which scores exactly 0.5 on the balanced
@@ -145,7 +145,7 @@ def test_evaluate_runs_on_the_chosen_gemm_backend(exported, caplog):
     for backend in ("onednn", "aten"):
         code, stdout, stderr = call(export_evaluate.main, str(folder), f"runtime.gemm={backend}")
         assert code == 0, stderr[-3000:]
-        accuracy = float(re.search(r"test accuracy ([0-9.]+) on 40 reviews", stdout).group(1))
+        accuracy = float(re.search(r"test/acc ([0-9.]+), test/f1 \S+ on 40 texts", stdout).group(1))
         assert accuracy == pytest.approx(metrics["test/acc"], abs=5e-5), (backend, stdout, metrics)
     # without a value the folder computes on the backend its run resolved (recorded with the run's overrides)
     recorded = json.loads((folder / RECIPE_FILE).read_text())["run_overrides"]
