@@ -164,6 +164,32 @@ def test_prune_and_compress_pruning_together_is_refused(compose_cfg):
         run(compose_cfg([*SMALL, "compress=int8_l1_0.5", "prune=l1_0.5"]))
 
 
+@pytest.mark.parametrize("at", [1, 5])
+def test_prune_at_an_epoch_the_fit_never_starts_is_refused(compose_cfg, tmp_path, at):
+    """prune.at=N prunes at the start of epoch N: with max_epochs <= N the run ended dense, rc 0, sparsity 0."""
+    with pytest.raises(ConfigError) as err:
+        run(compose_cfg([*SMALL, "prune=l1_0.5", f"prune.at={at}", "trainer.max_epochs=1"]))
+    assert str(err.value).startswith(f"prune.at={at}: the fit has 1 epoch(s) (trainer.max_epochs=1)")
+    assert "valid: prune.at < trainer.max_epochs, or prune.at=fit_start" in str(err.value)
+    assert not list(tmp_path.rglob("*.ckpt"))  # refused before any training step
+
+
+def test_prune_at_an_epoch_in_an_evaluation_only_run_of_dense_weights_is_refused(compose_cfg):
+    with pytest.raises(ConfigError) as err:
+        run(compose_cfg([*SMALL, "prune=l1_0.5", "prune.at=1", "train=false"]))
+    assert str(err.value).startswith("prune.at=1: train=false trains no epoch")
+
+
+def test_quant_and_compress_quantization_together_is_refused(compose_cfg, tmp_path):
+    """quant=int4 would train an epoch and then be replaced by compress's int8 without a word: refused up front."""
+    with pytest.raises(ConfigError) as err:
+        run(compose_cfg([*SMALL, "compress=int8_l1_0.5", "quant=int4"]))
+    assert str(err.value) == (
+        "compress.quant and quant= are both set: quantize either from the start (quant=) or in compress"
+    )
+    assert not list(tmp_path.rglob("*.ckpt"))  # refused before any training step
+
+
 @pytest.mark.slow
 def test_fit_start_masks_come_from_the_init_ckpt_weights(compose_cfg, tmp_path):
     """init_ckpt loads after the callbacks' setup: fit_start pruning must rank the loaded weights, not the initial."""

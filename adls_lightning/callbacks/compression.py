@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
 from adls_lightning.callbacks.pruning import PruningCallback, log_sparsity
+from adls_lightning.callbacks.quantization import QuantizationCallback
 from adls_lightning.callbacks.trainer_control import forget_best_checkpoints, set_max_epochs, validate_mid_fit
 from adls_lightning.compression_record import merge_into, pruning_record, quantization_record
 from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
@@ -168,6 +169,11 @@ class CompressionCallback(L.Callback):
         if self.pruner is not None and any(isinstance(cb, PruningCallback) for cb in trainer.callbacks):
             raise ConfigError(
                 "compress.prune and prune= are both set: prune either before training or in compress"
+            )
+        if self.quant is not None and any(isinstance(cb, QuantizationCallback) for cb in trainer.callbacks):
+            # compress would quantize the layers quant= quantized (or will) again, with its own recipe
+            raise ConfigError(
+                "compress.quant and quant= are both set: quantize either from the start (quant=) or in compress"
             )
         self._module = pl_module
         merge_before_compression(pl_module)

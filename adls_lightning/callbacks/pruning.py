@@ -33,6 +33,7 @@ from adls_lightning.callbacks.calibration import (
     calibration_batches,
     model_forward,
 )
+from adls_lightning.callbacks.evaluated_model import save_evaluated_model
 from adls_lightning.callbacks.trainer_control import forget_best_checkpoints
 from adls_lightning.compression_record import merge_into, pruning_record, structured_sizes
 from adls_lightning.data.inputs import model_inputs
@@ -231,6 +232,8 @@ class PruningCallback(L.Callback):
                 f"{self.pruner.weight.method} prunes from calibration data; give N >= 1 training batches"
             )
         self.at = at
+        #: whether the run trains: an evaluation-only run's pruned model is saved after its test (compressed.ckpt)
+        self.train = bool(train)
         self.make_permanent = bool(make_permanent)
         self.applied = False
         self.act_sparsity: float | None = None
@@ -274,7 +277,21 @@ class PruningCallback(L.Callback):
     # module's init_ckpt load after setup, and the masks must come from the weights that are trained or scored.
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check_epochs(trainer)
         self._prune_at_start(trainer, pl_module)
+
+    def _check_epochs(self, trainer: L.Trainer) -> None:
+        """``at: N`` prunes at the start of epoch N: a fit of N epochs or fewer would end dense, reported as pruned
+        (weight sparsity 0). Checked at fit start, when ``trainer.max_epochs`` is final (``compress=`` sets it)."""
+        epochs = trainer.max_epochs
+        if self.at == "fit_start" or epochs is None or epochs < 0:  # -1: no epoch limit
+            return
+        if self.at >= epochs:
+            raise ConfigError(
+                f"prune.at={self.at}: the fit has {epochs} epoch(s) (trainer.max_epochs={epochs}), so epoch "
+                f"{self.at} never starts and nothing would be pruned; valid: prune.at < trainer.max_epochs, "
+                "or prune.at=fit_start"
+            )
 
     @override
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -328,6 +345,16 @@ class PruningCallback(L.Callback):
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.act_sparsity = self.pruner.stop_activation_count()
 
+    def compressed_at_evaluation(self, trainer: L.Trainer) -> str | None:
+        """An evaluation-only run (train=false) prunes the evaluated model at evaluation: no fit checkpoint holds its
+        masks (or SparseGPT's solved weights), so it is saved after the test
+        (:mod:`~adls_lightning.callbacks.evaluated_model`)."""
+        return "prune" if not self.train and self.applied else None
+
+    @override
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        save_evaluated_model(trainer, self)
+
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.make_permanent:
@@ -374,6 +401,14 @@ class OncePruning(PruningCallback):
     def _prune_at_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.at == "fit_start" and not self.applied:
             self._apply(trainer, pl_module)
+        elif not self.train and not self.applied:
+            # the loaded weights hold no masks (a checkpoint pruned at epoch N would have set applied), and an
+            # evaluation-only run has no epoch N: it would evaluate the dense model as the pruned one
+            raise ConfigError(
+                f"prune.at={self.at}: train=false trains no epoch, so nothing prunes after {self.at} epoch(s) and "
+                "the evaluated weights hold no masks; valid: prune.at=fit_start (prune the evaluated weights), or "
+                f"ckpt_path= a checkpoint pruned at epoch {self.at}"
+            )
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -14,9 +14,10 @@ from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
 from adls_lightning.callbacks.calibration import CalibrationSettings, model_forward
+from adls_lightning.callbacks.evaluated_model import save_evaluated_model
 from adls_lightning.callbacks.pruning import StructuredPruning
 from adls_lightning.callbacks.quant_methods import QuantMethod, choose_method, read_method_settings
-from adls_lightning.compression_record import COMPRESSED_CHECKPOINT, merge_into, quantization_record
+from adls_lightning.compression_record import merge_into, quantization_record
 from adls_lightning.data.tasks import DEFAULT_MAIN_METRIC
 from adls_lightning.errors import ConfigError
 from adls_lightning.lora import merge_before_compression
@@ -124,8 +125,6 @@ class QuantizationCallback(L.Callback):
         #: QAT after structured pruning: quantized at fit start, once the heads and neurons are gone
         self._after_structure: list[StructuredPruning] = []
         self._reload_refusal: Any = None
-        #: where the evaluated model of a PTQ run was saved (COMPRESSED_CHECKPOINT), once it was
-        self.compressed_checkpoint: Path | None = None
 
     # the method's settings, read by the sensitivity tool (adls_lightning.quant.sensitivity)
     @property
@@ -270,28 +269,15 @@ class QuantizationCallback(L.Callback):
         record = quantization_record(model, self.recipe, self.mode, **self.method.record())
         merge_into(checkpoint, quantization=record)
 
+    def compressed_at_evaluation(self, trainer: L.Trainer) -> str | None:
+        """PTQ: the evaluated model (quantized, calibrated, GPTQ's weights, SmoothQuant's factors: all made at
+        evaluation, after the fit's checkpoints) is made here (:mod:`~adls_lightning.callbacks.evaluated_model`)."""
+        return "PTQ" if self.mode == "ptq" and self.quantized else None
+
     @override
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """PTQ: the evaluated model (quantized, calibrated, GPTQ's weights, SmoothQuant's factors: all made at
-        evaluation, after the fit's checkpoints) saved with its record beside them, the checkpoint to export."""
-        if self.mode != "ptq" or not self.quantized:
-            return
-        folder = getattr(trainer.checkpoint_callback, "dirpath", None)
-        if not folder:
-            log.warning("PTQ: no checkpoint folder (no ModelCheckpoint); the evaluated model is not saved")
-            return
-        path = Path(folder) / COMPRESSED_CHECKPOINT
-        # not weights_only: Lightning calls the callbacks' on_save_checkpoint (the records) only for full
-        # checkpoints (after a test there is no optimizer state to add); written atomically by the run's writer
-        with torch.inference_mode(False):
-            trainer.save_checkpoint(path, weights_only=False)
-        self.compressed_checkpoint = path
-        log.info(
-            "PTQ: the evaluated model saved with its compression record to %s (python -m adls_lightning.export "
-            "ckpt=%s out=DIR format=hf)",
-            path,
-            path,
-        )
+        """PTQ: the evaluated model saved with its record beside the fit's checkpoints, the checkpoint to export."""
+        save_evaluated_model(trainer, self)
 
     def report(self) -> dict[str, float]:
         """Bit widths and storage of the quantized model, and for PTQ the accuracy before/after."""
