@@ -81,6 +81,65 @@ def average_state_dicts(
     return averaged
 
 
+# what a soup's checkpoints must share (the rest, such as the seed, learning rate, batch size or epochs, may differ):
+# the data they were fine-tuned on, from the checkpoint's datamodule hyper-parameters ...
+RECIPE_DATA_KEYS = ("data_dir", "labels", "label_names", "tokenizer")
+# ... and, from the run record beside a run's checkpoint, the model they started from
+RECORD = Path(".hydra") / "config.yaml"
+
+
+def recipe(checkpoint: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """What ``checkpoint`` (read from ``path``) must share with the other checkpoints of a soup: ``data.task`` (the
+    GLUE task or the hub dataset, as adls-table names a run's task), ``data.<key>`` of :data:`RECIPE_DATA_KEYS`, and
+    ``model.backbone.<key>`` from ``<run>/.hydra/config.yaml`` when the checkpoint sits in a run's ``checkpoints/``."""
+    import os
+
+    import yaml
+
+    data = checkpoint.get("datamodule_hyper_parameters") or {}
+    found: dict[str, Any] = {}
+    if data:
+        found["data.task"] = data.get("task") or data.get("hub_name")
+    for key in RECIPE_DATA_KEYS:
+        if key in data:
+            value = data[key]
+            found[f"data.{key}"] = (
+                os.path.normpath(value) if key == "data_dir" and isinstance(value, str) else value
+            )
+    record = path.parent.parent / RECORD
+    if path.parent.name == "checkpoints" and record.is_file():
+        try:
+            backbone = ((yaml.safe_load(record.read_text()) or {}).get("model") or {}).get("backbone") or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+            backbone = {}  # an unreadable record: the weights' shapes are still compared
+        if isinstance(backbone, dict):
+            found.update(
+                {f"model.backbone.{k}": v for k, v in backbone.items() if not isinstance(v, (dict, list))}
+            )
+    return found
+
+
+def check_one_recipe(
+    checkpoints: Sequence[Mapping[str, Any]], paths: Sequence[Path], key: str = "ckpts"
+) -> None:
+    """Refuse checkpoints whose :func:`recipe` differs (another task, data, labels, tokenizer or model): their mean
+    is no model of either. A key that only one of them records is not compared.
+
+    Raises:
+        ConfigError: ``KEY=PATH: <key> is A there and B in FIRST``.
+    """
+    first = recipe(checkpoints[0], paths[0])
+    for checkpoint, path in zip(checkpoints[1:], paths[1:]):
+        theirs = recipe(checkpoint, path)
+        for name in first:  # in recipe order: the task first
+            if name in theirs and theirs[name] != first[name]:
+                raise ConfigError(
+                    f"{key}={path}: {name} is {theirs[name]} there and {first[name]} in {paths[0]}; valid: "
+                    "checkpoints of one recipe (same task, data, labels, tokenizer and model) that differ in seed "
+                    "or training settings"
+                )
+
+
 def best_checkpoint(path: Path) -> Path:
     """``path`` itself, or for a run folder its one ``checkpoints/best*.ckpt``; raises ConfigError for none or several."""
     if not path.is_dir():
@@ -101,6 +160,7 @@ def make_soup(ckpts: Sequence[Path], out: Path) -> dict[str, Any]:
     checkpoints = [
         read_checkpoint(path, "ckpts", mmap=True) for path in ckpts
     ]  # the optimizer states stay unread
+    check_one_recipe(checkpoints, ckpts)
     state = average_state_dicts([c["state_dict"] for c in checkpoints], [str(p) for p in ckpts])
     soup = {k: checkpoints[0][k] for k in KEPT_KEYS if k in checkpoints[0]}
     soup["state_dict"] = state

@@ -11,12 +11,15 @@ start (and so to each other) that their mean is a good model, where the mean of 
 What is averaged: every floating-point tensor of the checkpoints' ``state_dict``. What must agree instead: every
 other tensor (integer buffers such as position ids) and pruning masks (``*.mask``: a mean of two different masks
 is no mask); LoRA checkpoints are refused, because the mean of the factors A and B is not the mean of the products
-B·A that the models add to their weights: soups are for full fine-tunes (``model/lora=none``).
+B·A that the models add to their weights: soups are for full fine-tunes (``model/lora=none``). The checkpoints'
+recipe must agree too (:func:`adls_lightning.soup.recipe`): the task, data folder, label set and tokenizer they
+record (the datamodule's hyper-parameters) and, for checkpoints in run folders, the model (``model.backbone`` of
+the run record); the seed and training settings (learning rate, batch size, epochs) may differ.
 
 The soup is a checkpoint with the first one's hyper-parameters and no optimizer or loop state: evaluate it with
 the runs' own command and ``train=false ckpt_path=FILE``, start a run from it with ``init_ckpt=FILE``, or export it.
-Bad input (an unknown option, a checkpoint that cannot be averaged, an ``out`` that cannot be written): one line
-naming the key and the file, exit code 2, nothing written. ``--help``: this text.
+Bad input (an unknown option, a checkpoint that cannot be averaged or of another recipe, an ``out`` that cannot be
+written): one line naming the key and the file (and the recipe's key that differs), exit code 2, nothing written. ``--help``: this text.
 """
 
 from __future__ import annotations
