@@ -31,9 +31,11 @@ from adls_lightning.checkpoints import (
     last_checkpoint,
     read_checkpoint,
 )
-from adls_lightning.data.datamodule import TextDataModule
-from adls_lightning.data.tasks import Task
+from adls_lightning.compression_record import CompressionRecord
+from adls_lightning.data.datamodule import FolderDataModule, GlueDataModule, TextDataModule
+from adls_lightning.data.tasks import Task, glue_task
 from adls_lightning.errors import ConfigError
+from adls_lightning.export.compressed import run_overrides
 from adls_lightning.files.atomic import atomic_write_json
 from adls_lightning.files.lightning_io import AtomicCheckpointIO
 from adls_lightning.gemm import batch_rows, gemm_backend, native_bfloat16
@@ -149,12 +151,16 @@ def _checked_objects(cfg: DictConfig, checked: bool = False) -> tuple:
     model = build(cfg.model, "model", _convert_="partial", **init, **task.model_overrides())
     check_max_length(model, cfg.data.get("max_length"))
     if init:
-        state = read_checkpoint(init["init_ckpt"], "init_ckpt", mmap=True)["state_dict"]
+        checkpoint = read_checkpoint(init["init_ckpt"], "init_ckpt", mmap=True)
+        check_compression(checkpoint, cfg.init_ckpt, "init_ckpt", cfg)
+        state = checkpoint["state_dict"]
         if init_head == "new":  # the head is not loaded: another task's checkpoint is a start for this one
             state = without_task_head(state)
         else:
             check_label_count(state, task, cfg.init_ckpt, "init_ckpt")
         check_shapes(state, model, cfg.init_ckpt, "init_ckpt", structured=_prunes_structurally(cfg))
+        # after the head size and shapes: a head of the same size trained for another task loads without error
+        check_task(checkpoint, task, cfg.init_ckpt, "init_ckpt", cfg)
     callbacks = instantiate_callbacks(cfg)
     loggers = instantiate_loggers(cfg)
     # Checkpoints are written beside their target and renamed (never moved in from $TMPDIR).
@@ -190,10 +196,12 @@ def _checked_objects(cfg: DictConfig, checked: bool = False) -> tuple:
                 f"ckpt_path={ckpt_path}: holds model weights only (save_weights_only), no training state to "
                 f"resume; start from its weights with init_ckpt={ckpt_path} instead"
             )
+        check_compression(checkpoint, ckpt_path, "ckpt_path", cfg)
         check_label_count(checkpoint["state_dict"], task, ckpt_path, "ckpt_path")
         check_shapes(
             checkpoint["state_dict"], model, ckpt_path, "ckpt_path", structured=_prunes_structurally(cfg)
         )
+        check_task(checkpoint, task, ckpt_path, "ckpt_path", cfg)
         # a light checkpoint (adapters and heads only) completes from this model's base: refused now if another
         complete_light_state(model, checkpoint, ckpt_path, "ckpt_path")
     # Last, the expensive part: tokenize the splits (cached), only as many rows as the trainer will use
@@ -284,6 +292,111 @@ def check_label_count(state: Mapping[str, torch.Tensor], task: Task, path: str, 
             f"{key}={path}: its classifier has {outputs} output(s), task {task.name} needs {wanted} "
             f"(a checkpoint of another task{hint})"
         )
+
+
+def checkpoint_task(checkpoint: Mapping[str, Any]) -> str | None:
+    """The task a ``train.py`` checkpoint was trained on, spelt as :attr:`Task.name` (``imdb``, ``glue/mrpc``), read
+    from the data module Lightning saved with it (its state under the class's name, its hyper-parameters): the same
+    whichever folder or hub copy it read. None when it records none (a checkpoint saved outside ``train.py``) or a
+    generic folder task (``folder``: any data set), which cannot be told apart by name."""
+    hparams = checkpoint.get("datamodule_hyper_parameters")
+    if not isinstance(hparams, Mapping):
+        return None
+    kinds = [TextDataModule]
+    while kinds:
+        kind = kinds.pop()
+        kinds.extend(kind.__subclasses__())
+        if kind.__qualname__ not in checkpoint:
+            continue
+        if issubclass(kind, GlueDataModule) and isinstance(hparams.get("task"), str):
+            try:
+                return glue_task(hparams["task"]).task(hparams["task"]).name
+            except ConfigError:  # a GLUE task this version does not know: not compared
+                return None
+        name = getattr(kind, "TASK_NAME", None)
+        return name if isinstance(name, str) and name != FolderDataModule.TASK_NAME else None
+    return None
+
+
+def check_task(checkpoint: Mapping[str, Any], task: Task, path: str, key: str, cfg: DictConfig) -> None:
+    """Refuse a checkpoint trained on another task where its classifier would be used for this one: ``ckpt_path=``,
+    an evaluation-only run (``train=false``), or ``init_ckpt=`` without ``init_head=new``. A checkpoint of the same
+    number of labels loads without error and scores like any other; only the recorded task tells."""
+    recorded = checkpoint_task(checkpoint)
+    if recorded is None or task.name == FolderDataModule.TASK_NAME or recorded == task.name:
+        return
+    where = f"{key}={path}: a {recorded} checkpoint, this run's task is {task.name}"
+    if not cfg.get("train", True):
+        raise ConfigError(
+            f"{where}, and train=false evaluates its classifier, trained for {recorded}, on {task.name}; valid: a "
+            f"checkpoint of {task.name} (or data= of {recorded} to evaluate it on its own task)"
+        )
+    if key == "ckpt_path":
+        raise ConfigError(
+            f"{where}; valid: a checkpoint of {task.name} to resume, or init_ckpt={path} init_head=new to start "
+            "from its encoder with a new head"
+        )
+    if cfg.get("init_head", "checkpoint") != "new":
+        raise ConfigError(
+            f"{where}: its classifier was trained for {recorded}; to start from its encoder with a new head, add "
+            "init_head=new"
+        )
+
+
+def check_compression(checkpoint: Mapping[str, Any], path: str, key: str, cfg: DictConfig) -> None:
+    """Refuse, naming the preset to add, a checkpoint whose layers a compression changed (masks of a pruned run,
+    quantized layers of a QAT or PTQ-evaluated one: its compression record says which) loaded into a run without
+    that compression, whose layers its state cannot load into."""
+    record = CompressionRecord.from_checkpoint(checkpoint, key)
+    if record is None:
+        return
+    state = checkpoint.get("state_dict") or {}
+    compress = cfg.get("compress") if isinstance(cfg.get("compress"), Mapping) else {}
+    needs = []
+    masked = any(".parametrizations.weight." in name for name in state)
+    if record.pruning is not None and masked and not (_has_target(cfg.get("prune")) or compress.get("prune")):
+        needs.append(("prune", "pruned", _preset_of(path, "prune", _pruning_preset(record.pruning.weight))))
+    quantization = record.quantization
+    applied = quantization is not None and quantization.applied and quantization.layers
+    if applied and not (_has_target(cfg.get("quant")) or compress.get("quant")):
+        needs.append(("quant", "quantized", _preset_of(path, "quant", None)))
+    if not needs:
+        return
+    what = " and ".join(kind for _, kind, _ in needs)
+    add = " ".join(preset or f"{group}=<its {group} preset>" for group, _, preset in needs)
+    raise ConfigError(
+        f"{key}={path}: a {what} checkpoint ({add}), and this run has no "
+        f"{' or '.join(group + '=' for group, _, _ in needs)} to load its layers into; valid: add {add} to this "
+        "run, or start from the checkpoint it was compressed from"
+    )
+
+
+def _has_target(node: Any) -> bool:
+    return isinstance(node, Mapping) and "_target_" in node
+
+
+def _pruning_preset(weight: Mapping[str, Any] | None) -> str | None:
+    """``prune=<method>_<sparsity>`` when such a preset exists (the record's weight spec), else None."""
+    if not weight or weight.get("pattern") or weight.get("sparsity") is None:
+        return None
+    name = f"{weight.get('method')}_{weight['sparsity']}"
+    return (
+        f"prune={name}" if (Path(__file__).parents[2] / "conf" / "prune" / f"{name}.yaml").is_file() else None
+    )
+
+
+def _preset_of(path: str, group: str, fallback: str | None) -> str | None:
+    """The ``group=`` override (with its ``group.*`` ones) of the run that wrote the checkpoint at ``path``, read
+    from its run record beside it; else ``fallback``."""
+    try:
+        overrides = run_overrides(Path(path))
+    except ConfigError:
+        overrides = []
+    chosen = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") == group]
+    if not chosen or chosen[-1].endswith("=none"):
+        return fallback
+    extra = [o for o in overrides if o.split("=", 1)[0].lstrip("+~").startswith(f"{group}.")]
+    return " ".join([chosen[-1], *extra])
 
 
 def check_max_length(model: torch.nn.Module, max_length: int | None) -> None:
