@@ -11,6 +11,7 @@ from hydra.utils import instantiate
 from adls_lightning.app.training import run
 from adls_lightning.errors import ConfigError
 from adls_lightning.prune import MaskSpec, compute_weight_masks
+from tests.helpers import assert_one_line_error, run_train
 
 # 64 training rows = 8 steps of 8 per epoch; short sequences keep every run to a few seconds of compute.
 SMALL = ["data.train_size=64", "data.val_size=32", "data.test_size=32", "data.max_length=32"]
@@ -172,6 +173,21 @@ def test_prune_at_an_epoch_the_fit_never_starts_is_refused(compose_cfg, tmp_path
     assert str(err.value).startswith(f"prune.at={at}: the fit has 1 epoch(s) (trainer.max_epochs=1)")
     assert "valid: prune.at < trainer.max_epochs, or prune.at=fit_start" in str(err.value)
     assert not list(tmp_path.rglob("*.ckpt"))  # refused before any training step
+
+
+def test_train_py_refuses_prune_at_the_last_epoch_in_one_line(tiny_imdb_dir, cache_dir, tmp_path):
+    """The user's command (pruning.md's prune.at=1 line without trainer.max_epochs=2): one line, exit 2, no run."""
+    proc = run_train(
+        tiny_imdb_dir,
+        cache_dir,
+        tmp_path / "run",
+        *SMALL,
+        "prune=l1_0.5",
+        "prune.at=1",
+        "trainer.max_epochs=1",
+    )
+    assert_one_line_error(proc, "error: prune.at=1: the fit has 1 epoch(s) (trainer.max_epochs=1)")
+    assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("metrics.json"))
 
 
 def test_prune_at_an_epoch_in_an_evaluation_only_run_of_dense_weights_is_refused(compose_cfg):
