@@ -20,7 +20,7 @@ from adls_lightning.checkpoints import (
     lora_mismatch,
     read_checkpoint,
 )
-from adls_lightning.data.tasks import REGRESSION_BIAS_INITS, build_metric
+from adls_lightning.data.tasks import REGRESSION_BIAS_INITS, build_metric, scored_predictions
 from adls_lightning.dropout import use_fast_dropout
 from adls_lightning.errors import ConfigError, require_choice
 from adls_lightning.lora import check_lora_targets
@@ -302,7 +302,7 @@ class SequenceClassifier(LightningModule):
 
     def predictions(self, logits: torch.Tensor) -> torch.Tensor:
         """What the metrics score: the regression output, or the predicted class id."""
-        return logits.squeeze(-1) if self.regression else logits.argmax(dim=-1)
+        return scored_predictions(logits, self.regression)
 
     def training_step(self, batch, batch_idx):
         out = self(**batch)

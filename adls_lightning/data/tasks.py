@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.registry import Registry
+
+if TYPE_CHECKING:  # torch only where a model runs: the pre-flight reads tasks before torch is imported
+    import torch
 
 # The monitored metric of a callback built without a config (configs pass ${main_metric}): IMDb's main metric.
 DEFAULT_MAIN_METRIC = "val/acc"
@@ -117,6 +120,12 @@ def build_metric(name: str, num_labels: int):
     if entry.classification and num_labels < 2:
         raise ConfigError(f"metric {name}: needs a classification task (this one is a regression)")
     return entry.build(num_labels)
+
+
+def scored_predictions(logits: torch.Tensor, regression: bool) -> torch.Tensor:
+    """What a task's metrics are updated with: a regression's one output, or the predicted class id (the run's
+    evaluation and an export's, so their numbers compare)."""
+    return logits.squeeze(-1) if regression else logits.argmax(dim=-1)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from adls_lightning.data.inputs import model_inputs
-from adls_lightning.data.tasks import Task, build_metric
+from adls_lightning.data.tasks import Task, build_metric, scored_predictions
 from adls_lightning.errors import ConfigError
 from adls_lightning.export.folder import INPUTS_KEY, task_inputs
 from adls_lightning.export.mixed import MIXED_CONFIG_FILE
@@ -46,8 +46,7 @@ def predictions(model, loader, regression: bool = False) -> tuple[torch.Tensor, 
     predicted, labels = [], []
     for batch in loader:
         logits = model(**model_inputs(batch)).logits.float()
-        # what the run's metrics are updated with (SequenceClassifier.predictions): one output, or the class id
-        predicted.append(logits.squeeze(-1) if regression else logits.argmax(-1))
+        predicted.append(scored_predictions(logits, regression))
         labels.append(batch["labels"])
     return torch.cat(predicted), torch.cat(labels)
 
