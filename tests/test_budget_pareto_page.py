@@ -66,9 +66,9 @@ def test_each_pareto_point_has_its_export_command_and_the_budgets_their_best(tmp
     assert f"ckpt={tmp_path / 'trial_3'}" not in text.split("Latency budget")[0]
     # best accuracy under each budget by hand: 0.5 x 300 = 150 ms -> trials 2 (0.80) and 4 (0.70): trial 2;
     # 0.7 -> 210 ms: trials 1, 2, 4: trial 1; 0.9 -> 270 ms: trials 1, 2, 3, 4: trial 1 (0.84)
-    assert "Latency budget 0.5 x fp32: best val/acc 0.8000 is trial 2" in text
-    assert "Latency budget 0.7 x fp32: best val/acc 0.8400 is trial 1" in text
-    assert "Latency budget 0.9 x fp32: best val/acc 0.8400 is trial 1" in text
+    assert "Latency budget 0.5 of fp32's latency: best val/acc 0.8000 is trial 2" in text
+    assert "Latency budget 0.7 of fp32's latency: best val/acc 0.8400 is trial 1" in text
+    assert "Latency budget 0.9 of fp32's latency: best val/acc 0.8400 is trial 1" in text
 
 
 def test_the_exports_measured_speed_appears_beside_the_prediction(tmp_path):

@@ -256,9 +256,9 @@ def cost_section(page: Page, study: optuna.Study, best: Sequence[FrozenTrial]) -
         accuracy,
         "test acc",
         cost,
-        "predicted x fp32",
+        "predicted x as fast as fp32",
         "measured ms (export)",
-        "measured x fp32",
+        "measured x as fast as fp32",
         "prediction error",
         "export test acc",
         "export command",
@@ -294,14 +294,16 @@ def cost_section(page: Page, study: optuna.Study, best: Sequence[FrozenTrial]) -
             t for t in complete if t.user_attrs.get("metrics", {}).get("cost/latency_x_fp32", 0) >= 1 / ratio
         ]
         if not within:
-            page.paragraph(f"Latency budget {ratio:g} x fp32: no trial's predicted latency meets it.")
+            page.paragraph(
+                f"Latency budget {ratio:g} of fp32's latency: no trial's predicted latency meets it."
+            )
             continue
         top = max(within, key=lambda t: (t.values[names.index(accuracy)], -t.values[names.index(cost)]))
         command = export_command(Path(top.user_attrs.get("output_dir", "")))
         page.paragraph(
-            f"Latency budget {ratio:g} x fp32: best {accuracy} {top.values[names.index(accuracy)]:.4f} is trial "
+            f"Latency budget {ratio:g} of fp32's latency: best {accuracy} {top.values[names.index(accuracy)]:.4f} is trial "
             f"{top.number} (predicted {top.values[names.index(cost)]:.1f} ms, "
-            f"{top.user_attrs['metrics']['cost/latency_x_fp32']:.2f}x fp32); export and measure it:"
+            f"{top.user_attrs['metrics']['cost/latency_x_fp32']:.2f}x as fast as fp32); export and measure it:"
         )
         page.code(command or "(no checkpoint in its folder)")
 
