@@ -6,9 +6,10 @@ Each compression callback (quantization, pruning, ``compress=``, MXINT8 packing)
 the model the run evaluated from the record and the state alone (:func:`rebuild_quantization`), without the run's
 config or the callbacks' classes.
 
-Post-training quantization (PTQ, GPTQ, SmoothQuant, calibration) happens at evaluation, after the fit's checkpoints
-were written: the quantization callback then saves the evaluated model with its record as
-:data:`COMPRESSED_CHECKPOINT` beside them, the checkpoint a PTQ run exports from.
+Post-training quantization (PTQ, GPTQ, SmoothQuant, calibration) and an evaluation-only (``train=false``) pruning
+run compress at evaluation, after any fit's checkpoints were written: the run then saves the evaluated model with its
+record as :data:`COMPRESSED_CHECKPOINT` beside them (once, whichever callbacks compressed it), the checkpoint such a
+run exports from.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from adls_lightning.errors import ConfigError
 #: the checkpoint key holding the record (a plain dict: :meth:`CompressionRecord.to_dict`)
 CHECKPOINT_KEY = "adls_compression"
 RECORD_VERSION = 1
-#: the evaluated model of a post-training-quantized run, saved after its test, beside the fit's checkpoints
+#: the evaluated model of a post-training-quantized or evaluation-only pruned run, saved after its test
 COMPRESSED_CHECKPOINT = "compressed.ckpt"
 OPERANDS = ("data_in", "weight", "bias", "data_out")
 
