@@ -36,6 +36,7 @@ import optuna
 import pandas as pd
 import pytest
 import torch
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -590,3 +591,59 @@ def on_cpu(monkeypatch, tmp_path, text: str, name: str) -> None:
     path = tmp_path / f"cpuinfo-{name}"
     path.write_text(text)
     monkeypatch.setattr(gemm, "CPUINFO", path)
+
+
+# adls-table's inputs and output: run folders as train.py leaves them, the table's rows
+#: a run record's data node: IMDb from the hub (the task adls-table compares)
+IMDB_RUN_DATA = {
+    "_target_": "adls_lightning.data.IMDbDataModule",
+    "hub_name": "stanfordnlp/imdb",
+    "main_metric": "acc",
+}
+
+
+def write_run(folder: Path, overrides: list[str], metrics: dict, data: dict | None = None) -> Path:
+    """A run folder as train.py leaves it: metrics.json and the .hydra record (config and overrides)."""
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"seed": 1, "data": data or IMDB_RUN_DATA}))
+    return folder
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """``{first cell: the other cells}`` of a markdown table's body."""
+    lines = [line for line in text.splitlines() if line.startswith("|")][2:]
+    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines}
+
+
+def table(*args: str) -> subprocess.CompletedProcess:
+    """``adls-table`` (its module) run with ``args`` from the checkout."""
+    return subprocess.run(
+        [sys.executable, "-m", "adls_lightning.reports.table", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def write_sweep(root: Path) -> tuple[Path, dict]:
+    """A multirun folder as train.py -m leaves it: 2 methods x 3 seeds, numbered job folders, random metrics; and
+    the metrics by method."""
+    rng = np.random.default_rng(0)
+    values = {}
+    for job, (method, seed) in enumerate((m, s) for m in ("l1_0.5", "wanda_0.5") for s in (1, 2, 3)):
+        metrics = {
+            "test/acc": float(rng.uniform(0.6, 0.9)),
+            "test/f1": float(rng.uniform(0.6, 0.9)),
+            "test/loss": 0.5,
+            "val/acc": float(rng.uniform(0.6, 0.9)),
+            "params/trainable": 1000,
+            "params/total": 5000,
+            "prune/weight_sparsity": 0.5,
+        }
+        values.setdefault(method, []).append(metrics)
+        write_run(root / str(job), ["model=tiny_random", f"prune={method}", f"seed={seed}"], metrics)
+    (root / "multirun.yaml").write_text("{}")
+    return root, values

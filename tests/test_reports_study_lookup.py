@@ -10,7 +10,7 @@ import adls_lightning.data.folder
 from adls_lightning.errors import ConfigError
 from adls_lightning.reports.study import load_study
 from adls_lightning.reports.table import results_table
-from tests.test_results_table import table_rows, write_run
+from tests.helpers import table_rows, write_run
 
 
 @pytest.fixture

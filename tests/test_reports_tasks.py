@@ -11,8 +11,7 @@ import pytest
 from adls_lightning.errors import ConfigError
 from adls_lightning.reports.sweep import read_jobs
 from adls_lightning.reports.table import results_table
-from tests.helpers import ROOT, assert_one_line_error
-from tests.test_results_table import write_run
+from tests.helpers import ROOT, assert_one_line_error, write_run
 
 MRPC = {
     "_target_": "adls_lightning.data.GLUEDataModule",

@@ -9,7 +9,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,59 +16,13 @@ import pytest
 import yaml
 
 from adls_lightning.tools.results_table import main
-from tests.helpers import ROOT, assert_one_line_error, train_cmd
-
-IMDB = {
-    "_target_": "adls_lightning.data.IMDbDataModule",
-    "hub_name": "stanfordnlp/imdb",
-    "main_metric": "acc",
-}
-
-
-def write_run(folder: Path, overrides: list[str], metrics: dict, data: dict | None = None) -> Path:
-    """A run folder as train.py leaves it: metrics.json and the .hydra record (config and overrides)."""
-    (folder / ".hydra").mkdir(parents=True)
-    (folder / "metrics.json").write_text(json.dumps(metrics))
-    (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"seed": 1, "data": data or IMDB}))
-    return folder
-
-
-def table_rows(text: str) -> dict[str, list[str]]:
-    """``{first cell: the other cells}`` of a markdown table's body."""
-    lines = [line for line in text.splitlines() if line.startswith("|")][2:]
-    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines}
-
-
-def table(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "adls_lightning.reports.table", *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+from tests.helpers import ROOT, assert_one_line_error, table, table_rows, train_cmd, write_run, write_sweep
 
 
 @pytest.fixture
 def sweep(tmp_path) -> tuple[Path, dict]:
-    """A multirun folder: 2 methods x 3 seeds, numbered job folders, random metrics; and the metrics by method."""
-    rng = np.random.default_rng(0)
-    root, values = tmp_path / "sweep", {}
-    for job, (method, seed) in enumerate((m, s) for m in ("l1_0.5", "wanda_0.5") for s in (1, 2, 3)):
-        metrics = {
-            "test/acc": float(rng.uniform(0.6, 0.9)),
-            "test/f1": float(rng.uniform(0.6, 0.9)),
-            "test/loss": 0.5,
-            "val/acc": float(rng.uniform(0.6, 0.9)),
-            "params/trainable": 1000,
-            "params/total": 5000,
-            "prune/weight_sparsity": 0.5,
-        }
-        values.setdefault(method, []).append(metrics)
-        write_run(root / str(job), ["model=tiny_random", f"prune={method}", f"seed={seed}"], metrics)
-    (root / "multirun.yaml").write_text("{}")
-    return root, values
+    """A multirun folder of 2 methods x 3 seeds (:func:`tests.helpers.write_sweep`) and the metrics by method."""
+    return write_sweep(tmp_path / "sweep")
 
 
 def test_seeds_group_into_one_row_with_mean_std_and_n(sweep, capsys):

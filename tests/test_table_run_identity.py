@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from adls_lightning.tools.results_table import main
-from tests.test_results_table import sweep, table, table_rows  # noqa: F401  (sweep: the fixture)
+from tests.helpers import table, table_rows, write_sweep
 
 
 def _cell(runs: list[dict], column: str) -> str:
@@ -18,7 +20,12 @@ def _cell(runs: list[dict], column: str) -> str:
     return f"{numbers.mean():.4f} ± {numbers.std(ddof=1):.4f}"
 
 
-def test_one_folder_named_twice_is_one_run(sweep, tmp_path, capsys):  # noqa: F811
+@pytest.fixture
+def sweep(tmp_path) -> tuple[Path, dict]:
+    return write_sweep(tmp_path / "sweep")
+
+
+def test_one_folder_named_twice_is_one_run(sweep, tmp_path, capsys):
     root, values = sweep
     link = tmp_path / "link"
     link.symlink_to(root)
@@ -28,7 +35,7 @@ def test_one_folder_named_twice_is_one_run(sweep, tmp_path, capsys):  # noqa: F8
     assert rows["l1_0.5"][:2] == ["3", _cell(values["l1_0.5"], "test/acc")]
 
 
-def test_runs_of_one_seed_are_named_in_a_footnote(sweep, tmp_path, capsys):  # noqa: F811
+def test_runs_of_one_seed_are_named_in_a_footnote(sweep, tmp_path, capsys):
     root, values = sweep
     copy = tmp_path / "copy" / "0"
     shutil.copytree(root / "0", copy)  # a copied run: the same seed as job 0
@@ -41,7 +48,7 @@ def test_runs_of_one_seed_are_named_in_a_footnote(sweep, tmp_path, capsys):  # n
     assert "not a spread over seeds" in text
 
 
-def test_a_job_without_metrics_is_named_and_the_row_marked_n_of_N(sweep):  # noqa: F811
+def test_a_job_without_metrics_is_named_and_the_row_marked_n_of_N(sweep):
     root, values = sweep
     (root / "1" / "metrics.json").unlink()  # job 1 (l1_0.5, seed 2) failed or is still running
     proc = table(root)  # the command as a user types it
@@ -54,7 +61,7 @@ def test_a_job_without_metrics_is_named_and_the_row_marked_n_of_N(sweep):  # noq
     assert "n as n/N: n of the row's N runs finished" in proc.stdout
 
 
-def test_a_configuration_whose_every_job_failed_keeps_its_row(sweep, capsys):  # noqa: F811
+def test_a_configuration_whose_every_job_failed_keeps_its_row(sweep, capsys):
     root, _ = sweep
     for job in (3, 4, 5):
         (root / str(job) / "metrics.json").unlink()
