@@ -45,6 +45,7 @@ from adls_lightning.models import head_outputs, without_task_head
 from adls_lightning.module import parameter_metrics
 from adls_lightning.precision import choose as choose_precision
 from adls_lightning.runs.folder import entries, remove_unused_run_folder, replace_earlier_run
+from adls_lightning.runs.loading import CONF_DIR
 from adls_lightning.runs.record import METRICS_FILE, write_run_record
 from adls_lightning.runtime import keep_freed_memory
 
@@ -380,9 +381,7 @@ def _pruning_preset(weight: Mapping[str, Any] | None) -> str | None:
     if not weight or weight.get("pattern") or weight.get("sparsity") is None:
         return None
     name = f"{weight.get('method')}_{weight['sparsity']}"
-    return (
-        f"prune={name}" if (Path(__file__).parents[2] / "conf" / "prune" / f"{name}.yaml").is_file() else None
-    )
+    return f"prune={name}" if (CONF_DIR / "prune" / f"{name}.yaml").is_file() else None
 
 
 def _preset_of(path: str, group: str, fallback: str | None) -> str | None:

@@ -221,30 +221,21 @@ def replace_earlier_export(settings: ExportSettings, cfg: Any) -> list[str]:
     """
     from omegaconf import OmegaConf
 
-    from adls_lightning.runs.folder import _config_strings
+    from adls_lightning.runs.folder import config_strings, path_named_among
 
     out = settings.out
     earlier = earlier_export_outputs(out) if settings.overwrite else []
     if earlier:
-        removed, target = {p.resolve() for p in earlier}, out.resolve()
         config = OmegaConf.to_container(cfg, resolve=False) if cfg is not None else {}
-        for key, value in [("ckpt", str(settings.ckpt)), *_config_strings(config)]:
-            try:  # only a path that exists is read (an interpolation, a name on the hub is none)
-                path = Path(value).expanduser()
-                if not path.exists():
-                    continue
-                path = path.resolve()
-            except (
-                OSError,
-                RuntimeError,
-                ValueError,
-            ):  # a string that is no path (too long, a loop of links)
-                continue
-            if path in removed or path == target:
-                raise ConfigError(
-                    f"overwrite=true: {key}={value} is read by this export from {out}, whose earlier export's files "
-                    "it would remove; valid: another out=, or copy it elsewhere first"
-                )
+        named = [("ckpt", str(settings.ckpt)), *config_strings(config)]
+        # a file it removes, or the folder itself (a model.name folder); not any path below it: out may be "."
+        read = path_named_among(named, [*earlier, out], files_only=False, inside=False)
+        if read is not None:
+            key, value = read
+            raise ConfigError(
+                f"overwrite=true: {key}={value} is read by this export from {out}, whose earlier export's files "
+                "it would remove; valid: another out=, or copy it elsewhere first"
+            )
         for path in earlier:
             path.unlink()
     out.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from adls_lightning.errors import ConfigError
@@ -92,29 +92,48 @@ def check_output_dir(
 
 def _check_inputs_outside(outputs: list[Path], cfg: Mapping, key: str, output_dir: Path) -> None:
     """Refuse ``overwrite=true`` when a path the config names lies among the earlier run's outputs it removes."""
-    removed = [p.resolve() for p in outputs]
-    if not removed:
-        return
-    for name, value in _config_strings(cfg):
-        try:  # only an input file the run reads (an output location, like a checkpoint folder, is not one)
+    # only an input file the run reads (an output location, like a checkpoint folder, is not one)
+    named = path_named_among(config_strings(cfg), outputs, files_only=True, inside=True)
+    if named is not None:
+        name, value = named
+        raise ConfigError(
+            f"overwrite=true: {name}={value} is in the earlier run's outputs it would remove from {output_dir}; "
+            f"copy it elsewhere first, or choose another {key}"
+        )
+
+
+def path_named_among(
+    named: Iterable[tuple[str, str]], paths: Iterable[Path], files_only: bool, inside: bool
+) -> tuple[str, str] | None:
+    """The first ``(key, value)`` of ``named`` whose value is an existing path (a file only, with ``files_only``)
+    that is one of ``paths`` (or lies inside one, with ``inside``): what ``overwrite=true`` would remove from under a
+    run or an export that reads it. A string that names nothing (an interpolation, a hub name) is no such path."""
+    targets = [p.resolve() for p in paths]
+    if not targets:
+        return None
+    for key, value in named:
+        try:
             path = Path(value).expanduser()
-            if not path.is_file():
+            if not (path.is_file() if files_only else path.exists()):
                 continue
             path = path.resolve()
-        except (OSError, RuntimeError):  # a string that is no path (too long, a loop of links)
+        except (
+            OSError,
+            RuntimeError,
+            ValueError,
+        ):  # a string that is no path (too long, a loop of links, a NUL)
             continue
-        if any(path == r or r in path.parents for r in removed):
-            raise ConfigError(
-                f"overwrite=true: {name}={value} is in the earlier run's outputs it would remove from {output_dir}; "
-                f"copy it elsewhere first, or choose another {key}"
-            )
+        if any(path == t or (inside and t in path.parents) for t in targets):
+            return key, value
+    return None
 
 
-def _config_strings(node: object, key: str = "") -> list[tuple[str, str]]:
+def config_strings(node: object, key: str = "") -> list[tuple[str, str]]:
+    """Every string leaf of a config as ``(dotted key, value)``."""
     if isinstance(node, Mapping):
-        return [item for k, v in node.items() for item in _config_strings(v, f"{key}.{k}" if key else str(k))]
+        return [item for k, v in node.items() for item in config_strings(v, f"{key}.{k}" if key else str(k))]
     if isinstance(node, Sequence) and not isinstance(node, str):
-        return [item for i, v in enumerate(node) for item in _config_strings(v, f"{key}[{i}]")]
+        return [item for i, v in enumerate(node) for item in config_strings(v, f"{key}[{i}]")]
     return [(key, node)] if isinstance(node, str) else []
 
 
