@@ -173,7 +173,9 @@ def test_every_format_has_a_preset_that_quantizes_every_linear_layer_with_it(com
         (["quant=int8", "quant.config.default.weight.params.frac_width=65"],
          "quant.config.default.weight: frac_width=65: must be an integer in [0, 8]"),
         (["quant=int8", "quant.config.default.weight.format=int8"],
-         "quant.config.default.weight: name='int8': unknown quantization format"),
+         "quant.config.default.weight: format='int8': unknown quantization format"),
+        (["quant=int8", "quant.config.default.weight.format=integr"],
+         "quant.config.default.weight: format='integr': unknown quantization format (valid: "),
         (["quant=int8", "quant.mode=qta"], "quant.mode='qta': must be one of qat, ptq"),
         (["quant=int8", "+quant.config.layers.bert.encoder.layer.9.output.dense={weight: {format: log, params: {width: 4}}}"],
          "quant.config.bert.encoder.layer.9.output.dense: matches no linear layer"),
@@ -220,3 +222,16 @@ def test_quantize_method_and_state_dict_round_trip():
     assert isinstance(module[0], QuantLinear) and callback.quantized
     with pytest.raises(ConfigError, match="quant.train_base=true: only applies to quant.mode=qat"):
         QuantizationCallback({}, mode="ptq", train_base=True)
+
+
+def test_a_misspelt_format_is_named_by_its_key_with_the_closest_formats():
+    from adls_lightning.errors import ConfigError
+    from adls_lightning.quant.quantizers import QUANTIZERS
+    from adls_lightning.quant.recipe import OperandRecipe
+
+    with pytest.raises(ConfigError) as info:
+        OperandRecipe(format="integr")
+    assert str(info.value) == (
+        f"format='integr': unknown quantization format (valid: {', '.join(QUANTIZERS)}) "
+        "(did you mean integer or scaled_integer?)"
+    )

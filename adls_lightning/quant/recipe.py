@@ -23,6 +23,7 @@ place that vocabulary is read.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,9 +31,9 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from adls_lightning.errors import ConfigError
+from adls_lightning.errors import ConfigError, did_you_mean
 from adls_lightning.quant.linear import SLOTS
-from adls_lightning.quant.quantizers import QUANTIZERS, Quantizer, make_quantizer
+from adls_lightning.quant.quantizers import QUANTIZERS, Quantizer, QuantizerParamError, make_quantizer
 
 #: Operands a layer recipe may quantize: the stored operands plus the output.
 OPERANDS = (*SLOTS, "data_out")
@@ -67,6 +68,14 @@ class OperandRecipe:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", dict(_plain(self.params) or {}))
+        if (
+            self.format not in QUANTIZERS
+        ):  # named by the recipe's key, format (make_quantizer's argument is name)
+            close = did_you_mean(difflib.get_close_matches(str(self.format), list(QUANTIZERS)))
+            raise QuantizerParamError(
+                "format",
+                f"={self.format!r}: unknown quantization format (valid: {', '.join(QUANTIZERS)}){close}",
+            )
         self._checked.append(make_quantizer(self.format, **self.params))
 
     @classmethod
