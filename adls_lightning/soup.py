@@ -84,8 +84,7 @@ def average_state_dicts(
 # what a soup's checkpoints must share (the rest, such as the seed, learning rate, batch size or epochs, may differ):
 # the data they were fine-tuned on, from the checkpoint's datamodule hyper-parameters ...
 RECIPE_DATA_KEYS = ("data_dir", "labels", "label_names", "tokenizer")
-# ... and, from the run record beside a run's checkpoint, the model they started from
-RECORD = Path(".hydra") / "config.yaml"
+# ... and, from the run record beside a run's checkpoint (runs.record.read_run_config), the model they started from
 
 
 def recipe(checkpoint: Mapping[str, Any], path: Path) -> dict[str, Any]:
@@ -94,7 +93,7 @@ def recipe(checkpoint: Mapping[str, Any], path: Path) -> dict[str, Any]:
     ``model.backbone.<key>`` from ``<run>/.hydra/config.yaml`` when the checkpoint sits in a run's ``checkpoints/``."""
     import os
 
-    import yaml
+    from adls_lightning.runs.record import read_run_config
 
     data = checkpoint.get("datamodule_hyper_parameters") or {}
     found: dict[str, Any] = {}
@@ -106,11 +105,10 @@ def recipe(checkpoint: Mapping[str, Any], path: Path) -> dict[str, Any]:
             found[f"data.{key}"] = (
                 os.path.normpath(value) if key == "data_dir" and isinstance(value, str) else value
             )
-    record = path.parent.parent / RECORD
-    if path.parent.name == "checkpoints" and record.is_file():
+    if path.parent.name == "checkpoints":
         try:
-            backbone = ((yaml.safe_load(record.read_text()) or {}).get("model") or {}).get("backbone") or {}
-        except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+            backbone = (read_run_config(path.parent.parent).get("model") or {}).get("backbone") or {}
+        except (ValueError, AttributeError):
             backbone = {}  # an unreadable record: the weights' shapes are still compared
         if isinstance(backbone, dict):
             found.update(

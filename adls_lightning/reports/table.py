@@ -22,7 +22,7 @@ import yaml
 from adls_lightning.errors import ConfigError
 from adls_lightning.reports.output import check_report_folder
 from adls_lightning.runs.folder import check_writable
-from adls_lightning.runs.record import METRICS_FILE, RUN_RECORD_DIR, _read_mapping, read_run_record
+from adls_lightning.runs.record import METRICS_FILE, read_run_config, read_run_record
 
 USAGE = "adls-table RUN_OR_GLOB... [out=DIR]  (or python -m adls_lightning.reports.table RUN_OR_GLOB... [out=DIR])"
 OUTPUTS = ("table.md", "table.csv", "table.png")
@@ -182,14 +182,7 @@ def read_run(folder: Path) -> Run:
     """
     finished = (folder / METRICS_FILE).is_file()
     try:
-        if finished:
-            metrics, config = read_run_record(folder)
-        else:
-            config_file = folder / RUN_RECORD_DIR / "config.yaml"
-            metrics, config = (
-                {},
-                _read_mapping(config_file, yaml.safe_load, "YAML") if config_file.is_file() else {},
-            )
+        metrics, config = read_run_record(folder) if finished else ({}, read_run_config(folder))
     except ValueError as error:
         raise ConfigError(str(error)) from None
     record = folder / OVERRIDES_FILE

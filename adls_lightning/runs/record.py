@@ -70,10 +70,18 @@ def read_run_record(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     Raises:
         ValueError: as :func:`iter_run_records`, naming the file.
     """
-    metrics = _read_mapping(run_dir / METRICS_FILE, json.loads, "JSON")
+    return _read_mapping(run_dir / METRICS_FILE, json.loads, "JSON"), read_run_config(run_dir)
+
+
+def read_run_config(run_dir: Path) -> dict[str, Any]:
+    """A run folder's saved ``.hydra/config.yaml`` (``{}`` when it saved none): also readable for a run that
+    failed or has not finished, which has no ``metrics.json``.
+
+    Raises:
+        ValueError: naming the file, when it is not a YAML mapping.
+    """
     config_file = run_dir / RUN_RECORD_DIR / "config.yaml"
-    config = _read_mapping(config_file, yaml.safe_load, "YAML") if config_file.is_file() else {}
-    return metrics, config
+    return _read_mapping(config_file, yaml.safe_load, "YAML") if config_file.is_file() else {}
 
 
 def _read_mapping(path: Path, parse: Callable[[str], Any], kind: str) -> dict[str, Any]:
