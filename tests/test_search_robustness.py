@@ -126,6 +126,38 @@ def test_ctrl_c_in_a_trial_ends_in_one_line_exit_130_and_the_same_command_resume
     assert len([t for t in trials if t.state != TrialState.FAIL]) == 3
 
 
+@pytest.mark.parametrize("script", ["search.py", "train.py"])
+def test_ctrl_c_while_the_command_starts_is_one_line_exit_130(script, tiny_imdb_dir, cache_dir, tmp_path):
+    """Ctrl-C in the seconds before a run (or the study) begins, as the pre-flight check composes and checks the
+    config: one line, exit 130, and, where the line says nothing was written, no folder was."""
+    sweep, run = tmp_path / "sweep", tmp_path / "run"
+    command = [
+        sys.executable, str(ROOT / script), f"hydra.sweep.dir={sweep}", f"hydra.run.dir={run}",
+        f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}", "trainer=cpu", "model=tiny_random",
+        "trainer.max_epochs=1", "callbacks.rich_progress_bar=null", "data.max_length=16", "data.train_size=32",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, "PROJECT_ROOT": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a terminal
+    )
+    time.sleep(3)  # past Python loading the command (under a second), inside the pre-flight check (seconds)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("interrupted: "), stderr
+    if "nothing was written" in last:
+        what = "the search opened its study" if script == "search.py" else "the run began"
+        assert last == f"interrupted: stopped before {what}; nothing was written, run the command again"
+        assert not sweep.exists() and not run.exists()
+
+
 # -- a misspelt key in a sweep override -----------------------------------------------------------------------------
 
 

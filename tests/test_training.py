@@ -129,6 +129,10 @@ def test_init_ckpt_starts_from_the_checkpoint_weights_also_when_quantized(compos
     best = next((tmp_path / "run" / "checkpoints").glob("best-*.ckpt"))
     plain = run(compose_cfg(["model/lora=none", "train=false"], output_dir=tmp_path / "random"))
     assert plain["test/acc"] < 0.8  # the untrained initial weights
+    # every run records its storage, so adls-table prices an uncompressed row beside its compressed ones:
+    # float32 throughout, 4 bytes per parameter (no LoRA adapters here)
+    assert plain["quant/avg_weight_bits"] == 32.0
+    assert plain["quant/weight_bytes"] == 4 * plain["params/total"]
     started = run(
         compose_cfg(["model/lora=none", "train=false", f"init_ckpt={best}"], output_dir=tmp_path / "init")
     )

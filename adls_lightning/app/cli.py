@@ -10,6 +10,7 @@ write outputs under the folder they run in (``$PROJECT_ROOT`` defaults to it).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shlex
 import signal
@@ -34,13 +35,16 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 def run_training(cfg: DictConfig) -> float | None:
     """Hydra task of ``train``: fit, validate and test one configuration; returns ``optimized_metric``."""
     from adls_lightning.app.preflight import composition_checked
-    from adls_lightning.app.training import one_line_errors, run  # imported late: `--help` stays fast
 
     _configure_logs()
-    with resume_hint_on_interrupt(cfg), one_line_errors():
-        if cfg.get("init_from_study") is not None:
-            check_from_command_line(cfg)
-        metrics = run(cfg, checked=composition_checked())
+    with resume_hint_on_interrupt(cfg):
+        # imported late (`--help` stays fast), and inside the block: a Ctrl-C in its seconds is a run's interrupt
+        from adls_lightning.app.training import one_line_errors, run
+
+        with one_line_errors():
+            if cfg.get("init_from_study") is not None:
+                check_from_command_line(cfg)
+            metrics = run(cfg, checked=composition_checked())
     return metrics.get(cfg.get("optimized_metric"))
 
 
@@ -169,14 +173,30 @@ def _configure_logs() -> None:
 def entry_point(task: Callable[[DictConfig], Any], config_dir: Path, config_name: str) -> Callable[[], Any]:
     """``@hydra.main`` over ``task`` with the project's whitelist, wrapped in the up-front config check."""
     # No version_base: Hydra 1.4 deprecates the parameter (a warning on every run) and has no behaviour behind it.
+    started = threading.Event()  # set once Hydra calls the task: a run (or a trial) has begun
+
+    @functools.wraps(task)
+    def task_noting_start(cfg: DictConfig) -> Any:
+        started.set()
+        return task(cfg)
+
     hydra_main = hydra.main(
         config_path=str(config_dir),
         config_name=config_name,
         execution_whitelist=hydra_execution_whitelist(),
-    )(task)
+    )(task_noting_start)
     checked_main = preflight(hydra_main)
 
     def main() -> Any:
+        try:
+            return checked_and_run()
+        except KeyboardInterrupt:
+            # Ctrl-C outside the blocks that say how to resume (a single run's, the sweeper's): while the command
+            # starts (the pre-flight check, composing the config) or in a job of a train.py multirun
+            print(interrupted_outside_line(config_name, started.is_set()), file=sys.stderr)
+            sys.exit(INTERRUPTED_EXIT)
+
+    def checked_and_run() -> Any:
         from adls_lightning.search.storage import mask_command_line
 
         sys.argv[1:] = overrides_last(sys.argv[1:])
@@ -199,6 +219,15 @@ def entry_point(task: Callable[[DictConfig], Any], config_dir: Path, config_name
             return checked_main()
 
     return main
+
+
+def interrupted_outside_line(config_name: str, started: bool) -> str:
+    """The last line of a Ctrl-C that no run or sweeper handled: before anything began (nothing written, nothing to
+    resume), or in a job of a ``train.py -m`` multirun (the jobs that finished keep their folders)."""
+    if not started:
+        what = "the search opened its study" if config_name == "search" else "the run began"
+        return f"interrupted: stopped before {what}; nothing was written, run the command again"
+    return "interrupted: stopped in a job; the jobs that finished have their metrics.json in their folders"
 
 
 def overrides_last(argv: list[str]) -> list[str]:

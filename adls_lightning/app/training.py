@@ -44,6 +44,7 @@ from adls_lightning.logs import drop_unset_wandb_settings, wandb_location
 from adls_lightning.models import head_outputs, without_task_head
 from adls_lightning.module import parameter_metrics
 from adls_lightning.precision import choose as choose_precision
+from adls_lightning.quant import quantization_report
 from adls_lightning.runs.folder import entries, remove_unused_run_folder, replace_earlier_run
 from adls_lightning.runs.loading import CONF_DIR
 from adls_lightning.runs.record import METRICS_FILE, write_run_record
@@ -239,6 +240,18 @@ def check_monitored_metrics(cfg: DictConfig, task: Task) -> None:
             f"optimized_metric={optimized}: not a metric this run records; give one of {', '.join(recorded)}, "
             "or a callback's report (e.g. quant/avg_weight_bits)"
         )
+
+
+#: What every run records of its model's storage, from :func:`quantization_report` (a quantization callback's report
+#: of the same keys comes later and is the same measure): an uncompressed run has its 32 bits and fp32 size too, so
+#: ``adls-table`` compares a compressed row with its base in those columns.
+STORAGE_KEYS = ("quant/avg_weight_bits", "quant/weight_bytes")
+
+
+def storage_metrics(model: torch.nn.Module) -> dict[str, float]:
+    """The model's :data:`STORAGE_KEYS` as it is evaluated: bits per linear-layer weight and bytes to store."""
+    report = quantization_report(model)
+    return {key: report[key] for key in STORAGE_KEYS}
 
 
 def rows_used(trainer: L.Trainer, batch_size: int | None) -> dict[str, int]:
@@ -466,6 +479,7 @@ def _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_pa
         metrics.update(_float_metrics(trainer.callback_metrics))
         # Counted now, after the callbacks' setup (quantization, LoRA merge, train_base) shaped the model.
         metrics.update(parameter_metrics(model))
+        metrics.update(storage_metrics(model))
         if cfg.get("test", True):
             trainer.test(model, datamodule=datamodule, ckpt_path=ckpt, verbose=False)
             metrics.update(_float_metrics(trainer.callback_metrics))
