@@ -145,3 +145,33 @@ def test_search_on_other_data_is_refused_and_moved_data_and_cache_resume(tmp_pat
     resumed = search(moved, tmp_path / "new_cache", 2)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert _study_trials(tmp_path / "sweep") == [0, 1]
+
+
+def test_a_study_recorded_before_is_told_once_and_then_keeps_to_its_data(toy, tmp_path, tiny_imdb_dir):
+    """A study whose record names its data folder as configured (made before the data read was recorded) resumes
+    as reading what that folder holds now, says so once, and records it: new files in the folder are then refused."""
+    folder = shutil.copytree(tiny_imdb_dir, tmp_path / "imdb")
+    data = ["+data._target_=adls_lightning.data.datamodule.IMDbDataModule", f"+data.data_dir={folder}"]
+    command = ["hydra/sweeper/sampler=random", "hydra.sweeper.n_trials=1", *data]
+    first = toy(*command)
+    assert first.returncode == 0, first.stderr[-3000:]
+    storage = f"sqlite:///{tmp_path / 'sweep' / 'toy-random.db'}"
+    study = optuna.load_study(study_name="toy-random", storage=storage)
+    settings = study.user_attrs[SETTINGS_ATTR]
+    assert json.loads(settings["data.data_dir"]).startswith("sha256:")
+    # as a study of before 2026-11-30 recorded it: the folder as configured
+    study.set_user_attr(SETTINGS_ATTR, {**settings, "data.data_dir": json.dumps(str(folder))})
+
+    resumed = toy(*command[:1], "hydra.sweeper.n_trials=2", *command[2:])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    output = resumed.stdout + resumed.stderr
+    told = [line for line in output.splitlines() if "as configured, not the data its trials read" in line]
+    assert len(told) == 1 and f"data.data_dir={folder}" in told[0], output[-3000:]
+    recorded = optuna.load_study(study_name="toy-random", storage=storage).user_attrs[SETTINGS_ATTR]
+    assert recorded == settings  # the data read, recorded in its place
+
+    make_reviews(400, seed=9).to_parquet(folder / "train.parquet")  # other files in the same folder
+    other = toy(*command[:1], "hydra.sweeper.n_trials=3", *command[2:])
+    assert other.returncode == 2, other.stderr[-3000:]
+    assert_one_line_error(other, "error: hydra.sweeper.study_name=toy-random: ", "data.data_dir: ")
+    assert len(optuna.load_study(study_name="toy-random", storage=storage).trials) == 2

@@ -210,6 +210,19 @@ def _read_recorded_data(recorded: dict[str, str]) -> None:
         recorded[DATA_SOURCE_KEY] = _plain(read)
 
 
+def data_recorded_as_configured(stored: Mapping[str, Any]) -> str | None:
+    """The ``data.data_dir`` a study recorded as configured (``auto``, a folder, null), made before the data its
+    trials read was recorded; None when it records that data (or no settings). Such a study is resumed as reading
+    what that value reads now (:func:`_read_recorded_data`), which the sweeper says once and records in its place."""
+    from adls_lightning.data.sources import is_data_identity
+
+    value = (stored.get(SETTINGS_ATTR) or {}).get(DATA_SOURCE_KEY)
+    if value is None or is_data_identity(json.loads(value)):
+        return None
+    configured = json.loads(value)
+    return "null" if configured is None else str(configured)
+
+
 def check_study_settings(
     stored: Mapping[str, Any], settings: Mapping[str, str], study_name: str, where: str
 ) -> bool:

@@ -68,9 +68,11 @@ from adls_lightning.errors import ConfigError, composition_error_line, exit_with
 from adls_lightning.files.atomic import atomic_write_json
 from adls_lightning.progress import trial_line
 from adls_lightning.search.identity import (
+    DATA_SOURCE_KEY,
     DIGEST_ATTR,
     SETTINGS_ATTR,
     check_study_settings,
+    data_recorded_as_configured,
     settings_digest,
     study_settings,
 )
@@ -532,6 +534,19 @@ class StudySweeper(Sweeper):
                 f"hydra.sweeper.direction={self.directions}: study {self.study_name} in {self.shown_url} was created with "
                 f"{[d.name.lower() for d in study.directions]}; use another study_name or storage"
             )
+        configured = data_recorded_as_configured(stored) if recorded else None
+        if configured is not None:
+            # what it read cannot be known: said once, and the data read now recorded, so later searches compare
+            log.warning(
+                "Study %s recorded %s=%s as configured, not the data its trials read (it was made before that "
+                "was recorded): resuming it as reading %s, what that finds here now, and recording that",
+                self.study_name,
+                DATA_SOURCE_KEY,
+                configured,
+                json.loads(self.settings[DATA_SOURCE_KEY]),
+            )
+            study.set_user_attr(SETTINGS_ATTR, self.settings)
+            study.set_user_attr(DIGEST_ATTR, settings_digest(self.settings))
         if not recorded:
             if study.trials:
                 log.warning(
