@@ -1,6 +1,7 @@
 """``adls-export overwrite=true`` into an earlier export's folder replaces that export's files (and only those), and
-the self-check fails, marking the folder, when the folder's readers would run something else than what the export
-wrote or when an exact format's read-back misses the run's logits.
+the self-check fails, marking the folder (or putting the earlier export back, under overwrite=true), when the
+folder's readers would run something else than what the export wrote or when an exact format's read-back misses the
+run's logits.
 
 Expectations are set here, independently of the export: the folder's file names listed before and after, a user's
 file and its bytes, the weights tampered by hand."""
@@ -18,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from adls_lightning.errors import ConfigError
 from adls_lightning.export import selfcheck
 from adls_lightning.export.folder import EXPORT_JSON, FAILED_KEY, check_folder
-from adls_lightning.export.from_checkpoint import fp32_tolerance
+from adls_lightning.export.from_checkpoint import EARLIER_EXPORT_DIR, fp32_tolerance
 from adls_lightning.export.settings import ExportCheckError
 from adls_lightning.runs.loading import load_checkpoint_model
 from adls_lightning.tools.export import main
@@ -76,11 +77,15 @@ def test_overwrite_is_refused_when_the_export_reads_from_the_folder(onnx_export,
     assert {p.name: p.stat().st_size for p in out.iterdir()} == before
 
 
-def test_self_check_fails_when_another_graph_would_run(onnx_export, fine_tuned):
+def test_self_check_fails_when_another_graph_would_run_and_the_earlier_export_comes_back(
+    onnx_export, fine_tuned
+):
     """A graph no export writes (the user's) stays; an hf export beside it would be read as that graph: refused
-    by the self-check, in one line, exit code 1, the folder marked failed, in the command as the user types it."""
+    by the self-check, in one line, exit code 1, in the command as the user types it; the earlier export, set aside
+    by overwrite=true, is put back byte for byte in place of the failed one's files."""
     out = onnx_export
     shutil.copy(out / "model.onnx", out / "user.onnx")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     command = [sys.executable, "-m", "adls_lightning.export", f"ckpt={fine_tuned}", f"out={out}", "format=hf"]
     proc = subprocess.run(
         [*command, "overwrite=true", *AGREEMENT],
@@ -91,15 +96,26 @@ def test_self_check_fails_when_another_graph_would_run(onnx_export, fine_tuned):
         timeout=600,
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
-    (line,) = proc.stderr.strip().splitlines()
+    restored, line = proc.stderr.strip().splitlines()
     assert line.startswith(
         f"error: {out / EXPORT_JSON}: self-check failed: the folder's readers run user.onnx, "
     )
-    assert json.loads((out / EXPORT_JSON).read_text())["artifact"] == "user.onnx"
-    with pytest.raises(ConfigError, match="its export failed its self-check"):
-        check_folder(out)
-    with pytest.raises(ConfigError, match="its export failed its self-check"):
-        check_folder(out / "user.onnx")
+    assert (
+        restored
+        == f"overwrite=true: this export failed; the earlier export's {len(before) - 2} files are back in {out}"
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no safetensors, no failed export.json
+    assert FAILED_KEY not in json.loads((out / EXPORT_JSON).read_text())
+
+    # an export killed before its self-check leaves the earlier files set aside: the next one does not guess
+    (out / EARLIER_EXPORT_DIR).mkdir()
+    code, stdout, stderr = call(main, f"ckpt={fine_tuned}", f"out={out}", "format=hf", "overwrite=true")
+    assert code == 2 and stdout == ""
+    assert stderr.strip().splitlines() == [
+        f"error: overwrite=true: {out / EARLIER_EXPORT_DIR} holds the files of an earlier export, kept there by an "
+        f"export that was stopped before its self-check; valid: move them back into {out} (or delete "
+        f"{out / EARLIER_EXPORT_DIR}), then export"
+    ]
 
 
 def test_self_check_fails_beyond_an_exact_formats_tolerance(tmp_path, fine_tuned):

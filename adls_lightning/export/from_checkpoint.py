@@ -12,10 +12,13 @@ is written where it can be.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
+import shutil
+import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -236,14 +239,54 @@ def replace_earlier_export(settings: ExportSettings, cfg: Any) -> list[str]:
                 f"overwrite=true: {key}={value} is read by this export from {out}, whose earlier export's files "
                 "it would remove; valid: another out=, or copy it elsewhere first"
             )
+        kept = out / EARLIER_EXPORT_DIR
+        if kept.exists():
+            raise ConfigError(
+                f"overwrite=true: {kept} holds the files of an earlier export, kept there by an export that was "
+                f"stopped before its self-check; valid: move them back into {out} (or delete {kept}), then export"
+            )
+        kept.mkdir()
         for path in earlier:
-            path.unlink()
+            path.replace(kept / path.name)
     out.mkdir(parents=True, exist_ok=True)
     return [p.name for p in earlier]
 
 
+#: Where ``overwrite=true`` keeps the earlier export's files until this export has passed its self-check
+#: (:func:`earlier_export_kept_until_checked`).
+EARLIER_EXPORT_DIR = ".earlier-export"
+
+
+@contextlib.contextmanager
+def earlier_export_kept_until_checked(out: Path) -> Iterator[None]:
+    """Around an export and its self-check into ``out``: the earlier export's files that ``overwrite=true`` set
+    aside (:func:`replace_earlier_export`) are deleted once the block succeeds, and put back, in place of this
+    export's files, when it fails (a failed self-check, a refusal, Ctrl-C): a failed export never costs the working
+    one it was meant to replace."""
+    kept = out / EARLIER_EXPORT_DIR
+    existed = kept.exists()  # not this export's (replace_earlier_export refuses to go on with it)
+    try:
+        yield
+    except BaseException:
+        if kept.is_dir() and not existed:
+            for path in earlier_export_outputs(out):
+                path.unlink()
+            restored = sorted(kept.iterdir())
+            for path in restored:
+                path.replace(out / path.name)
+            kept.rmdir()
+            print(
+                f"overwrite=true: this export failed; the earlier export's {len(restored)} files are back in {out}",
+                file=sys.stderr,
+            )
+        raise
+    if kept.is_dir() and not existed:
+        shutil.rmtree(kept)
+
+
 def removed_lines(removed: Sequence[str]) -> list[str]:
-    """What ``overwrite=true`` removed, said in one line (none when nothing was)."""
+    """What ``overwrite=true`` removed, said in one line (none when nothing was); kept aside until the self-check
+    passes (:func:`earlier_export_kept_until_checked`)."""
     if not removed:
         return []
     shown = ", ".join(removed[:6]) + (f" and {len(removed) - 6} more" if len(removed) > 6 else "")

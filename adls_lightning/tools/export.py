@@ -15,8 +15,9 @@ ONNX Runtime's dynamic int8, or where ``torchao`` is installed PT2E int8 compile
 ``int4=false`` (``format=onnx`` only: ``true`` writes instead ``model_int4.onnx``, the 4-bit weights of a
 ``quant=w4_gptq`` run as ONNX Runtime's ``MatMulNBits`` with the run's own codes and group steps, float inputs;
 ``int8_inputs``: the same, the kernel quantizing each block of inputs to int8; :mod:`adls_lightning.export.int4`),
-``overwrite=false`` (``true``: allow a non-empty ``out``, whose earlier export's files are removed before this one
-is written, other files left; refused when the export reads one of them); ``--help``: this text.
+``overwrite=false`` (``true``: allow a non-empty ``out``, whose earlier export's files are replaced by this one's,
+other files left, and put back when this export fails its self-check; refused when the export reads one of them);
+``--help``: this text.
 
 Every export checks itself (:mod:`adls_lightning.export.selfcheck`): ``export.json`` in the folder and a short
 table give the artifact's label agreement with the run's own model on held rows, the largest logit difference,
@@ -160,12 +161,17 @@ def check_options(options: dict[str, str | None]) -> ExportSettings:
 def export(settings: ExportSettings, overrides: Sequence[str]) -> None:
     """The command (for :func:`main`): the folder written, what it holds printed, then the self-check."""
     # imported once the options are checked: torch and the model's code take seconds, --help and a bad option none
-    from adls_lightning.export.from_checkpoint import check_export, export_checkpoint
+    from adls_lightning.export.from_checkpoint import (
+        check_export,
+        earlier_export_kept_until_checked,
+        export_checkpoint,
+    )
 
-    exported = export_checkpoint(settings, overrides)
-    for line in exported.lines:
-        print(line)
-    check_export(settings, overrides, exported)
+    with earlier_export_kept_until_checked(settings.out):
+        exported = export_checkpoint(settings, overrides)
+        for line in exported.lines:
+            print(line)
+        check_export(settings, overrides, exported)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
