@@ -88,17 +88,21 @@ RECIPE_DATA_KEYS = ("data_dir", "labels", "label_names", "tokenizer")
 
 
 def recipe(checkpoint: Mapping[str, Any], path: Path) -> dict[str, Any]:
-    """What ``checkpoint`` (read from ``path``) must share with the other checkpoints of a soup: ``data.task`` (the
-    GLUE task or the hub dataset, as adls-table names a run's task), ``data.<key>`` of :data:`RECIPE_DATA_KEYS`, and
+    """What ``checkpoint`` (read from ``path``) must share with the other checkpoints of a soup: ``data.task`` (as
+    adls-table names a run's task: ``imdb``, ``glue/mrpc``), ``data.<key>`` of :data:`RECIPE_DATA_KEYS`, and
     ``model.backbone.<key>`` from ``<run>/.hydra/config.yaml`` when the checkpoint sits in a run's ``checkpoints/``."""
     import os
 
+    from adls_lightning.data.datamodule import checkpoint_task
     from adls_lightning.runs.record import read_run_config
 
     data = checkpoint.get("datamodule_hyper_parameters") or {}
     found: dict[str, Any] = {}
-    if data:
-        found["data.task"] = data.get("task") or data.get("hub_name")
+    task = checkpoint_task(
+        checkpoint
+    )  # as train.py's own check reads it: imdb, glue/mrpc (a folder task: None)
+    if task is not None:
+        found["data.task"] = task
     for key in RECIPE_DATA_KEYS:
         if key in data:
             value = data[key]

