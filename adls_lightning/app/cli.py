@@ -24,12 +24,11 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from adls_lightning import CONF_DIR
 from adls_lightning.app.preflight import exit_with, preflight
 from adls_lightning.build import hydra_execution_whitelist
 from adls_lightning.checkpoints import reading_once
 from adls_lightning.errors import ConfigError
-
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 def run_training(cfg: DictConfig) -> float | None:
@@ -250,13 +249,13 @@ def overrides_last(argv: list[str]) -> list[str]:
     return flags + list(overrides)
 
 
-def train(config_dir: Path = CONFIG_DIR) -> Any:
+def train(config_dir: Path = CONF_DIR) -> Any:
     """``adls-train [overrides]``: see ``conf/train.yaml``."""
     os.environ.setdefault("PROJECT_ROOT", os.getcwd())
     return entry_point(run_training, config_dir, "train")()
 
 
-def search(config_dir: Path = CONFIG_DIR) -> Any:
+def search(config_dir: Path = CONF_DIR) -> Any:
     """``adls-search [overrides]``: an Optuna study whose trials are training runs; see ``conf/search.yaml``."""
     os.environ.setdefault("PROJECT_ROOT", os.getcwd())
     return entry_point(run_search_trial, config_dir, "search")()

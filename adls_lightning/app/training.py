@@ -23,6 +23,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
+from adls_lightning import CONF_DIR
 from adls_lightning.app.preflight import callback_nodes, check_output_dir, validate_run_config
 from adls_lightning.build import build
 from adls_lightning.checkpoints import (
@@ -46,7 +47,6 @@ from adls_lightning.module import parameter_metrics
 from adls_lightning.precision import choose as choose_precision
 from adls_lightning.quant import quantization_report
 from adls_lightning.runs.folder import entries, remove_unused_run_folder, replace_earlier_run
-from adls_lightning.runs.loading import CONF_DIR
 from adls_lightning.runs.record import METRICS_FILE, write_run_record
 from adls_lightning.runtime import keep_freed_memory
 

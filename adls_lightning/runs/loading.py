@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from adls_lightning import CONF_DIR
 from adls_lightning.errors import ConfigError, composition_error_line
 from adls_lightning.export.compressed import (
     bake_quantized_layers,
@@ -30,7 +31,6 @@ from adls_lightning.export.recipe import ExportRecipe
 from adls_lightning.overrides import merge_overrides, override_key
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-CONF_DIR = PROJECT_ROOT / "conf"
 # the state keys of a linear layer pruned through torch.nn.utils.parametrize (adls_lightning.prune.WeightMask)
 PRUNED_WEIGHT = ".parametrizations.weight.original"
 PRUNING_MASK = ".parametrizations.weight.0.mask"

@@ -24,12 +24,12 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from adls_lightning import CONF_DIR
 from adls_lightning.app.preflight import validate_model_settings
 from adls_lightning.build import hydra_execution_whitelist
 from adls_lightning.errors import ConfigError, exit_with, informational_flags, refusing_in_one_line
 
-CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
-os.environ.setdefault("PROJECT_ROOT", str(Path(CONF_DIR).parent))
+os.environ.setdefault("PROJECT_ROOT", str(CONF_DIR.resolve().parent))
 
 
 def _names(key: str, value) -> list[str]:
@@ -226,7 +226,7 @@ def guarded_main(
                     raise ConfigError(
                         "--config-dir/--config-path: this command reads the project's conf/ only"
                     )
-                with initialize_config_dir(config_dir=CONF_DIR):
+                with initialize_config_dir(config_dir=str(CONF_DIR)):
                     try:
                         cfg = compose(
                             args.config_name or config_name, args.overrides, return_hydra_config=True
@@ -260,7 +260,7 @@ main = guarded_main(
     # No version_base: Hydra 1.4 deprecates the parameter (a warning on every run); conf/graph.yaml sets what
     # the run folder and working directory are
     hydra.main(
-        config_path=CONF_DIR,
+        config_path=str(CONF_DIR),
         config_name="graph",
         execution_whitelist=hydra_execution_whitelist(),
     )(task),

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from adls_lightning import CONF_DIR
 from adls_lightning.errors import ConfigError, did_you_mean
 from adls_lightning.overrides import merge_overrides as merge_overrides
 from adls_lightning.overrides import override_key as override_key
@@ -76,7 +77,6 @@ def split_options(
 
 #: the config folder of ``conf/train.yaml`` (and ``search.yaml``): its groups and top-level keys are what an
 #: override may set
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 #: the root configs a run's overrides compose with (a search trial's run composes search.yaml)
 ROOT_CONFIGS = ("train.yaml", "search.yaml")
 
