@@ -425,6 +425,9 @@ def test_the_tutorial_runs_as_written_at_tiny_scale(tiny_imdb_dir, cache_dir, tm
         assert int(rows[method]["test/acc n"]) == 3
         assert float(rows[method]["test/acc mean"]) == pytest.approx(sum(accuracies) / 3, abs=1e-4)
     assert "| int8_scaled | 3 |" in proc.stdout
+    # every run records its storage: the uncompressed row is priced beside the compressed ones
+    assert float(rows["none"]["quant/avg_weight_bits mean"]) == 32.0
+    assert float(rows["int8"]["quant/avg_weight_bits mean"]) == 8.0
     print("\n".join(line for line in proc.stdout.splitlines() if line.startswith("|")))  # the page shows it
 
     # the export: a deployable folder; predict prints one JSON line per text with one of its labels
