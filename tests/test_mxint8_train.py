@@ -12,6 +12,7 @@ from transformers import AutoTokenizer
 from adls_lightning.app.training import run
 from adls_lightning.errors import ConfigError
 from adls_lightning.models import build_from_config, packaged_model_dir
+from tests.helpers import linear_layers
 
 # every test here starts training runs or processes (minutes in all): `make test-fast` skips them
 pytestmark = pytest.mark.slow
@@ -26,6 +27,14 @@ def test_train_with_mxint8_packed_records_packed_metrics(compose_cfg, tmp_path):
     assert metrics["mxint8/packed_layers"] == 13
     assert metrics["mxint8/bits_per_weight"] == 8.25
     assert metrics["mxint8/linear_weight_saving"] == pytest.approx((32 - 8.25) / 32)
+    # the storage every run records is the packed model's: the 13 packed layers at 8.25 bits, the classifier (left
+    # out) at 32, weighted by their weights (hidden 32, intermediate 64: tiny_random's hand-written shapes)
+    sizes = linear_layers(hidden=32, intermediate=64, layers=2)
+    packed = sum(n for name, n in sizes.items() if name != "classifier")
+    expected_bits = (8.25 * packed + 32 * sizes["classifier"]) / sum(sizes.values())
+    assert metrics["quant/avg_weight_bits"] == pytest.approx(expected_bits)
+    saved = (32 - 8.25) / 8 * packed  # bytes the packing saves against float32 weights
+    assert metrics["quant/weight_bytes"] == pytest.approx(4 * metrics["params/total"] - saved)
     assert 0 < metrics["mxint8/model_saving"] < metrics["mxint8/linear_weight_saving"]
     # the final validation is the packed model's, and it stays close to the float model's score
     assert metrics["val/acc"] == metrics["mxint8/val_acc_packed"]

@@ -242,14 +242,15 @@ def check_monitored_metrics(cfg: DictConfig, task: Task) -> None:
         )
 
 
-#: What every run records of its model's storage, from :func:`quantization_report` (a quantization callback's report
-#: of the same keys comes later and is the same measure): an uncompressed run has its 32 bits and fp32 size too, so
-#: ``adls-table`` compares a compressed row with its base in those columns.
+#: What every run records of its model's storage, from :func:`quantization_report` of the model after its fit: an
+#: uncompressed run has its 32 bits and fp32 size too, so ``adls-table`` compares a compressed row with its base in
+#: those columns. A callback that stores the model otherwise while it evaluates (quantization, MXINT8 packing)
+#: reports the same keys of the model it evaluated, which replace these.
 STORAGE_KEYS = ("quant/avg_weight_bits", "quant/weight_bytes")
 
 
 def storage_metrics(model: torch.nn.Module) -> dict[str, float]:
-    """The model's :data:`STORAGE_KEYS` as it is evaluated: bits per linear-layer weight and bytes to store."""
+    """The model's :data:`STORAGE_KEYS`: bits per linear-layer weight and bytes to store."""
     report = quantization_report(model)
     return {key: report[key] for key in STORAGE_KEYS}
 
