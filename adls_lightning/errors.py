@@ -113,10 +113,27 @@ def _unknown_preset_line(missing_cfg_file: str, options: typing.Sequence[str]) -
     return f"{group}={name}: no such preset; valid: {', '.join(presets)}{did_you_mean(closest)}"
 
 
+def group_presets(group: str) -> list[str]:
+    """The presets of config group ``group`` (``conf/<group>/*.yaml`` but the empty ``none`` and the shared bodies
+    ``_*``), or none when it is no group."""
+    from adls_lightning import CONF_DIR  # the package, fully imported by the time a command line is checked
+
+    return sorted(
+        p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_") and p.stem != "none"
+    )
+
+
 def _unknown_key_line(key: str, append: str, cause: BaseException | None) -> str:
     # OmegaConf's error names the first missing part of the key and the node it is missing from
     node = getattr(cause, "parent_node", None)
     missing, full_key = getattr(cause, "key", None), getattr(cause, "full_key", None)
+    group, _, rest_of_key = key.partition(".")
+    if rest_of_key and (node is None or not list(node)) and (presets := group_presets(group)):
+        # a key of a config group left empty (compile=none, quant=none): it has keys once a preset is chosen
+        return (
+            f"{key}: no {group}= preset is chosen, so {group} has no keys; choose one first "
+            f"(valid: {', '.join(f'{group}={p}' for p in presets)}), then set {key}"
+        )
     if node is None or not isinstance(missing, str) or not isinstance(full_key, str):
         return f"{key}: no such key (a new key is added with {append})"
     level = full_key[: -len(missing)] if full_key.endswith(missing) else ""

@@ -111,6 +111,30 @@ CASES = [
             "(a new key is added with +callbacks.evaluator=1)",
         ),
     ),
+    # a setting of a group left empty (compile=none) is read by nothing: refused, with the presets to choose
+    Case(
+        "key-of-a-group-without-preset",
+        ("compile.backend=inductr",),
+        (
+            "error: compile.backend: no compile= preset is chosen, so compile has no keys; choose one first "
+            "(valid: compile=aot_eager, compile=inductor), then set compile.backend",
+        ),
+    ),
+    Case(
+        "added-key-of-a-group-without-preset",
+        ("+compile.backend=aot_eager",),
+        (
+            "error: compile.backend=aot_eager: no compile= preset is chosen, so nothing reads this setting; "
+            "choose one first (valid: compile=aot_eager, compile=inductor), then set compile.backend",
+        ),
+    ),
+    Case(
+        "added-callbacks-leaf-that-is-no-callback",
+        ("+callbacks.evaluator=1",),
+        (
+            "error: callbacks.evaluator=1: not a callback (a leaf of callbacks is a node with _target_, or null",
+        ),
+    ),
 ]
 
 

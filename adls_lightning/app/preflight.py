@@ -22,6 +22,7 @@ from adls_lightning.data.settings import check_loader_settings
 from adls_lightning.data.tasks import REGRESSION_BIAS_INITS, check_swappable
 from adls_lightning.errors import (
     ConfigError,
+    group_presets,
     informational_flags,
     refusing_in_one_line,
     require_choice,
@@ -59,10 +60,19 @@ AUTO_PRECISION = "auto"
 def validate_trainer(trainer: Mapping) -> None:
     """``trainer.precision`` among Lightning's values and ``trainer.accelerator`` present on this machine."""
     precision = trainer.get("precision")
+    import importlib.util
+
+    # Lightning's Transformer Engine values need NVIDIA's package; without it Lightning raises a traceback
+    engine = importlib.util.find_spec("transformer_engine") is not None
+    usable = [str(v) for v in LIGHTNING_PRECISIONS if engine or not str(v).startswith("transformer-engine")]
+    if precision is not None and str(precision).startswith("transformer-engine") and not engine:
+        raise ConfigError(
+            f"trainer.precision={precision}: needs NVIDIA Transformer Engine (the transformer_engine package), "
+            f"not installed here; valid: auto, {', '.join(dict.fromkeys(usable))}"
+        )
     if precision is not None and precision != AUTO_PRECISION and precision not in LIGHTNING_PRECISIONS:
         raise ConfigError(
-            f"trainer.precision={precision!r}: must be one of auto, "
-            + ", ".join(dict.fromkeys(str(v) for v in LIGHTNING_PRECISIONS))
+            f"trainer.precision={precision!r}: must be one of auto, " + ", ".join(dict.fromkeys(usable))
         )
     accelerator = trainer.get("accelerator")
     if accelerator is None or not isinstance(accelerator, str):
@@ -218,7 +228,30 @@ def callback_nodes(cfg: Mapping) -> list[tuple[str, Mapping]]:
             leaves += [(f"{node_name}.{k}", v) for k, v in node.items()]
         else:
             leaves.append((node_name, node))
-    return [(key, leaf) for key, leaf in leaves if isinstance(leaf, Mapping) and "_target_" in leaf]
+    built = [(key, leaf) for key, leaf in leaves if isinstance(leaf, Mapping) and "_target_" in leaf]
+    for key, leaf in leaves:
+        if leaf is not None and (key, leaf) not in built:
+            group = key.partition(".")[0]
+            raise ConfigError(
+                unread_setting_line(key, leaf, any(k.startswith(f"{group}.") for k, _ in built))
+            )
+    return built
+
+
+def unread_setting_line(key: str, value: Any, holds_callbacks: bool) -> str:
+    """Why a setting under a callback node that builds nothing is refused: a group without a preset chosen
+    (``+compile.backend=aot_eager`` with ``compile=none``), or a leaf beside callbacks (``holds_callbacks``: a
+    ``callbacks`` leaf that is no callback), would be read by nothing, and the run would go on without it."""
+    group, _, _ = key.partition(".")
+    presets = group_presets(group)
+    if presets and not holds_callbacks:
+        return (
+            f"{key}={value}: no {group}= preset is chosen, so nothing reads this setting; choose one first "
+            f"(valid: {', '.join(f'{group}={p}' for p in presets)}), then set {key}"
+        )
+    return (
+        f"{key}={value}: not a callback (a leaf of {group} is a node with _target_, or null to turn it off)"
+    )
 
 
 #: The project's callbacks (quantization, pruning, compression, compile, ...): their settings' types are checked here.
