@@ -470,6 +470,7 @@ class FolderDataModule(TextDataModule):
                 self.hparams.main_metric,
                 self.label_names,
                 self.TASK_NAME,
+                self.hparams.metrics,
             )
         return self._encoded
 

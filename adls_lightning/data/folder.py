@@ -2,9 +2,9 @@
 ``text_pair``, and ``label`` -- or the same splits from a Hugging Face hub data set. IMDb is one preset of it.
 
 Labels are integers 0..K-1, strings (ids given in sorted order, or in the order of ``data.labels``) or floats (a
-regression). The class names the model records as its ``id2label`` (and an export's predictions print) are
-``data.label_names`` when given, else the label values as strings: IMDb's preset names its 0 and 1 ``negative`` and
-``positive``.
+regression); other integers (1/2) are refused unless ``data.labels`` lists them (their ids in that order). The
+class names the model records as its ``id2label`` (and an export's predictions print) are ``data.label_names`` when
+given, else the label values as strings: IMDb's preset names its 0 and 1 ``negative`` and ``positive``.
 """
 
 from __future__ import annotations
@@ -248,19 +248,51 @@ def _is_number(value) -> bool:
     )
 
 
-def infer_labels(values: list) -> list | None:
-    """The label set of a training column: integers -> 0..max, strings -> sorted, floats -> None (regression)."""
+def infer_labels(values: list, source: Path | str) -> list | None:
+    """The label set of a training column (read from ``source``): integers 0..K-1 -> themselves, strings ->
+    sorted, floats -> None (regression).
+
+    Raises:
+        ConfigError: naming ``source``: a label of none of these kinds, or integers that are not 0..K-1 (binary
+            1/2 would otherwise be three classes, one never seen); ``data.labels`` maps any integers to ids.
+    """
     if values and all(_is_int(v) for v in values):
-        return list(range(int(max(values)) + 1))
+        found = sorted({int(v) for v in values})
+        if found != list(range(len(found))):
+            shown = [str(v) for v in found[:10]] + (["..."] if len(found) > 10 else [])
+            raise ConfigError(
+                f"data.data_dir: {source}: integer labels {', '.join(shown)} are not 0..K-1 (integer labels are "
+                f"class ids 0..K-1; give data.labels=[{','.join(shown)}] to take them as classes in that order, "
+                "or use string labels)"
+            )
+        return found
     if values and all(isinstance(v, str) for v in values):
         return sorted(set(values))
     if values and all(_is_number(v) for v in values):
         return None
     bad = next((i for i, v in enumerate(values) if not (_is_number(v) or isinstance(v, str))), 0)
     raise ConfigError(
-        f"data.data_dir: train row {bad} has label {values[bad] if values else None!r} "
+        f"data.data_dir: {source}: row {bad} has label {values[bad] if values else None!r} "
         "(labels are integers 0..K-1, strings or floats)"
     )
+
+
+def check_class_rows(labels: Sequence[int], label_set: Sequence, source: Path | str) -> None:
+    """Every class that the training labels (ids of ``label_set``, read from ``source``) hold occurs at least
+    twice: the validation split is carved out of train stratified, one row of each class on each side at least.
+
+    Raises:
+        ConfigError: naming ``source`` and the labels with a single row.
+    """
+    ids, counts = np.unique(np.asarray(labels), return_counts=True)
+    single = [label_set[i] for i in ids[counts < 2]]
+    if single:
+        raise ConfigError(
+            f"data.data_dir: {source}: {'label' if len(single) == 1 else 'labels'} "
+            f"{_one_of([repr(v) for v in single])} {'has' if len(single) == 1 else 'each have'} a single row "
+            "(each class needs at least 2 training rows for the stratified validation split; fix the label, or "
+            "add rows)"
+        )
 
 
 def encode_labels(
@@ -339,10 +371,15 @@ def folder_task(
     sources: dict[str, str],
     name: str = "folder",
     label_names: Sequence[str] | None = None,
+    metrics: Sequence[str] | None = None,
 ) -> tuple[datasets.DatasetDict, Task]:
     """The splits with labels encoded, and their :class:`Task` (label set given, or inferred from train; class
-    names from ``label_names``, see :func:`class_names`)."""
-    label_set = list(labels) if labels is not None else infer_labels(column_values(raw["train"], "label"))
+    names from ``label_names``, see :func:`class_names`; ``metrics`` = ``data.metrics``, None = the defaults
+    for the number of classes, with ``main_metric`` first)."""
+    if labels is not None:
+        label_set = list(labels)
+    else:
+        label_set = infer_labels(column_values(raw["train"], "label"), sources["train"])
     regression = label_set is None
     if not regression and len(label_set) < 2:
         raise ConfigError(
@@ -350,9 +387,15 @@ def folder_task(
         )
     names = class_names(label_set, label_names)
     encoded = encode_labels(raw, label_set, regression, sources)
+    if not regression:
+        check_class_rows(column_values(encoded["train"], "label"), label_set, sources["train"])
     num_labels = 1 if regression else len(label_set)
-    metrics = with_main_metric(default_metrics(num_labels), main_metric)
-    return encoded, Task(name, names, metrics)
+    listed = isinstance(metrics, Sequence) and not isinstance(metrics, str) and len(metrics) > 0
+    # a data.metrics that is no list is refused by the data module, by name; no main-metric error about it here
+    if metrics is not None and not listed:
+        return encoded, Task(name, names, default_metrics(num_labels))
+    logged = default_metrics(num_labels) if metrics is None else tuple(metrics)
+    return encoded, Task(name, names, with_main_metric(logged, main_metric))
 
 
 def load_folder(
@@ -362,9 +405,11 @@ def load_folder(
     main_metric: str | None,
     label_names: Sequence[str] | None = None,
     name: str = "folder",
+    metrics: Sequence[str] | None = None,
 ) -> tuple[datasets.DatasetDict, str, Task]:
     """The folder task's splits (labels encoded), their identity and the :class:`Task` named ``name``: what the
     data module trains on, and what the pre-flight check reads (the raw splits are then in this process's cache).
+    ``main_metric`` must be one of ``metrics`` (``data.metrics``; None = the task's defaults).
 
     Raises:
         ConfigError: naming the file (or hub split) and what is wrong with it, or a bad ``data.label_names``.
@@ -374,5 +419,5 @@ def load_folder(
         sources = {split: f"{hub_name} {split}" for split in raw}
     else:
         sources = {split: str(path) for split, path in find_split_files(data_dir).items()}
-    encoded, task = folder_task(raw, labels, main_metric, sources, name, label_names)
+    encoded, task = folder_task(raw, labels, main_metric, sources, name, label_names, metrics)
     return encoded, identity, task
