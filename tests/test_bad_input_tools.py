@@ -145,6 +145,13 @@ def _cases(base: Path) -> list[Case]:
             ("x",),
         ),
         Case(
+            "export packing option of another format",
+            "export",
+            (ckpt, f"out={base / 'x'}", "format=hf", "pack_embeddings=true", TINY),
+            "pack_embeddings=true: only with format=mxint8 (an option of its packing); format=hf takes no",
+            ("x",),
+        ),
+        Case(
             "export unknown key",
             "export",
             (ckpt, f"out={base / 'x'}", "formt=hf", TINY),

@@ -74,6 +74,10 @@ OPTIONS = {
 }
 
 
+#: The options of ``format=mxint8`` alone.
+PACKING_OPTIONS = ("group_size", "exclude", "pack_embeddings")
+
+
 def parse_arguments(argv: Sequence[str]) -> tuple[dict[str, str | None], list[str]]:
     """Split ``key=value`` tokens into this command's options and Hydra overrides of the model config."""
     return split_options(argv, OPTIONS, "ckpt=PATH out=DIR format=mxint8")
@@ -89,6 +93,13 @@ def check_options(options: dict[str, str | None]) -> ExportSettings:
         raise missing_checkpoint(ckpt, "ckpt")
     if options["format"] not in FORMATS:
         raise ConfigError(f"format={options['format']}: must be one of {', '.join(FORMATS)}")
+    # the MXINT8 packing's options: read by no other format, so a value given with one is refused, not ignored
+    for key in PACKING_OPTIONS:
+        if options["format"] != "mxint8" and str(options[key]).lower() != OPTIONS[key]:
+            raise ConfigError(
+                f"{key}={options[key]}: only with format=mxint8 (an option of its packing); format={options['format']} "
+                f"takes no {key}"
+            )
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out={out}: is a file, expected a folder (new or empty)")
     overwrite = flag_option(options, "overwrite")
