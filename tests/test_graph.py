@@ -332,7 +332,7 @@ def compose_graph(*overrides: str):
         (["inputs=[input_ids,pixel_values]"], "inputs=['input_ids', 'pixel_values']: unknown input name"),
         (["inputs=[attention_mask]"], "inputs=['attention_mask']: input_ids must be among"),
         (["cases=[[input_ids],[input_ids,mask]]"], "cases[1]="),
-        (["draw.engine=neato"], "draw.engine=neato: must be one of auto, dot, igraph"),
+        (["draw.engine=neato"], "draw.engine=neato: unknown draw engine 'neato' (valid: auto, dot, igraph)"),
         (["draw.formats=[pdf]"], "draw.formats: unknown format 'pdf'"),
     ],
 )
@@ -359,6 +359,21 @@ def test_bad_input_names_the_key(overrides, message, tmp_path):
 def test_bad_model_settings_are_refused_as_train_py_refuses_them(override, message, tmp_path):
     result = run_command("model=tiny_random", f"out={tmp_path / 'out'}", override)
     assert assert_one_line_error(result) == f"error: {message}"
+    assert not (tmp_path / "out").exists()
+
+
+def test_dot_asked_for_without_graphviz_is_one_line_before_any_work(tmp_path, monkeypatch):
+    """draw.engine=dot where Graphviz's dot is not on PATH (an empty PATH here): refused up front, not after the
+    model is built and out= made."""
+    from adls_lightning.tools.graph import run
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    cfg = compose_graph(f"out={tmp_path / 'out'}", "draw.engine=dot")
+    with pytest.raises(ConfigError) as err:
+        run(cfg)
+    assert str(err.value) == (
+        "draw.engine=dot: draw engine 'dot': Graphviz's dot is not on PATH (install graphviz or use igraph)"
+    )
     assert not (tmp_path / "out").exists()
 
 

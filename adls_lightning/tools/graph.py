@@ -51,7 +51,7 @@ def validate(cfg: DictConfig) -> None:
     Raises:
         ConfigError: naming the first offending key.
     """
-    from adls_lightning.graph.draw import ENGINES, FORMATS
+    from adls_lightning.graph.draw import FORMATS, resolve_engine
     from adls_lightning.graph.passes import PASSES
 
     # the model's own settings, as train.py checks them: the graph is built from the same model config
@@ -63,8 +63,12 @@ def validate(cfg: DictConfig) -> None:
     for name in passes:
         if name not in PASSES:
             raise ConfigError(f"passes: unknown pass {name!r} (registered: {', '.join(sorted(PASSES))})")
-    if cfg.draw.engine not in ENGINES:
-        raise ConfigError(f"draw.engine={cfg.draw.engine}: must be one of {', '.join(ENGINES)}")
+    try:
+        resolve_engine(
+            cfg.draw.engine
+        )  # before the model is built or out= made: dot asked for and not installed
+    except ValueError as error:
+        raise ConfigError(f"draw.engine={cfg.draw.engine}: {error}") from None
     for fmt in cfg.draw.formats:
         if fmt not in FORMATS:
             raise ConfigError(f"draw.formats: unknown format {fmt!r} (valid: {', '.join(FORMATS)})")
