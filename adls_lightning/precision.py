@@ -62,19 +62,32 @@ MARGIN = 1.3
 CACHE_FILE = "precision_choice.json"
 
 
+#: Lightning's values that need NVIDIA's Transformer Engine (``transformer_engine``), usable only where it is installed
+TRANSFORMER_ENGINE = "transformer-engine"
+
+
 def valid_precisions() -> tuple[str, ...]:
-    """``auto`` and Lightning's own precision values (all its ``_PRECISION_INPUT`` groups)."""
+    """``auto`` and Lightning's own precision values (all its ``_PRECISION_INPUT`` groups), the Transformer Engine
+    ones only where its package is installed."""
+    import importlib.util
     import typing
 
     from lightning.fabric.connector import _PRECISION_INPUT
 
+    engine = importlib.util.find_spec("transformer_engine") is not None
     values = (str(v) for group in typing.get_args(_PRECISION_INPUT) for v in typing.get_args(group))
-    return (AUTO, *dict.fromkeys(values))
+    return (AUTO, *dict.fromkeys(v for v in values if engine or not v.startswith(TRANSFORMER_ENGINE)))
 
 
 def validate(value: object) -> None:
-    """Raise ConfigError (one line, listing the valid values) unless ``value`` is ``auto`` or Lightning's."""
+    """Raise ConfigError (one line, listing the valid values) unless ``value`` is ``auto`` or Lightning's (a
+    Transformer Engine value: only where its package is installed)."""
     valid = valid_precisions()
+    if str(value).startswith(TRANSFORMER_ENGINE) and str(value) not in valid:
+        raise ConfigError(
+            f"trainer.precision={value}: needs NVIDIA Transformer Engine (the transformer_engine package), not "
+            f"installed here; valid: {', '.join(valid)}"
+        )
     if str(value) not in valid or isinstance(value, bool):
         raise ConfigError(f"trainer.precision={value!r}: must be one of {', '.join(valid)}")
 
