@@ -40,6 +40,7 @@ from torch import nn
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from adls_lightning.errors import ConfigError
+from adls_lightning.export.from_checkpoint import check_exclude
 from adls_lightning.models import load_tokenizer
 from adls_lightning.mxint8 import (
     QLinearPacked,
@@ -265,8 +266,10 @@ def main() -> None:
         key = "--checkpoint's model.backbone.name_or_path" if args.checkpoint else "--model"
         tokenizer = load_tokenizer(loaded.tokenizer_source, key=key)
         check_packable(loaded.model, args.group_size, exclude)
+        # a misspelt name would pack the layer it meant to keep float, and the report would say it was left out
+        check_exclude(loaded.model, exclude)
     except ConfigError as err:
-        parser.error(str(err))
+        parser.error(str(err).replace(f"exclude={','.join(exclude)}:", f"--exclude {' '.join(exclude)}:", 1))
     except ValueError as err:  # check_packable: the layer the group size does not divide
         parser.error(f"--group-size {args.group_size}: {err} (--exclude)")
     if args.dry_run:

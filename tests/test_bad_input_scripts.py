@@ -140,6 +140,16 @@ def test_memory_report_dry_run_checks_the_group_size_against_the_layers():
     assert_one_line_error(proc, contains="--group-size 100: group_size=100 does not divide in_features=768")
 
 
+def test_memory_report_refuses_an_exclude_that_matches_no_layer():
+    """A misspelt ``--exclude`` packed the layer it meant to keep float, and the report said it was excluded."""
+    proc = python(
+        "scripts/mxint8_memory_report.py", "--from-config", "bert-base", "--exclude", "clasifier", "--dry-run"
+    )
+    assert_one_line_error(
+        proc, contains="--exclude clasifier: 'clasifier' matches no linear layer of the model"
+    )
+
+
 @pytest.mark.parametrize(
     ("script", "env", "args", "contains"),
     [
