@@ -297,6 +297,10 @@ def build(node: Any, key: str, **kwargs: Any) -> Any:
         target = arguments.get("_target_")
         if isinstance(target, str) and "${" not in target:
             check_argument_names(where, resolve_target(target), arguments)
+    from adls_lightning.registry import import_config_plugins  # it imports this module
+
+    # Hydra builds a node's children (a recipe naming a plugin's format) before the node that lists the plugin
+    import_config_plugins(node, key)
     try:
         return instantiate(node, _execution_whitelist_=list(allowed_targets()), **kwargs)
     except ConfigError as err:

@@ -4,6 +4,7 @@ run folder; and ``trainer.precision`` values that need a package this machine la
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import textwrap
 
@@ -15,7 +16,7 @@ from adls_lightning.errors import ConfigError
 from adls_lightning.precision import valid_precisions, validate
 from adls_lightning.quant import QUANTIZERS
 from adls_lightning.registry import import_config_plugins, import_plugins
-from tests.helpers import assert_one_line_error, run_train
+from tests.helpers import ROOT, assert_one_line_error, run_train
 
 PACKAGE = "adls_plugin_errors"
 
@@ -84,7 +85,7 @@ def test_a_plugin_whose_code_raises_is_one_line_and_no_run_folder(plugin, tiny_i
         out,
         "quant=_base",
         f"quant.plugins=[{module}]",
-        env={"ADLS_EXTRA_TARGETS": f"{PACKAGE}.*", "PYTHONPATH": f"{tmp_path / 'plugins'}:{sys.path[0]}"},
+        env={"ADLS_EXTRA_TARGETS": f"{PACKAGE}.*", "PYTHONPATH": f"{tmp_path / 'plugins'}:{ROOT}"},
     )
     line = assert_one_line_error(proc)
     assert line == (
@@ -185,3 +186,67 @@ def test_train_py_refuses_transformer_engine_before_a_run_folder(tiny_imdb_dir, 
         proc, starts="error: trainer.precision=transformer-engine: needs NVIDIA Transformer"
     )
     assert not out.exists()
+
+
+FORMAT_PLUGIN = """
+import torch
+
+from adls_lightning.prune import register_method
+from adls_lightning.quant.quantizers import Quantizer, register_format
+
+
+@register_format
+class ToyStepQuantizer(Quantizer):
+    format_name = "toy_step"
+
+    def __init__(self, step_bits: int = 2) -> None:
+        super().__init__()
+        self.step = 2.0 ** -step_bits
+
+    def quantize(self, x, need_mask):
+        return torch.round(x / self.step) * self.step, None
+
+    def bits_per_element(self, last_dim):
+        return 4.0
+
+
+@register_method("toy_largest")
+def largest_first(tensor, generator):
+    return -tensor.detach().abs()
+"""
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (  # docs/extending.md section 2, the command line as written there
+            [
+                "quant=_base",
+                f"quant.plugins=[{PACKAGE}.formats]",
+                "++quant.config={_target_: adls_lightning.quant.QuantRecipe, default: {data_in: {format: toy_step, "
+                "params: {step_bits: 3}}, weight: {format: toy_step, params: {step_bits: 1}}}}",
+            ],
+            {"quant/avg_weight_bits": 4.0, "quant/avg_act_bits": 4.0},
+        ),
+        (  # section 3
+            [f"data.plugins=[{PACKAGE}.formats]", "prune=l1_0.5", "prune.weight.method=toy_largest"],
+            {"prune/weight_sparsity": 0.5},
+        ),
+    ],
+)
+def test_the_documented_plugin_command_lines_run(
+    plugin, tiny_imdb_dir, cache_dir, tmp_path, overrides, expected
+):
+    plugin("formats", FORMAT_PLUGIN)
+    out = tmp_path / "run"
+    proc = run_train(
+        tiny_imdb_dir,
+        cache_dir,
+        out,
+        "trainer.max_epochs=1",
+        *overrides,
+        env={"ADLS_EXTRA_TARGETS": f"{PACKAGE}.*", "PYTHONPATH": f"{tmp_path / 'plugins'}:{ROOT}"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert {k: metrics[k] for k in expected} == expected

@@ -270,6 +270,11 @@ def check_callback_settings(job: Any, key: str = "") -> None:
     Raises:
         ConfigError: naming the first offending key.
     """
+    if not key:
+        from adls_lightning.registry import import_config_plugins
+
+        # the entries plugins register (a format, a pruning method) are named in the settings checked below
+        import_config_plugins(job)
     if isinstance(job, Mapping):
         from adls_lightning.build import current_target
 
