@@ -6,13 +6,8 @@ module that uses them imports.
 """
 
 import logging
-from pathlib import Path
 
 __version__ = "0.1.0"
-
-#: The project's configs, packaged with the library (in a checkout, a link to its ``conf/``): the entry points'
-#: defaults, and what the tools compose a run's config from.
-CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 def _torchao_import_notice(record: logging.LogRecord) -> bool:

@@ -3,7 +3,7 @@
 Hydra's ``instantiate`` runs whatever callable a ``_target_`` names (``builtins.open`` included). Every object the
 project builds from a config -- model, data, callbacks, loggers, trainer, sweeper parts, search spaces, samplers,
 pruners, objectives -- goes through :func:`build`, which walks the whole node first and refuses, with one line
-naming the config key and the target, anything outside :data:`ALLOWED_TARGETS`. Nothing runs before the check.
+naming the config key and the target, anything outside :data:`~adls_lightning.targets.ALLOWED_TARGETS`. Nothing runs before the check.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import difflib
 import fnmatch
 import importlib
 import inspect
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,18 +21,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf, read_write
 
 from adls_lightning.errors import ConfigError, did_you_mean
-
-# Python packages whose callables a config may name in `_target_`: the project's and its libraries'.
-ALLOWED_TARGETS = (
-    "adls_lightning.*",
-    "hydra_plugins.adls_optuna_sweeper.*",
-    "hydra_plugins.hydra_optuna_sweeper.*",
-    "lightning.*",
-    "torch.optim.*",
-    "transformers.*",
-    "peft.*",
-    "optuna.*",
-)
+from adls_lightning.targets import EXTRA_TARGETS_ENV, allowed_targets, target_allowed
 
 # Launcher/sweeper plugin classes: Hydra's own and the launcher plugins conf/hydra/launcher/ builds on
 # (hydra/launcher=parallel|slurm|submitit_local). Hydra builds only registered plugins from these two nodes.
@@ -44,11 +32,6 @@ HYDRA_PLUGIN_TARGETS = (
 )
 # Classes Python's logging may build from hydra.job_logging / hydra.hydra_logging (``class`` and ``()`` keys).
 LOGGING_CLASSES = ("logging.*",)
-
-
-# A researcher's own package (a search space, a format) is allowed from the environment, never from a config:
-# a config that could widen the list could also run anything. Comma-separated patterns, e.g. "mylab.*".
-EXTRA_TARGETS_ENV = "ADLS_EXTRA_TARGETS"
 
 
 # What a ``_target_`` of an earlier release is called now: the project's callbacks were a top-level package
@@ -102,17 +85,6 @@ def _renamed_targets(node: Any, path: tuple) -> Iterator[tuple[tuple, str]]:
     elif isinstance(node, Sequence) and not isinstance(node, (str, bytes)):
         for index, value in enumerate(node):
             yield from _renamed_targets(value, (*path, index))
-
-
-def allowed_targets() -> tuple[str, ...]:
-    """:data:`ALLOWED_TARGETS` plus the patterns in ``$ADLS_EXTRA_TARGETS``."""
-    extra = [p.strip() for p in os.environ.get(EXTRA_TARGETS_ENV, "").split(",") if p.strip()]
-    return ALLOWED_TARGETS + tuple(extra)
-
-
-def target_allowed(target: str) -> bool:
-    """Whether a ``_target_`` string names a callable inside :func:`allowed_targets`."""
-    return any(fnmatch.fnmatchcase(target, pattern) for pattern in allowed_targets())
 
 
 def iter_targets(node: Any, key: str) -> Iterator[tuple[str, Any]]:

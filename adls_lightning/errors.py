@@ -13,6 +13,8 @@ import sys
 import typing
 from typing import Any
 
+from adls_lightning.configs import group_presets
+
 
 class ConfigError(ValueError):
     """A user-facing configuration error; its message names the offending key and what would be valid."""
@@ -111,16 +113,6 @@ def _unknown_preset_line(missing_cfg_file: str, options: typing.Sequence[str]) -
         return f"{group}={name}: no such preset; {group} has none"
     closest = difflib.get_close_matches(name, presets)
     return f"{group}={name}: no such preset; valid: {', '.join(presets)}{did_you_mean(closest)}"
-
-
-def group_presets(group: str) -> list[str]:
-    """The presets of config group ``group`` (``conf/<group>/*.yaml`` but the empty ``none`` and the shared bodies
-    ``_*``), or none when it is no group."""
-    from adls_lightning import CONF_DIR  # the package, fully imported by the time a command line is checked
-
-    return sorted(
-        p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_") and p.stem != "none"
-    )
 
 
 def _unknown_key_line(key: str, append: str, cause: BaseException | None) -> str:

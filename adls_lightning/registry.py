@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from adls_lightning.build import EXTRA_TARGETS_ENV, target_allowed
 from adls_lightning.errors import ConfigError
+from adls_lightning.targets import EXTRA_TARGETS_ENV, target_allowed
 
 T = TypeVar("T")
 

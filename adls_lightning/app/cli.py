@@ -24,10 +24,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from adls_lightning import CONF_DIR
 from adls_lightning.app.preflight import exit_with, preflight
 from adls_lightning.build import hydra_execution_whitelist
 from adls_lightning.checkpoints import reading_once
+from adls_lightning.configs import CONF_DIR
 from adls_lightning.errors import ConfigError
 
 

@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from adls_lightning.configs import group_presets
 from adls_lightning.data.settings import check_loader_settings
 from adls_lightning.data.tasks import REGRESSION_BIAS_INITS, check_swappable
 from adls_lightning.errors import (
     ConfigError,
-    group_presets,
     informational_flags,
     refusing_in_one_line,
     require_choice,

@@ -23,7 +23,6 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from adls_lightning import CONF_DIR
 from adls_lightning.app.preflight import callback_nodes, check_output_dir, validate_run_config
 from adls_lightning.build import build
 from adls_lightning.checkpoints import (
@@ -33,6 +32,7 @@ from adls_lightning.checkpoints import (
     read_checkpoint,
 )
 from adls_lightning.compression_record import CompressionRecord
+from adls_lightning.configs import CONF_DIR
 from adls_lightning.data.datamodule import FolderDataModule, TextDataModule, checkpoint_task
 from adls_lightning.data.tasks import Task
 from adls_lightning.errors import ConfigError

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from adls_lightning import CONF_DIR
+from adls_lightning.configs import CONF_DIR
 from adls_lightning.errors import ConfigError, composition_error_line
 from adls_lightning.export.compressed import (
     bake_quantized_layers,

@@ -24,9 +24,9 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from adls_lightning import CONF_DIR
 from adls_lightning.app.preflight import validate_model_settings
 from adls_lightning.build import hydra_execution_whitelist
+from adls_lightning.configs import CONF_DIR
 from adls_lightning.errors import ConfigError, exit_with, informational_flags, refusing_in_one_line
 
 os.environ.setdefault("PROJECT_ROOT", str(CONF_DIR.resolve().parent))

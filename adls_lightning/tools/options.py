@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from adls_lightning import CONF_DIR
+from adls_lightning.configs import CONF_DIR
 from adls_lightning.errors import ConfigError, did_you_mean
 from adls_lightning.overrides import merge_overrides as merge_overrides
 from adls_lightning.overrides import override_key as override_key
