@@ -4,6 +4,7 @@ are refused in one line naming the file, and ``data.labels`` maps any integers t
 
 from __future__ import annotations
 
+import json
 import re
 
 import pandas as pd
@@ -58,6 +59,21 @@ def test_main_metric_may_be_any_of_data_metrics(compose_cfg, tmp_path):
     assert task.metrics == ("mcc", "acc")
     # a data.metrics that is no list is the data module's to refuse by name, not a main-metric error here
     assert load_folder(own, None, None, "mcc", metrics="mcc")[2].metrics == ("acc",)
+
+
+def test_the_documented_command_with_its_own_main_metric_runs(tmp_path, cache_dir):
+    """extending.md section 6's command through train.py: the pre-flight check reads the metrics given too."""
+    three = ["negative", "positive", "neutral"]
+    own = write_folder(
+        tmp_path / "own", named(make_reviews(200, 0), three), named(make_reviews(40, 1), three)
+    )
+    out = tmp_path / "run"
+    proc = run_train(
+        own, cache_dir, out, "data=folder", "data.labels=[negative,neutral,positive]", "data.main_metric=mcc",
+        "data.metrics=[mcc,acc]", "data.val_size=20", "trainer.max_epochs=1",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {"val/mcc", "test/mcc", "val/acc"} <= set(json.loads((out / "metrics.json").read_text()))
 
 
 def test_a_label_with_one_training_row_is_one_line_naming_it_and_the_file(tmp_path, cache_dir):

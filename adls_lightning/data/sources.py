@@ -71,7 +71,14 @@ def check_local_data(data: Mapping[str, Any]) -> None:
         if folder is None:
             return
         labels = None if labels is None else list(labels)
-        raw = load_folder(folder, data.get("hub_name"), labels, data.get("main_metric"), label_names)[0]
+        raw = load_folder(
+            folder,
+            data.get("hub_name"),
+            labels,
+            data.get("main_metric"),
+            label_names,
+            metrics=data.get("metrics"),
+        )[0]
     else:
         return
     if "val_size" in data:
