@@ -647,3 +647,36 @@ def write_sweep(root: Path) -> tuple[Path, dict]:
         write_run(root / str(job), ["model=tiny_random", f"prune={method}", f"seed={seed}"], metrics)
     (root / "multirun.yaml").write_text("{}")
     return root, values
+
+
+# -- docs/extending.md's toy plugin: a number format and a pruning method (tests/test_extending.py, test_plugin_errors.py)
+
+
+TOY_PLUGIN_SOURCE = '''
+"""A toy format: round to multiples of 2^-step_bits, stored in 4 bits; and a toy pruning method."""
+import torch
+
+from adls_lightning.prune import register_method
+from adls_lightning.quant.quantizers import Quantizer, register_format
+
+
+@register_format
+class ToyStepQuantizer(Quantizer):
+    format_name = "toy_step"
+    search_space = {"params": {"step_bits": [1, 2]}}
+
+    def __init__(self, step_bits: int = 2) -> None:
+        super().__init__()
+        self.step = 2.0 ** -step_bits
+
+    def quantize(self, x, need_mask):
+        return torch.round(x / self.step) * self.step, None
+
+    def bits_per_element(self, last_dim):
+        return 4.0
+
+
+@register_method("toy_largest")
+def largest_first(tensor, generator):
+    return -tensor.detach().abs()
+'''

@@ -17,37 +17,9 @@ from optuna.trial import TrialState
 from adls_lightning.app.training import run
 from adls_lightning.prune import PRUNE_METHODS, Pruner
 from adls_lightning.quant import QUANTIZERS, make_quantizer
-from tests.helpers import linear_layers, load_study, ok
+from tests.helpers import TOY_PLUGIN_SOURCE, linear_layers, load_study, ok
 
 TOY_MODULE = "adls_toy_format"
-TOY_SOURCE = '''
-"""A toy format: round to multiples of 2^-step_bits, stored in 4 bits; and a toy pruning method."""
-import torch
-
-from adls_lightning.prune import register_method
-from adls_lightning.quant.quantizers import Quantizer, register_format
-
-
-@register_format
-class ToyStepQuantizer(Quantizer):
-    format_name = "toy_step"
-    search_space = {"params": {"step_bits": [1, 2]}}
-
-    def __init__(self, step_bits: int = 2) -> None:
-        super().__init__()
-        self.step = 2.0 ** -step_bits
-
-    def quantize(self, x, need_mask):
-        return torch.round(x / self.step) * self.step, None
-
-    def bits_per_element(self, last_dim):
-        return 4.0
-
-
-@register_method("toy_largest")
-def largest_first(tensor, generator):
-    return -tensor.detach().abs()
-'''
 TOY_PRESET = """
 defaults: [_base]
 plugins: [adls_toy_format]
@@ -62,7 +34,7 @@ def toy_plugin(tmp_path, monkeypatch):
     """The toy module and a conf dir with its quant preset, both outside the repository; unregistered after."""
     package_dir = tmp_path / "plugin"
     package_dir.mkdir()
-    (package_dir / f"{TOY_MODULE}.py").write_text(textwrap.dedent(TOY_SOURCE))
+    (package_dir / f"{TOY_MODULE}.py").write_text(textwrap.dedent(TOY_PLUGIN_SOURCE))
     conf_dir = tmp_path / "plugin_conf"
     (conf_dir / "quant").mkdir(parents=True)
     (conf_dir / "quant" / "toy.yaml").write_text(TOY_PRESET)

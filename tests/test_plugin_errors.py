@@ -16,7 +16,7 @@ from adls_lightning.errors import ConfigError
 from adls_lightning.precision import valid_precisions, validate
 from adls_lightning.quant import QUANTIZERS
 from adls_lightning.registry import import_config_plugins, import_plugins
-from tests.helpers import ROOT, assert_one_line_error, run_train
+from tests.helpers import ROOT, TOY_PLUGIN_SOURCE, assert_one_line_error, run_train
 
 PACKAGE = "adls_plugin_errors"
 
@@ -188,34 +188,6 @@ def test_train_py_refuses_transformer_engine_before_a_run_folder(tiny_imdb_dir, 
     assert not out.exists()
 
 
-FORMAT_PLUGIN = """
-import torch
-
-from adls_lightning.prune import register_method
-from adls_lightning.quant.quantizers import Quantizer, register_format
-
-
-@register_format
-class ToyStepQuantizer(Quantizer):
-    format_name = "toy_step"
-
-    def __init__(self, step_bits: int = 2) -> None:
-        super().__init__()
-        self.step = 2.0 ** -step_bits
-
-    def quantize(self, x, need_mask):
-        return torch.round(x / self.step) * self.step, None
-
-    def bits_per_element(self, last_dim):
-        return 4.0
-
-
-@register_method("toy_largest")
-def largest_first(tensor, generator):
-    return -tensor.detach().abs()
-"""
-
-
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
@@ -237,7 +209,7 @@ def largest_first(tensor, generator):
 def test_the_documented_plugin_command_lines_run(
     plugin, tiny_imdb_dir, cache_dir, tmp_path, overrides, expected
 ):
-    plugin("formats", FORMAT_PLUGIN)
+    plugin("formats", TOY_PLUGIN_SOURCE)
     out = tmp_path / "run"
     proc = run_train(
         tiny_imdb_dir,
