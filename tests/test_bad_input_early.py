@@ -120,21 +120,6 @@ CASES = [
             "(valid: compile=aot_eager, compile=inductor), then set compile.backend",
         ),
     ),
-    Case(
-        "added-key-of-a-group-without-preset",
-        ("+compile.backend=aot_eager",),
-        (
-            "error: compile.backend=aot_eager: no compile= preset is chosen, so nothing reads this setting; "
-            "choose one first (valid: compile=aot_eager, compile=inductor), then set compile.backend",
-        ),
-    ),
-    Case(
-        "added-callbacks-leaf-that-is-no-callback",
-        ("+callbacks.evaluator=1",),
-        (
-            "error: callbacks.evaluator=1: not a callback (a leaf of callbacks is a node with _target_, or null",
-        ),
-    ),
 ]
 
 
@@ -326,3 +311,25 @@ def test_birth_time_is_not_moved_by_an_entry_made_and_removed(tmp_path):
     (folder / "probe").mkdir()  # as the pre-flight's writability probe does
     (folder / "probe").rmdir()
     assert birth_time(folder) == born < folder.stat().st_ctime
+
+
+def test_a_setting_nothing_reads_is_said_not_refused():
+    """A setting of a group left empty (+compile.backend=aot_eager with compile=none), or a callbacks leaf that is
+    no callback, is read by nothing: said in a warning (a multirun's quant=none job carries ++quant.mode=ptq on
+    purpose), with the presets that would read it."""
+    from adls_lightning.app.preflight import callback_nodes
+
+    cfg = {
+        "callback_order": ["callbacks", "compile"],
+        "callbacks": {"kept": {"_target_": "lightning.pytorch.callbacks.Timer"}, "evaluator": 1},
+        "compile": {"backend": "aot_eager"},
+    }
+    with pytest.warns(UserWarning) as caught:
+        built = callback_nodes(cfg)
+    assert [key for key, _ in built] == ["callbacks.kept"]
+    assert [str(w.message) for w in caught] == [
+        "callbacks.evaluator=1: not a callback, so nothing reads it (a leaf of callbacks is a node with _target_, "
+        "or null to turn it off)",
+        "compile.backend=aot_eager: no compile= preset is chosen, so nothing reads this setting (the run goes on "
+        "without it); to use it, choose one (valid: compile=aot_eager, compile=inductor)",
+    ]

@@ -147,6 +147,7 @@ NEEDS_THE_USERS = {
     "quant=toy": "the user's own preset in that folder (docs/extending.md)",
     "search.precision=toy_step": "the user's own format (docs/extending.md)",
     "data.plugins=[mylab.metrics]": "a metric package of the user's own (docs/extending.md)",
+    "data.plugins=[mylab.pruning]": "a pruning-method package of the user's own (docs/extending.md)",
 }
 
 
@@ -158,7 +159,10 @@ def _compose_and_check(command: DocCommand, values: dict, out: Path) -> str:
         a in NEEDS_THE_USERS for a in command.args
     ):  # the user's format's / metric's keys need their package
         args = [
-            a for a in args if "toy_step" not in a and "balanced_acc" not in a and a != "~quant.config.linear"
+            a
+            for a in args
+            if not any(name in a for name in ("toy_step", "toy_largest", "balanced_acc"))
+            and a != "~quant.config.linear"
         ]
     parsed = OverridesParser.create().parse_overrides(args)
     overrides = [o.input_line for o in parsed if not o.is_sweep_override()]

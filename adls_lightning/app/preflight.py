@@ -14,6 +14,7 @@ import contextlib
 import copy
 import functools
 import typing
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -231,26 +232,28 @@ def callback_nodes(cfg: Mapping) -> list[tuple[str, Mapping]]:
     built = [(key, leaf) for key, leaf in leaves if isinstance(leaf, Mapping) and "_target_" in leaf]
     for key, leaf in leaves:
         if leaf is not None and (key, leaf) not in built:
+            # said, not refused: a multirun's baseline job (quant=none,int8 ++quant.mode=ptq) carries the others'
+            # settings on purpose; Python shows each message once per process
             group = key.partition(".")[0]
-            raise ConfigError(
-                unread_setting_line(key, leaf, any(k.startswith(f"{group}.") for k, _ in built))
-            )
+            holds_callbacks = any(k.startswith(f"{group}.") for k, _ in built)
+            warnings.warn(unread_setting_line(key, leaf, holds_callbacks), stacklevel=2)
     return built
 
 
 def unread_setting_line(key: str, value: Any, holds_callbacks: bool) -> str:
-    """Why a setting under a callback node that builds nothing is refused: a group without a preset chosen
+    """What a setting under a callback node that builds nothing is told: a group without a preset chosen
     (``+compile.backend=aot_eager`` with ``compile=none``), or a leaf beside callbacks (``holds_callbacks``: a
-    ``callbacks`` leaf that is no callback), would be read by nothing, and the run would go on without it."""
+    ``callbacks`` leaf that is no callback), is read by nothing, and the run goes on without it."""
     group, _, _ = key.partition(".")
     presets = group_presets(group)
     if presets and not holds_callbacks:
         return (
-            f"{key}={value}: no {group}= preset is chosen, so nothing reads this setting; choose one first "
-            f"(valid: {', '.join(f'{group}={p}' for p in presets)}), then set {key}"
+            f"{key}={value}: no {group}= preset is chosen, so nothing reads this setting (the run goes on without "
+            f"it); to use it, choose one (valid: {', '.join(f'{group}={p}' for p in presets)})"
         )
     return (
-        f"{key}={value}: not a callback (a leaf of {group} is a node with _target_, or null to turn it off)"
+        f"{key}={value}: not a callback, so nothing reads it (a leaf of {group} is a node with _target_, or null "
+        "to turn it off)"
     )
 
 
