@@ -191,7 +191,11 @@ def test_a_real_multirun_makes_one_row_per_method(real_sweep, tmp_path):
         accs = [m["test/acc"] for m in metrics]
         assert rows[method][:2] == ["2", f"{np.mean(accs):.4f} ± {np.std(accs, ddof=1):.4f}"]
         assert all(math.isfinite(a) for a in accs)
-    assert "weight sparsity" in header[-1] and rows["l1_0.5"][-1] == "0.500" and rows["none"][-1] == ""
+    columns = [h.strip() for h in header]
+    sparsity = columns.index("weight sparsity") - 1  # rows hold the cells after the row's name
+    assert rows["l1_0.5"][sparsity] == "0.500" and rows["none"][sparsity] == ""
+    bits = columns.index("bits/weight") - 1  # every run records its storage: the base row is priced too
+    assert rows["none"][bits] == rows["l1_0.5"][bits] == "32.00"
     assert (out / "table.png").stat().st_size > 0 and (out / "table.csv").is_file()
 
 

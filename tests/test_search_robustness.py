@@ -134,7 +134,7 @@ def test_ctrl_c_while_the_command_starts_is_one_line_exit_130(script, tiny_imdb_
     command = [
         sys.executable, str(ROOT / script), f"hydra.sweep.dir={sweep}", f"hydra.run.dir={run}",
         f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}", "trainer=cpu", "model=tiny_random",
-        "trainer.max_epochs=1", "callbacks.rich_progress_bar=null", "data.max_length=16", "data.train_size=32",
+        "trainer.max_epochs=1", "callbacks.rich_progress_bar=null", "data.max_length=16", "data.train_size=32", "data.val_size=16",
     ]  # fmt: skip
     proc = subprocess.Popen(
         command,
