@@ -169,15 +169,21 @@ def _configure_logs() -> None:
     logs.configure(HydraConfig.get().verbose if HydraConfig.initialized() else False)
 
 
+#: Set once Hydra calls the task in this process: a run (or a trial) has begun.
+TASK_STARTED = threading.Event()
+
+
+def _run_noting_start(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any:
+    TASK_STARTED.set()
+    return task(cfg)
+
+
 def entry_point(task: Callable[[DictConfig], Any], config_dir: Path, config_name: str) -> Callable[[], Any]:
     """``@hydra.main`` over ``task`` with the project's whitelist, wrapped in the up-front config check."""
     # No version_base: Hydra 1.4 deprecates the parameter (a warning on every run) and has no behaviour behind it.
-    started = threading.Event()  # set once Hydra calls the task: a run (or a trial) has begun
-
-    @functools.wraps(task)
-    def task_noting_start(cfg: DictConfig) -> Any:
-        started.set()
-        return task(cfg)
+    started = TASK_STARTED
+    # a module-level function: launchers (joblib, submitit) pickle the task, which a closure over an Event is not
+    task_noting_start = functools.update_wrapper(functools.partial(_run_noting_start, task), task)
 
     hydra_main = hydra.main(
         config_path=str(config_dir),
