@@ -181,7 +181,6 @@ def _run_noting_start(task: Callable[[DictConfig], Any], cfg: DictConfig) -> Any
 def entry_point(task: Callable[[DictConfig], Any], config_dir: Path, config_name: str) -> Callable[[], Any]:
     """``@hydra.main`` over ``task`` with the project's whitelist, wrapped in the up-front config check."""
     # No version_base: Hydra 1.4 deprecates the parameter (a warning on every run) and has no behaviour behind it.
-    started = TASK_STARTED
     # a module-level function: launchers (joblib, submitit) pickle the task, which a closure over an Event is not
     task_noting_start = functools.update_wrapper(functools.partial(_run_noting_start, task), task)
 
@@ -198,7 +197,7 @@ def entry_point(task: Callable[[DictConfig], Any], config_dir: Path, config_name
         except KeyboardInterrupt:
             # Ctrl-C outside the blocks that say how to resume (a single run's, the sweeper's): while the command
             # starts (the pre-flight check, composing the config) or in a job of a train.py multirun
-            print(interrupted_outside_line(config_name, started.is_set()), file=sys.stderr)
+            print(interrupted_outside_line(config_name, TASK_STARTED.is_set()), file=sys.stderr)
             sys.exit(INTERRUPTED_EXIT)
 
     def checked_and_run() -> Any:
