@@ -5,7 +5,9 @@ are refused in one line naming the file, and ``data.labels`` maps any integers t
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 
 import pandas as pd
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from adls_lightning.build import build
 from adls_lightning.data.folder import load_folder
 from adls_lightning.errors import ConfigError
-from tests.helpers import assert_one_line_error, make_reviews, run_train
+from tests.helpers import ROOT, assert_one_line_error, make_reviews, run_train, train_cmd
 
 
 def write_folder(folder, train: pd.DataFrame, test: pd.DataFrame, suffix: str = "parquet"):
@@ -113,5 +115,45 @@ def test_a_missing_label_names_the_file(tmp_path):
     own = write_folder(tmp_path / "own", train, make_reviews(10, 1))
     with pytest.raises(
         ConfigError, match=rf"^data\.data_dir: {re.escape(str(own / 'train.parquet'))}: row 3 has label None"
+    ):
+        load_folder(own, None, None, None)
+
+
+def test_data_folder_without_data_dir_says_what_to_give(tmp_path, cache_dir):
+    """``data=folder`` alone: one line naming data.data_dir and the folder it needs (not IMDb's ``auto``)."""
+    out = tmp_path / "out"
+    cmd = [
+        arg
+        for arg in train_cmd(tmp_path, cache_dir, out, "data=folder")
+        if not arg.startswith("data.data_dir=")
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    line = assert_one_line_error(proc, starts="error: data.data_dir: required by data=folder")
+    assert "data.data_dir=<your folder>" in line and "auto" not in line
+    assert "one train and one test file (.parquet/.csv/.jsonl/.json)" in line and "data.hub_name=" in line
+    assert not out.exists()  # refused before the run folder is made
+
+
+@pytest.mark.parametrize("name", ["validation.csv", "val.parquet", "dev.jsonl"])
+def test_a_validation_file_is_refused_naming_it(tmp_path, cache_dir, name):
+    """A folder with its own validation file: one line naming it, not a run that silently trains without it."""
+    own = write_folder(tmp_path / "own", make_reviews(200, 0), make_reviews(40, 1), "csv")
+    (own / name).write_text("text,label\ngreat,1\n")
+    proc = run_train(own, cache_dir, tmp_path / "out", "data=folder")
+    line = assert_one_line_error(proc, starts=f"error: data.data_dir={own}: {name} is not read")
+    assert (
+        "carved out of the train file (data.val_size rows" in line
+        and f"move {name} out of the folder" in line
+    )
+    # the same refusal from the library, wherever the folder is read
+    with pytest.raises(
+        ConfigError, match=rf"^data\.data_dir={re.escape(str(own))}: {re.escape(name)} is not"
     ):
         load_folder(own, None, None, None)

@@ -1,5 +1,6 @@
 """The generic folder task: ``train`` and ``test`` files (parquet, CSV or JSON lines) with ``text``, optionally
-``text_pair``, and ``label`` -- or the same splits from a Hugging Face hub data set. IMDb is one preset of it.
+``text_pair``, and ``label`` -- or the same splits from a Hugging Face hub data set. IMDb is one preset of it. The
+validation split is carved out of train, so a validation file in the folder is refused, naming it, not left unread.
 
 Labels are integers 0..K-1, strings (ids given in sorted order, or in the order of ``data.labels``) or floats (a
 regression); other integers (1/2) are refused unless ``data.labels`` lists them (their ids in that order). The
@@ -23,6 +24,8 @@ from adls_lightning.errors import ConfigError
 
 DATA_EXTENSIONS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".json": "json"}
 SPLITS = ("train", "test")
+# A validation file's usual names: refused, not read (the validation split is carved out of train, data.val_size).
+VALIDATION_NAMES = ("validation", "valid", "val", "dev")
 # Project root, used to find ../shared/data/imdb beside the checkout when data_dir is 'auto'.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 # The IMDb preset's source: its data module's defaults, and what the pre-flight check assumes for an absent key.
@@ -72,7 +75,9 @@ def folder_data_dir(data_dir: str | None, hub_name: str | None) -> Path | None:
     path = resolve_data_dir(data_dir)
     if path is None and not hub_name:
         raise ConfigError(
-            "data.data_dir: required (a folder with train and test files), or set data.hub_name"
+            "data.data_dir: required by data=folder: give data.data_dir=<your folder>, holding one train and one "
+            f"test file ({'/'.join(DATA_EXTENSIONS)}) with columns text, label and optionally text_pair; or "
+            "data.hub_name=<a Hugging Face data set with those splits and columns>"
         )
     return path
 
@@ -81,8 +86,17 @@ def find_split_files(data_dir: Path) -> dict[str, Path]:
     """Map each split to its file in ``data_dir`` (``train.parquet``, ``test.csv``, ``train.jsonl``, ...).
 
     Raises:
-        ConfigError: a split has no file, or more than one.
+        ConfigError: a split has no file, or more than one; or the folder holds a validation file, which would
+            otherwise be left unread without a word.
     """
+    validation = [p for name in VALIDATION_NAMES for p in sorted(data_dir.glob(f"{name}.*"))]
+    validation = [p for p in validation if p.suffix in DATA_EXTENSIONS]
+    if validation:
+        raise ConfigError(
+            f"data.data_dir={data_dir}: {validation[0].name} is not read: the folder task's validation split is "
+            f"carved out of the train file (data.val_size rows, seeded, stratified); move {validation[0].name} "
+            "out of the folder, or add its rows to the train file"
+        )
     files = {}
     for split in SPLITS:
         found = [p for p in sorted(data_dir.glob(f"{split}.*")) if p.suffix in DATA_EXTENSIONS]
