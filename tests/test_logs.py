@@ -101,6 +101,30 @@ def test_summary_says_why_a_correlation_is_nan(tmp_path, capsys):
     assert rows["test spearman"] == "0.2500" and rows["val pearson"] == "0.5000"
 
 
+def test_summary_shows_the_compile_counts_like_the_other_groups(tmp_path, capsys):
+    from adls_lightning.app.training import print_summary
+
+    compiled = {
+        "compile/seconds": 12.5,
+        "compile/graphs": 3,
+        "compile/graph_breaks": 0,
+        "compile/recompiles": 2,
+    }
+    print_summary({"val/acc": 0.9, "prune/weight_sparsity": 0.5, **compiled}, tmp_path)
+    rows = {
+        line.split("│")[0].strip(): line.split("│")[1].strip()
+        for line in capsys.readouterr().out.splitlines()
+        if "│" in line
+    }
+    assert {key: rows.get(key) for key in compiled} == {
+        "compile/seconds": "12.5",
+        "compile/graphs": "3",
+        "compile/graph_breaks": "0",
+        "compile/recompiles": "2",
+    }
+    assert rows["prune/weight_sparsity"] == "0.5"
+
+
 def test_debug_preset_brings_the_detail_back(tiny_imdb_dir, cache_dir, tmp_path):
     proc = run_train(tiny_imdb_dir, cache_dir, tmp_path / "run", "debug=fdr")
     assert proc.returncode == 0, proc.stderr[-3000:]

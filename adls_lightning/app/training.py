@@ -554,7 +554,9 @@ def print_summary(
                 # torchmetrics' correlation of predictions that do not vary (a collapsed regression head)
                 shown += " (the predictions do not vary)"
             table.add_row(label, shown)
-    extra = sorted(k for k in metrics if k.split("/")[0] in ("quant", "prune", "ptq", "compress", "mxint8"))
+    extra = sorted(
+        k for k in metrics if k.split("/")[0] in ("quant", "prune", "ptq", "compress", "mxint8", "compile")
+    )
     for key in extra:
         table.add_row(key, f"{metrics[key]:.4g}")
     console = Console(stderr=False)
