@@ -113,6 +113,8 @@ CASES = [
     Case("seed-negative", ("seed=-3",), "seed"),
     Case("precision-17", ("trainer.precision=17",), "trainer.precision"),
     Case("precision-fp8", ("trainer.precision=fp8",), "trainer.precision"),
+    # Lightning would train it in bf16-mixed, saying so in a warning only
+    Case("precision-fp16-autocast-on-cpu", ("trainer.precision=16-mixed",), "trainer.precision=16-mixed"),
     Case("eval-precision-fp16", ("model.eval_precision=fp16",), "model.eval_precision"),
     Case("regression-bias-median", ("model.regression_bias_init=median",), "model.regression_bias_init"),
     Case("accelerator-unknown", ("trainer.accelerator=quantum",), "trainer.accelerator"),

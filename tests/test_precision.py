@@ -16,9 +16,10 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from adls_lightning import precision
+from adls_lightning.app.preflight import validate_trainer
 from adls_lightning.errors import ConfigError
 from adls_lightning.gemm import MEASUREMENTS, LinearShape, cpu_name
-from tests.helpers import FORMAT_PARAMS
+from tests.helpers import FORMAT_PARAMS, assert_one_line_error, compose_config, run_train, train_run
 
 AVX2_FLAGS = "fpu sse sse2 avx avx2 fma"
 AVX512_BF16_FLAGS = "fpu sse avx2 fma avx512f avx512_vnni avx512_bf16"
@@ -224,6 +225,51 @@ def test_train_py_refuses_a_bad_precision_in_one_line(tmp_path):
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("error: trainer.precision='fp8': must be one of auto, ") and "bf16-mixed" in line
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value", ["16-mixed", "16"])
+def test_train_py_refuses_fp16_autocast_on_a_cpu_in_one_line(tmp_path, tiny_imdb_dir, cache_dir, value):
+    """Lightning would swap fp16 autocast for bf16-mixed on a CPU with a warning only: refused, naming what a CPU
+    takes, before anything is written."""
+    out = tmp_path / "run"
+    proc = run_train(tiny_imdb_dir, cache_dir, out, f"trainer.precision={value}")  # trainer=cpu
+    line = assert_one_line_error(
+        proc, starts=f"error: trainer.precision={value}: fp16 autocast does not run on a CPU"
+    )
+    assert "bf16-mixed instead" in line and "give one of auto, 32-true, bf16-mixed" in line
+    assert not out.exists()
+
+
+def test_fp16_autocast_is_refused_where_the_run_lands_on_the_cpu_only():
+    validate_trainer({"precision": "32-true", "accelerator": "cpu"})
+    validate_trainer(
+        {"precision": "16-true", "accelerator": "cpu"}
+    )  # fp16 weights: what it says, on a CPU too
+    with pytest.raises(
+        ConfigError, match=r"^trainer.precision=16-mixed: fp16 autocast does not run on a CPU"
+    ):
+        validate_trainer({"precision": "16-mixed", "accelerator": "cpu"})
+    # no accelerator given is Lightning's auto: the CPU where this machine has no GPU
+    if not torch.cuda.is_available() and not torch.backends.mps.is_available():
+        with pytest.raises(ConfigError, match=r"^trainer.precision=16-mixed: fp16 autocast"):
+            validate_trainer({"precision": "16-mixed"})
+    else:
+        validate_trainer({"precision": "16-mixed"})
+
+
+@pytest.mark.parametrize("preset", ["gpu", "ddp"])
+def test_the_gpu_presets_keep_their_precision(preset):
+    assert compose_config("train", [f"trainer={preset}"]).trainer.precision == "bf16-mixed"
+
+
+def test_a_run_records_the_precision_given_in_its_metrics(tmp_path, tiny_imdb_dir, cache_dir):
+    """Not only auto's choice: a value given is recorded too, as Lightning names it (``bf16`` is bf16-mixed)."""
+    out = tmp_path / "run"
+    metrics = train_run(
+        out, ["trainer.precision=bf16", "+trainer.limit_train_batches=2"], tiny_imdb_dir, cache_dir
+    )
+    assert metrics["trainer/precision"] == "bf16-mixed"
+    assert json.loads((out / "metrics.json").read_text())["trainer/precision"] == "bf16-mixed"
 
 
 # --- custom ops under bf16 autocast ------------------------------------------------------------------------------

@@ -86,6 +86,44 @@ def test_csv_holds_mean_std_n_per_metric_and_the_runs(sweep, tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["table.csv", "table.md", "table.png"]
 
 
+def test_the_precision_each_row_trained_in_is_a_column_blank_for_runs_recorded_before_it(tmp_path, capsys):
+    # one configuration per precision setting: auto resolved to bf16 on one seed's machine and fp32 on another's
+    recorded = {
+        "auto": ["bf16-mixed", "32-true"],
+        "32-true": ["32-true", "32-true"],
+        "bf16-mixed": ["bf16-mixed", None],  # its second run was recorded before metrics.json held the key
+        "16-true": [None, None],  # both recorded before it: a blank cell
+    }
+    job = 0
+    for setting, precisions in recorded.items():
+        for seed, resolved in enumerate(precisions, 1):
+            metrics = {"test/acc": 0.5 + seed / 10}
+            if resolved is not None:
+                metrics["trainer/precision"] = resolved
+            write_run(tmp_path / str(job), [f"trainer.precision={setting}", f"seed={seed}"], metrics)
+            job += 1
+    out = tmp_path / "table"
+    assert main([str(tmp_path), f"out={out}"]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0] == "| trainer.precision | n | test/acc | precision |"
+    precision_cells = {setting: cells[-1] for setting, cells in table_rows(text).items()}
+    assert precision_cells == {
+        "auto": "bf16-mixed, 32-true",
+        "32-true": "32-true",
+        "bf16-mixed": "bf16-mixed",
+        "16-true": "",
+    }
+    assert table_rows(text)["16-true"][:2] == ["2", "0.6500 ± 0.0707"]  # the old runs' numbers as before
+    with (out / "table.csv").open() as handle:
+        rows = {row["trainer.precision"]: row for row in csv.DictReader(handle)}
+    assert {setting: row["trainer/precision"] for setting, row in rows.items()} == precision_cells
+    # runs that all predate the key: no such column, the table as it was
+    old = tmp_path / "old"
+    write_run(old / "0", ["seed=1"], {"test/acc": 0.6})
+    assert main([str(old)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "| configuration | n | test/acc |"
+
+
 def test_per_seed_keys_and_trial_identity_are_left_out(tmp_path, capsys):
     for i, (lr, seed) in enumerate([("1e-3", 1), ("1e-3", 2), ("1e-4", 1)]):
         overrides = [
@@ -196,6 +234,17 @@ def test_a_real_multirun_makes_one_row_per_method(real_sweep, tmp_path):
     assert rows["l1_0.5"][sparsity] == "0.500" and rows["none"][sparsity] == ""
     bits = columns.index("bits/weight") - 1  # every run records its storage: the base row is priced too
     assert rows["none"][bits] == rows["l1_0.5"][bits] == "32.00"
+    # trainer=cpu's precision is auto: each job records what it resolved to, as its train.log says
+    for job in sorted(real_sweep.glob("[0-9]*")):
+        [line] = [x for x in (job / "train.log").read_text().splitlines() if "trainer.precision=auto: " in x]
+        resolved = line.split("trainer.precision=auto: ")[1].split()[0].rstrip(",")
+        assert json.loads((job / "metrics.json").read_text())["trainer/precision"] == resolved
+    resolved_by_method = {
+        method: ", ".join(dict.fromkeys(m["trainer/precision"] for m in metrics))
+        for method, metrics in runs.items()
+    }
+    assert columns[-1] == "precision"
+    assert {method: cells[-1] for method, cells in rows.items()} == resolved_by_method
     assert (out / "table.png").stat().st_size > 0 and (out / "table.csv").is_file()
 
 

@@ -56,6 +56,10 @@ LIGHTNING_PRECISIONS = (
 )  # fmt: skip
 # This project's own value (adls_lightning.precision): resolved per run before the trainer is built.
 AUTO_PRECISION = "auto"
+# Lightning's spellings of fp16 autocast, which it swaps for bf16-mixed on a CPU with a warning only
+FP16_AUTOCAST = (16, "16", "16-mixed")
+# The values that compute on a CPU as they read
+CPU_PRECISIONS = (AUTO_PRECISION, "32-true", "bf16-mixed")
 
 
 def validate_trainer(trainer: Mapping) -> None:
@@ -76,8 +80,31 @@ def validate_trainer(trainer: Mapping) -> None:
             f"trainer.precision={precision!r}: must be one of auto, " + ", ".join(dict.fromkeys(usable))
         )
     accelerator = trainer.get("accelerator")
-    if accelerator is None or not isinstance(accelerator, str):
-        return
+    if isinstance(accelerator, str):
+        _check_accelerator(accelerator)
+    # Lightning (its own default accelerator: auto) would train such a run in bf16, saying so in a warning only
+    if precision in FP16_AUTOCAST and runs_on_cpu("auto" if accelerator is None else accelerator):
+        raise ConfigError(
+            f"trainer.precision={precision}: fp16 autocast does not run on a CPU (Lightning would train in "
+            f"bf16-mixed instead); on a CPU give one of {', '.join(CPU_PRECISIONS)} "
+            "(16-mixed needs a GPU: trainer=gpu)"
+        )
+
+
+def runs_on_cpu(accelerator: object) -> bool:
+    """Whether Lightning's ``accelerator`` setting (a name) puts the run on the CPU (``auto``: when no GPU is
+    present)."""
+    if accelerator == "cpu":
+        return True
+    if accelerator != "auto":
+        return False
+    import torch  # asked only here: 2 s to import
+
+    return not torch.cuda.is_available() and not torch.backends.mps.is_available()
+
+
+def _check_accelerator(accelerator: str) -> None:
+    """``trainer.accelerator`` a name Lightning knows, and its device present on this machine."""
     known = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
     if accelerator not in known:
         raise ConfigError(f"trainer.accelerator={accelerator!r}: must be one of {', '.join(known)}")

@@ -23,7 +23,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from adls_lightning.app.preflight import callback_nodes, check_output_dir, validate_run_config
+from adls_lightning.app.preflight import callback_nodes, check_output_dir, runs_on_cpu, validate_run_config
 from adls_lightning.build import build
 from adls_lightning.checkpoints import (
     check_shapes,
@@ -47,7 +47,7 @@ from adls_lightning.module import parameter_metrics
 from adls_lightning.precision import choose as choose_precision
 from adls_lightning.quant import quantization_report
 from adls_lightning.runs.folder import entries, remove_unused_run_folder, replace_earlier_run
-from adls_lightning.runs.record import METRICS_FILE, write_run_record
+from adls_lightning.runs.record import METRICS_FILE, PRECISION_KEY, write_run_record
 from adls_lightning.runtime import keep_freed_memory
 
 log = logging.getLogger(__name__)
@@ -100,14 +100,15 @@ def _float_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def run(cfg: DictConfig, checked: bool = False) -> dict[str, float]:
+def run(cfg: DictConfig, checked: bool = False) -> dict[str, float | str]:
     """Fit, then validate and test the best checkpoint; write ``metrics.json`` into ``cfg.paths.output_dir``.
 
     ``checked``: the entry point's pre-flight already checked this config's values
     (:func:`~adls_lightning.app.preflight.check_config`), so they are not checked again.
 
     Returns:
-        The recorded metrics (``val/acc``, ``test/acc``, ``params/trainable``, ... and callbacks' reports).
+        The recorded metrics (``val/acc``, ``test/acc``, ``params/trainable``, ... and callbacks' reports) and
+        the precision the trainer computed in (``trainer/precision``: ``32-true``, ``bf16-mixed``, ...).
     """
     with held_log_file() as release_log:
         datamodule, model, callbacks, loggers, trainer, ckpt_path = _checked_objects(cfg, checked)
@@ -432,9 +433,9 @@ def held_log_file():
             root.addHandler(file_handler)
 
 
-def _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_path) -> dict[str, float]:
+def _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_path) -> dict[str, float | str]:
     output_dir = Path(cfg.paths.output_dir)
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float | str] = {}
     for logger in loggers:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
@@ -465,10 +466,12 @@ def _fit_and_record(cfg, datamodule, model, callbacks, loggers, trainer, ckpt_pa
                 metrics.update(_float_metrics(callback.report()))
         metrics["time/total_s"] = time.perf_counter() - start
         metrics.pop("train/loss_step", None)
+        # what the run computed in (auto's choice, Lightning's spelling of a value given): adls-table's column
+        metrics[PRECISION_KEY] = str(trainer.precision)
         if trainer.is_global_zero:  # DDP: one metrics.json (metrics are synced across ranks by torchmetrics)
             atomic_write_json(output_dir / METRICS_FILE, metrics)
         for logger in loggers:
-            logger.log_metrics({f"final/{k}": v for k, v in metrics.items()})
+            logger.log_metrics({f"final/{k}": v for k, v in metrics.items() if k != PRECISION_KEY})
     finally:
         places = []  # where the loggers keep the run, for the summary's last lines
         for logger in loggers:
@@ -506,12 +509,8 @@ def _precision_choice(cfg: DictConfig, model: torch.nn.Module) -> str | int:
 
 
 def _runs_on_cpu(accelerator: object) -> bool:
-    """Whether Lightning's ``accelerator`` setting puts the run on the CPU (``auto``: when no GPU is present)."""
-    if accelerator == "cpu" or isinstance(accelerator, CPUAccelerator):
-        return True
-    if accelerator != "auto":
-        return False
-    return not torch.cuda.is_available() and not torch.backends.mps.is_available()
+    """Whether Lightning's ``accelerator`` setting (a name or an accelerator) puts the run on the CPU."""
+    return isinstance(accelerator, CPUAccelerator) or runs_on_cpu(accelerator)
 
 
 def _gemm_choice(cfg: DictConfig, model: torch.nn.Module, trainer: L.Trainer) -> str:

@@ -22,7 +22,7 @@ import yaml
 from adls_lightning.errors import ConfigError
 from adls_lightning.reports.output import check_report_folder
 from adls_lightning.runs.folder import check_writable
-from adls_lightning.runs.record import METRICS_FILE, read_run_config, read_run_record
+from adls_lightning.runs.record import METRICS_FILE, PRECISION_KEY, read_run_config, read_run_record
 
 USAGE = "adls-table RUN_OR_GLOB... [out=DIR]  (or python -m adls_lightning.reports.table RUN_OR_GLOB... [out=DIR])"
 OUTPUTS = ("table.md", "table.csv", "table.png")
@@ -39,6 +39,9 @@ EXTRAS = {
     "quant/weight_bytes": ("size (MB)", "mb"),
     "mxint8/model_bytes_packed": ("packed size (MB)", "mb"),
 }
+# ... and the text values a run records, shown where some run has them: key -> heading. A row's cell holds each value
+# its runs recorded (a run recorded before the key existed adds nothing; a cell of such runs only is blank).
+TEXT_EXTRAS = {PRECISION_KEY: "precision"}
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class Table:
     rows: list[tuple[dict[str, str], list[Run]]]
     columns: list[str]
     main: str  # the main metric's column
+    texts: list[str]  # the TEXT_EXTRAS columns, after the metrics
     task: str
     data: list[str]  # what the runs read, each source once
 
@@ -290,8 +294,16 @@ def build_table(runs: Sequence[Run]) -> Table:
         list(rows.values()),
         columns,
         main,
+        [k for k in TEXT_EXTRAS if k in found],
         first.task,
         list(dict.fromkeys(run.data for run in runs)),
+    )
+
+
+def text_cell(runs: Sequence[Run], key: str) -> str:
+    """The values of ``key`` the row's finished runs recorded, each once, in the order found ("" if none)."""
+    return ", ".join(
+        dict.fromkeys(str(run.metrics[key]) for run in runs if run.finished and key in run.metrics)
     )
 
 
@@ -307,6 +319,7 @@ def _show(column: str, value: float) -> str:
 def markdown(table: Table) -> str:
     """The table, its footnotes (every run left out of a mean), and the overrides every run shares."""
     heads = [*(table.keys or ["configuration"]), "n", *(EXTRAS.get(c, (c,))[0] for c in table.columns)]
+    heads += [TEXT_EXTRAS[k] for k in table.texts]
     lines = [f"| {' | '.join(heads)} |", "|---" * len(heads) + "|"]
     notes: list[str] = []
     partial = unfinished = False
@@ -347,6 +360,7 @@ def markdown(table: Table) -> str:
                 text += f" ({len(cell.numbers)}/{cell.runs})"
                 partial = True
             cells.append(text + refs)
+        cells += [text_cell(runs, key) for key in table.texts]
         lines.append(f"| {' | '.join(cells)} |")
     lines += [
         "",
@@ -368,13 +382,14 @@ def csv_text(table: Table) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     stats = [f"{c} {s}" for c in table.columns for s in ("mean", "std", "n")]
-    writer.writerow([*(table.keys or ["configuration"]), "n", *stats, "runs"])
+    writer.writerow([*(table.keys or ["configuration"]), "n", *stats, *table.texts, "runs"])
     for label, runs in table.rows:
         runs = [run for run in runs if run.finished]
         values: list[Any] = [*(label.values() or ["all runs"]), len(runs)]
         for column in table.columns:
             cell = table.cell(runs, column)
             values += [_blank(cell.mean), _blank(cell.std), len(cell.numbers)]
+        values += [text_cell(runs, key) for key in table.texts]
         writer.writerow([*values, " ".join(str(run.path) for run in runs)])
     return out.getvalue()
 

@@ -18,6 +18,9 @@ from adls_lightning.files.atomic import atomic_write_bytes
 RUN_RECORD_DIR = ".hydra"
 # A finished run's metrics (also what marks a folder as holding an earlier run).
 METRICS_FILE = "metrics.json"
+# The precision the run's trainer computed in, as Lightning names it (``trainer.precision=auto`` resolved, or the
+# value given): the one text value of ``metrics.json`` beside its numbers; runs recorded before it lack it.
+PRECISION_KEY = "trainer/precision"
 # What write_run_record writes into RUN_RECORD_DIR.
 RUN_RECORD_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 

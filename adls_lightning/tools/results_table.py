@@ -11,7 +11,9 @@ One row per configuration: the overrides (``.hydra/overrides.yaml``) that differ
 per-seed keys (``seed``, ``data.seed``, any ``*.seed``) and a search trial's identity left out, so the seeds of a
 configuration share its row. Columns: the task's metrics (``test/*`` then ``val/*`` in ``metrics.json``, the main
 metric first; losses left out) as mean ± std over the runs of the row (sample std), the number of runs ``n``, and,
-where ``metrics.json`` has them, trainable and total parameters, bits per weight, weight sparsity and stored size.
+where ``metrics.json`` has them, trainable and total parameters, bits per weight, weight sparsity and stored size;
+last, the precision the row's runs trained in (``trainer/precision``: ``auto``'s choice or the value given; each value
+its runs recorded, blank for runs recorded before the key existed).
 The figure shows the main metric's mean ± std per configuration.
 
 A value that is not a number (``nan``: a diverged run) or missing from some runs of a row is never averaged
