@@ -16,7 +16,16 @@ import pytest
 import yaml
 
 from adls_lightning.tools.results_table import main
-from tests.helpers import ROOT, assert_one_line_error, table, table_rows, train_cmd, write_run, write_sweep
+from tests.helpers import (
+    ROOT,
+    assert_one_line_error,
+    run_train,
+    table,
+    table_rows,
+    train_cmd,
+    write_run,
+    write_sweep,
+)
 
 
 @pytest.fixture
@@ -258,3 +267,59 @@ def test_a_run_folder_named_with_equals_signs_is_a_run(tmp_path, capsys):
         )
     assert main([str(tmp_path / "prune=none,seed=1"), str(tmp_path / "prune=none,seed=2")]) == 0
     assert table_rows(capsys.readouterr().out) == {"all runs": ["2", "0.6500 ± 0.0707"]}
+
+
+def write_choices(run: Path, **choices: str) -> None:
+    """The run's Hydra record of its config group options, as train.py leaves it (``.hydra/hydra.yaml``)."""
+    (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"runtime": {"choices": choices}}}))
+
+
+def test_a_key_a_run_left_alone_shows_what_the_run_ran_with(tmp_path, capsys):
+    # compile=none, compile=inductor (its backend from the preset), compile=inductor compile.backend=aot_eager
+    runs = {
+        "plain": ([], "none", {}),
+        "inductor": (["compile=inductor"], "inductor", {"backend": "inductor", "mode": "default"}),
+        "aot_eager": (
+            ["compile=inductor", "compile.backend=aot_eager"], "inductor", {"backend": "aot_eager", "mode": "default"}
+        ),
+    }  # fmt: skip
+    for name, (overrides, choice, compile_node) in runs.items():
+        run = write_run(tmp_path / name, ["seed=1", *overrides], {"test/acc": 0.5})
+        config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+        (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({**config, "compile": compile_node}))
+        write_choices(run, compile=choice, quant="none")
+    assert main([str(tmp_path / name) for name in runs]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0] == "| compile | compile.backend | n | test/acc |"
+    labels = [
+        [cell.strip() for cell in line.split("|")[1:3]] for line in text.splitlines()[2:] if "|" in line
+    ]
+    assert labels == [
+        ["none", "none"],  # no compile: no backend either
+        ["inductor", "inductor"],  # the preset's backend, not the word "default"
+        ["inductor", "aot_eager"],
+    ]
+
+
+@pytest.mark.slow
+def test_a_real_compiled_run_and_an_uncompiled_one_say_which_is_which(tiny_imdb_dir, cache_dir, tmp_path):
+    few = ["trainer.max_epochs=1", "+trainer.limit_train_batches=2", "+trainer.limit_val_batches=2"]
+    plain = run_train(tiny_imdb_dir, cache_dir, tmp_path / "plain", *few)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    compiled = run_train(
+        tiny_imdb_dir, cache_dir, tmp_path / "compiled", *few, "compile=aot_eager", "compile.backend=eager"
+    )
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    # the run summary shows the compile counts metrics.json records, as it shows the other groups'
+    recorded = json.loads((tmp_path / "compiled" / "metrics.json").read_text())
+    shown = [line.split("│")[0].strip() for line in compiled.stdout.splitlines() if "│" in line]
+    assert {"compile/seconds", "compile/graphs"} <= set(shown) & {
+        k for k in recorded if k.startswith("compile/")
+    }
+    proc = table(tmp_path / "plain", tmp_path / "compiled")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].startswith("| compile | compile.backend | n |")
+    assert {row: cells[0] for row, cells in table_rows(proc.stdout).items()} == {
+        "none": "none",
+        "aot_eager": "eager",
+    }

@@ -8,12 +8,13 @@ from __future__ import annotations
 import csv
 import glob
 import io
+import json
 import math
 import re
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,10 @@ from adls_lightning.runs.record import METRICS_FILE, PRECISION_KEY, read_run_con
 USAGE = "adls-table RUN_OR_GLOB... [out=DIR]  (or python -m adls_lightning.reports.table RUN_OR_GLOB... [out=DIR])"
 OUTPUTS = ("table.md", "table.csv", "table.png")
 OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
+# Hydra's own record of the run: its ``hydra.runtime.choices`` name the config group options the run composed.
+HYDRA_FILE = Path(".hydra") / "hydra.yaml"
+# What a row shows for a key its runs never had (an uncompiled run's ``compile.backend``).
+UNSET = "none"
 # The sweeper's way to find a trial again (adls_lightning.reports.study.TRIAL_IDENTITY): not what the trial trained.
 TRIAL_IDENTITY = "search.trial."
 MISSING = "–"
@@ -59,6 +64,8 @@ class Run:
         ""  # its per-seed settings ("seed=1"): runs of one row with the same seed are not seed samples
     )
     finished: bool = True
+    config: dict[str, Any] = field(default_factory=dict)  # its saved .hydra/config.yaml
+    choices: dict[str, Any] = field(default_factory=dict)  # its config groups' options (HYDRA_FILE)
 
 
 @dataclass(frozen=True)
@@ -204,9 +211,45 @@ def read_run(folder: Path) -> Run:
     from adls_lightning.data.sources import data_read  # the data libraries: only once a run is read
 
     data = data_read(config.get("data") or {})
-    return Run(
-        folder, _configuration(overrides), metrics, task, main, data, _seed(overrides, config), finished
-    )
+    seed, choices = _seed(overrides, config), _choices(folder)
+    return Run(folder, _configuration(overrides), metrics, task, main, data, seed, finished, config, choices)
+
+
+def _choices(folder: Path) -> dict[str, Any]:
+    """The config group options a run composed (``compile: none``, ``model/lora: default``), from Hydra's record;
+    ``{}`` when it has none.
+
+    Raises:
+        ConfigError: the record is damaged, naming the file.
+    """
+    record = folder / HYDRA_FILE
+    if not record.is_file():
+        return {}
+    try:
+        hydra = (yaml.safe_load(record.read_text()) or {}).get("hydra") or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError) as error:
+        raise ConfigError(f"{record}: not readable YAML ({' '.join(str(error).split())})") from None
+    choices = (hydra.get("runtime") or {}).get("choices") if isinstance(hydra, dict) else None
+    return choices if isinstance(choices, dict) else {}
+
+
+def recorded_setting(run: Run, key: str) -> str:
+    """What ``run``, which did not override ``key``, ran with: the config group option it composed (``compile``:
+    ``none``), else the value its saved config holds (``compile.backend``: ``inductor``), else :data:`UNSET` (an
+    uncompiled run has no ``compile.backend``)."""
+    name = key.lstrip("+~")
+    if run.choices.get(name) is not None:
+        return str(run.choices[name])
+    value: Any = run.config
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return UNSET
+        value = value[part]
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)  # null, true, false: as an override spells them
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":")) if value else UNSET
+    return str(value)
 
 
 def run_task(config: dict[str, Any]) -> tuple[str, str]:
@@ -278,7 +321,7 @@ def build_table(runs: Sequence[Run]) -> Table:
     keys = [k for k in all_keys if k not in shared]
     rows: dict[tuple, tuple[dict[str, str], list[Run]]] = {}
     for run in runs:
-        label = {k: run.overrides.get(k, "default") for k in keys}
+        label = {k: run.overrides[k] if k in run.overrides else recorded_setting(run, k) for k in keys}
         rows.setdefault(tuple(label.values()), (label, []))[1].append(run)
     found = {k for run in runs for k in run.metrics}
     columns = []

@@ -9,7 +9,9 @@ Each argument is a run folder, a folder holding runs (a multirun's numbered job 
 
 One row per configuration: the overrides (``.hydra/overrides.yaml``) that differ between the runs, with the
 per-seed keys (``seed``, ``data.seed``, any ``*.seed``) and a search trial's identity left out, so the seeds of a
-configuration share its row. Columns: the task's metrics (``test/*`` then ``val/*`` in ``metrics.json``, the main
+configuration share its row. A run that left a key alone shows what it ran with: the config group option it
+composed (``compile``: ``none``), else its saved config's value (``compile.backend``: ``inductor``), else ``none``
+(a setting it did not have: an uncompiled run's ``compile.backend``). Columns: the task's metrics (``test/*`` then ``val/*`` in ``metrics.json``, the main
 metric first; losses left out) as mean ± std over the runs of the row (sample std), the number of runs ``n``, and,
 where ``metrics.json`` has them, trainable and total parameters, bits per weight, weight sparsity and stored size;
 last, the precision the row's runs trained in (``trainer/precision``: ``auto``'s choice or the value given; each value
