@@ -45,7 +45,7 @@ from adls_lightning.logs import drop_unset_wandb_settings, wandb_location
 from adls_lightning.models import head_outputs, without_task_head
 from adls_lightning.module import parameter_metrics
 from adls_lightning.precision import choose as choose_precision
-from adls_lightning.quant import quantization_report
+from adls_lightning.quant import weight_storage
 from adls_lightning.runs.folder import entries, remove_unused_run_folder, replace_earlier_run
 from adls_lightning.runs.record import METRICS_FILE, PRECISION_KEY, write_run_record
 from adls_lightning.runtime import keep_freed_memory
@@ -243,7 +243,7 @@ def check_monitored_metrics(cfg: DictConfig, task: Task) -> None:
         )
 
 
-#: What every run records of its model's storage, from :func:`quantization_report` of the model after its fit: an
+#: What every run records of its model's storage, from :func:`weight_storage` of the model after its fit: an
 #: uncompressed run has its 32 bits and fp32 size too, so ``adls-table`` compares a compressed row with its base in
 #: those columns. A callback that stores the model otherwise while it evaluates (quantization, MXINT8 packing)
 #: reports the same keys of the model it evaluated, which replace these.
@@ -252,8 +252,8 @@ STORAGE_KEYS = ("quant/avg_weight_bits", "quant/weight_bytes")
 
 def storage_metrics(model: torch.nn.Module) -> dict[str, float]:
     """The model's :data:`STORAGE_KEYS`: bits per linear-layer weight and bytes to store."""
-    report = quantization_report(model)
-    return {key: report[key] for key in STORAGE_KEYS}
+    storage = weight_storage(model)
+    return {key: storage[key] for key in STORAGE_KEYS}
 
 
 def rows_used(trainer: L.Trainer, batch_size: int | None) -> dict[str, int]:

@@ -23,7 +23,7 @@ from adls_lightning.mxint8 import (
     pack_linear_layers,
     restore_layers,
 )
-from adls_lightning.quant import find_linear_layers, quantization_report
+from adls_lightning.quant import weight_storage
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class MXInt8PackedEvaluation(L.Callback):
     packed on their own, and the ``exclude`` names (the classifier) stay in floating point.
 
     :meth:`report` gives ``quant/avg_weight_bits`` and ``quant/weight_bytes`` of the packed model (the storage every
-    run records, :func:`adls_lightning.quant.quantization_report`), ``mxint8/packed_layers``, ``mxint8/bits_per_weight``,
+    run records, :func:`adls_lightning.quant.weight_storage`), ``mxint8/packed_layers``, ``mxint8/bits_per_weight``,
     ``mxint8/linear_weight_bytes_float`` / ``_packed`` / ``mxint8/linear_weight_saving`` (of the packed
     layers' weights), ``mxint8/model_bytes_float`` / ``_packed`` / ``mxint8/model_saving`` (all
     parameters and buffers of the LightningModule), and ``mxint8/<monitor>_float`` /
@@ -105,11 +105,6 @@ class MXInt8PackedEvaluation(L.Callback):
             self._report[self._metric_key("float")] = score
         merge_before_compression(pl_module)
         bytes_before = module_bytes(pl_module)
-        # the storage every run records (quant/avg_weight_bits, quant/weight_bytes) of the float model, LoRA merged
-        storage = quantization_report(pl_module)
-        elements = sum(
-            layer.module.in_features * layer.module.out_features for layer in find_linear_layers(pl_module)
-        )
         self._swaps = pack_linear_layers(pl_module, self.group_size, self.exclude)
         bytes_after = module_bytes(pl_module)
         linear_float = sum(swap.original_weight_bytes for swap in self._swaps)
@@ -125,13 +120,9 @@ class MXInt8PackedEvaluation(L.Callback):
                 "mxint8/model_bytes_float": float(bytes_before),
                 "mxint8/model_bytes_packed": float(bytes_after),
                 "mxint8/model_saving": 1.0 - bytes_after / bytes_before,
-                # the same measure as every run's, of the model as evaluated: the packed layers' weights at their
-                # packed bytes in place of their float ones (the layers left out, biases and embeddings as they were)
-                "quant/avg_weight_bits": (
-                    storage["quant/avg_weight_bits"] * elements - 8.0 * (linear_float - linear_packed)
-                )
-                / elements,
-                "quant/weight_bytes": storage["quant/weight_bytes"] - linear_float + linear_packed,
+                # the storage every run records (quant/avg_weight_bits, quant/weight_bytes), of the model as
+                # evaluated: the packed layers at their packed tensors' bytes
+                **weight_storage(pl_module),
             }
         )
         log.info(

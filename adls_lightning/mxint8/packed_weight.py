@@ -40,3 +40,14 @@ def store_packed_weight(module: nn.Module, weight: torch.Tensor) -> None:
     mantissa, scale = quantize(weight.detach(), module.group_size)
     module.weight_mantissa.copy_(mantissa)
     module.weight_scale.copy_(scale)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of ``tensor``'s elements."""
+    return tensor.numel() * tensor.element_size()
+
+
+def packed_weight_bytes(module: nn.Module) -> int:
+    """Bytes of ``module``'s packed weight as stored (made by :func:`register_packed_weight`): its mantissa and scale
+    buffers, 8 + 8/group_size bits per weight."""
+    return tensor_bytes(module.weight_mantissa) + tensor_bytes(module.weight_scale)

@@ -27,7 +27,12 @@ from torch import nn
 from adls_lightning.layers import name_filter, target_layers
 from adls_lightning.mxint8.format import DEQUANTIZE_OUTPUT_DTYPES
 from adls_lightning.mxint8.ops import dequantize, linear, native_cuda_linear_loaded
-from adls_lightning.mxint8.packed_weight import register_packed_weight, store_packed_weight
+from adls_lightning.mxint8.packed_weight import (
+    packed_weight_bytes,
+    register_packed_weight,
+    store_packed_weight,
+    tensor_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -133,18 +138,13 @@ class QLinearPacked(nn.Module):
 
     def packed_weight_bytes(self) -> int:
         """Bytes of the packed weight: the mantissa and scale buffers."""
-        return tensor_bytes(self.weight_mantissa) + tensor_bytes(self.weight_scale)
+        return packed_weight_bytes(self)
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, group_size={self.group_size}"
         )
-
-
-def tensor_bytes(tensor: torch.Tensor) -> int:
-    """Bytes of ``tensor``'s elements."""
-    return tensor.numel() * tensor.element_size()
 
 
 def module_bytes(module: nn.Module) -> int:

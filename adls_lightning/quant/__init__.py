@@ -9,6 +9,7 @@
     quantize_model(model, {"by": "type", "linear": {"config": {"name": "integer", ...}}})  # the labs' dict
     quantize_model(model, "lab_integer.toml")  # a lab config file ([passes.quantize])
     quantization_report(model)  # quant/avg_weight_bits, quant/avg_act_bits, quant/weight_bytes
+    weight_storage(model)  # quant/avg_weight_bits, quant/weight_bytes (packed MXINT8 layers too)
     quantize_model(model, QuantRecipe(softmax={"data_in": ...}, gelu=...))  # the encoder's points (points.py)
 
 See ``docs/quantization.md``.
@@ -33,6 +34,7 @@ from adls_lightning.quant.transform import (
     quantization_report,
     quantize_model,
     quantized_layers,
+    weight_storage,
 )
 
 __all__ = [
@@ -59,4 +61,5 @@ __all__ = [
     "quantized_points",
     "register_format",
     "to_recipe",
+    "weight_storage",
 ]

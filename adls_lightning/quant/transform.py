@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from adls_lightning.errors import ConfigError
-from adls_lightning.layers import FilterFn, swap_module, target_layers
+from adls_lightning.layers import SKIPPED_NAME_PARTS, UNUSED_COPY, FilterFn, swap_module, target_layers
 from adls_lightning.quant.linear import QuantLinear, dtype_bits
 from adls_lightning.quant.mase import to_recipe
 from adls_lightning.quant.points import (
@@ -270,52 +270,88 @@ def quantized_layers(model: nn.Module) -> list[QuantLinear]:
     return [layer.module for layer in find_linear_layers(model) if isinstance(layer.module, QuantLinear)]
 
 
+def _slot_bits(module: nn.Module, slot: str) -> float:
+    """Storage bits per element of a linear layer's ``slot`` (``weight``, ``bias``, ``data_in``): its quantizer's
+    for a ``QuantLinear``, its dtype's width for an ``nn.Linear``."""
+    return module.slot_bits(slot) if isinstance(module, QuantLinear) else dtype_bits(module)
+
+
+def weight_storage(model: nn.Module) -> dict[str, float]:
+    """What storing ``model`` as it is now takes: the storage every run records of its model.
+
+    * ``quant/avg_weight_bits``: mean storage bits per linear-layer weight element, weighted by element count over
+      all linear layers (LoRA adapters excluded). An ``nn.Linear`` counts its dtype's width (32 for float32), a
+      ``QuantLinear`` its weight quantizer's (block formats with the shared exponent: mxint8 = 8.25), a packed
+      MXINT8 layer (:class:`~adls_lightning.mxint8.QLinearPacked`) the bytes its packed tensors hold: int8
+      mantissas and one uint8 exponent per group, 8 + 8/group_size bits (8.25 for groups of 32).
+    * ``quant/weight_bytes``: bytes to store every parameter used in the forward pass: linear weights and biases at
+      their quantized widths, packed weights (linear layers, embedding tables) at their packed tensors' bytes,
+      everything else (embeddings, norms, LoRA adapters, a packed layer's bias) at its dtype's width. PEFT's unused
+      ``original_module`` copies are not counted.
+    """
+    # imported here: the packed layers' module registers the MXINT8 ops and loads their kernels, which a report of
+    # a model that has no packed layer needs not
+    from adls_lightning.mxint8.packed_weight import packed_weight_bytes
+    from adls_lightning.mxint8.qembedding import QEmbeddingPacked
+    from adls_lightning.mxint8.qlinear import QLinearPacked
+
+    weight_bits = weight_elems = stored_bytes = 0.0
+    counted: set[int] = set()  # the parameters stored at the widths counted here, not their dtype's
+    for layer in find_linear_layers(model):
+        module = layer.module
+        linear = module.linear if isinstance(module, QuantLinear) else module
+        n_weight = linear.in_features * linear.out_features
+        bits = _slot_bits(module, "weight")
+        weight_bits += bits * n_weight
+        weight_elems += n_weight
+        stored_bytes += bits * n_weight / 8
+        if linear.bias is not None:
+            stored_bytes += _slot_bits(module, "bias") * linear.bias.numel() / 8
+        counted.update(id(p) for p in linear.parameters())
+    unused = SKIPPED_NAME_PARTS | {UNUSED_COPY}
+    for path, module in model.named_modules():
+        if not isinstance(module, (QLinearPacked, QEmbeddingPacked)) or unused.intersection(path.split(".")):
+            continue
+        # the packed weight is buffers (int8 mantissas, uint8 exponents), which no parameter count sees
+        packed = packed_weight_bytes(module)
+        stored_bytes += packed
+        if isinstance(module, QLinearPacked):
+            weight_bits += 8 * packed
+            weight_elems += module.weight_mantissa.numel()
+    other_bytes = sum(
+        p.numel() * p.element_size()
+        for path, p in model.named_parameters()
+        if id(p) not in counted and UNUSED_COPY not in path.split(".")
+    )
+    return {
+        "quant/avg_weight_bits": weight_bits / weight_elems if weight_elems else 0.0,
+        "quant/weight_bytes": stored_bytes + other_bytes,
+    }
+
+
 def quantization_report(model: nn.Module) -> dict[str, float]:
     """Average bit widths and weight storage of ``model``.
 
-    * ``quant/avg_weight_bits``: mean storage bits per linear-layer weight element, weighted by
-      element count over all linear layers (LoRA adapters excluded); an unquantized layer counts its
-      dtype's width (32 for float32). Block formats include the shared exponent (mxint8 = 8.25).
-    * ``quant/avg_act_bits``: the same for the linear layers' input activations, weighted by each
-      layer's input features (elements per token).
-    * ``quant/weight_bytes``: bytes to store every parameter used in the forward pass: linear
-      weights and biases at their quantized widths, everything else (embeddings, norms, LoRA
-      adapters) at its dtype's width. PEFT's unused ``original_module`` copies are not counted.
+    * ``quant/avg_weight_bits`` and ``quant/weight_bytes``: :func:`weight_storage`.
+    * ``quant/avg_act_bits``: storage bits per element of the linear layers' input activations (as
+      ``quant/avg_weight_bits`` counts them), weighted by each layer's input features (elements per token).
     * ``quant/layers``: number of quantized linear layers.
     * ``quant/points``: number of quantized encoder points (attention products, softmax, GELU, LayerNorm, adds);
       present only when there is one.
     """
-    layers = find_linear_layers(model)
-    weight_bits = weight_elems = act_bits = act_elems = 0.0
-    linear_params: set[int] = set()
-    linear_bytes = 0.0
+    act_bits = act_elems = 0.0
     quantized = 0
-    for layer in layers:
+    for layer in find_linear_layers(model):
         module = layer.module
-        linear = module.linear if isinstance(module, QuantLinear) else module
-        is_quant = isinstance(module, QuantLinear)
-        w_bits, a_bits, b_bits = (
-            module.slot_bits(s) if is_quant else dtype_bits(linear) for s in ("weight", "data_in", "bias")
-        )
-        quantized += is_quant
-        n_weight = linear.in_features * linear.out_features
-        weight_bits += w_bits * n_weight
-        weight_elems += n_weight
-        act_bits += a_bits * linear.in_features
-        act_elems += linear.in_features
-        linear_bytes += w_bits * n_weight / 8
-        if linear.bias is not None:
-            linear_bytes += b_bits * linear.bias.numel() / 8
-        linear_params.update(id(p) for p in linear.parameters())
-    other_bytes = sum(
-        p.numel() * p.element_size()
-        for path, p in model.named_parameters()
-        if id(p) not in linear_params and "original_module" not in path.split(".")
-    )
+        in_features = module.in_features
+        act_bits += _slot_bits(module, "data_in") * in_features
+        act_elems += in_features
+        quantized += isinstance(module, QuantLinear)
+    storage = weight_storage(model)
     report = {
-        "quant/avg_weight_bits": weight_bits / weight_elems if weight_elems else 0.0,
+        "quant/avg_weight_bits": storage["quant/avg_weight_bits"],
         "quant/avg_act_bits": act_bits / act_elems if act_elems else 0.0,
-        "quant/weight_bytes": linear_bytes + other_bytes,
+        "quant/weight_bytes": storage["quant/weight_bytes"],
         "quant/layers": float(quantized),
     }
     points = quantized_points(model)
