@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import csv
+import shutil
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -393,6 +397,116 @@ def test_out_of_an_earlier_run_is_not_overwritten(tmp_path):
         run(compose_graph(f"out={tmp_path}"))
     assert [p.name for p in tmp_path.iterdir()] == ["report.csv"]
     assert (tmp_path / "report.csv").read_text() == "earlier run\n"
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    """Every entry of ``folder`` (hidden ones too) with its bytes."""
+    return {path.name: path.read_bytes() for path in folder.iterdir()}
+
+
+def interrupted_command(ready: Callable[[], bool], *overrides: str) -> subprocess.CompletedProcess:
+    """The command, sent SIGINT (a terminal's Ctrl-C) as soon as ``ready()`` holds, i.e. in the middle of its run."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adls_lightning.graph", *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        # SIGINT's default action, as from a terminal: pytest-xdist's workers ignore it, and a child inherits that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.monotonic() + 600
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+            pytest.fail(f"the command ended (or hung) before the moment to interrupt it: {stderr[-3000:]}")
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=600)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def test_overwrite_leaves_only_this_runs_files(command_out, tmp_path):
+    """overwrite=true with other settings: the earlier run's pictures this run does not draw (graph_passes, two of
+    the three topology cases) are gone, not left beside the new ones; a file of the user's stays."""
+    out = tmp_path / "out"
+    shutil.copytree(command_out, out)
+    (out / "notes.txt").write_text("mine\n")
+    result = run_command(
+        "model=tiny_random",
+        f"out={out}",
+        "overwrite=true",
+        "draw.formats=[svg]",
+        "passes=[]",
+        "cases=[[input_ids]]",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "graph.svg",
+        "notes.txt",
+        "remove_dropout_error.txt",
+        "report.csv",
+        "topology_diff.txt",
+        "topology_input_ids.svg",
+    ]
+    assert (out / "notes.txt").read_text() == "mine\n"
+    # the report is this run's: no passes, so one row per node of the captured graph, dropout included
+    rows = list(csv.DictReader((out / "report.csv").open()))
+    assert len(rows) == len(_svg_node_ids(out / "graph.svg"))
+    assert any(row["target"] == "aten.dropout.default" for row in rows)
+
+
+def test_ctrl_c_leaves_no_half_written_out(tmp_path):
+    """Ctrl-C once the first picture is written: one line, exit code 130, and no out= folder (nor the folder above
+    it that the run created) to be taken for a whole run's."""
+    out = tmp_path / "new" / "out"
+    result = interrupted_command(
+        lambda: (out / "graph.svg").exists(), "model=tiny_random", f"out={out}", "draw.formats=[svg]"
+    )
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert result.stderr.splitlines() == [
+        f"interrupted: out={out} is as it was before this run; run the command again"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_under_overwrite_puts_the_earlier_run_back(command_out, tmp_path):
+    """Ctrl-C while overwrite=true writes the new run (its report not yet written, its first picture already): the
+    earlier run's files are all back, byte for byte, and none of the interrupted run's is left."""
+    out = tmp_path / "out"
+    shutil.copytree(command_out, out)
+    earlier = _files(out)
+    result = interrupted_command(
+        lambda: not (out / "report.csv").exists() and (out / "graph.svg").exists(),
+        "model=tiny_random",
+        f"out={out}",
+        "overwrite=true",
+        "draw.formats=[svg]",
+    )
+    assert result.returncode == 130, result.stderr[-3000:]
+    assert result.stderr.splitlines() == [
+        f"interrupted: out={out} is as it was before this run; run the command again"
+    ]
+    assert _files(out) == earlier
+
+
+def test_overwrite_with_an_earlier_runs_files_still_set_aside_is_refused(tmp_path):
+    """A run killed outright (no Ctrl-C to handle) can leave the earlier run's files set aside: refused, nothing
+    moved, rather than mixing them with a third run's."""
+    from adls_lightning.tools.graph import EARLIER_RUN_DIR, run
+
+    kept = tmp_path / EARLIER_RUN_DIR
+    kept.mkdir()
+    (kept / "report.csv").write_text("earlier run\n")
+    with pytest.raises(ConfigError) as err:
+        run(compose_graph(f"out={tmp_path}", "overwrite=true"))
+    assert str(err.value) == (
+        f"overwrite=true: {kept} holds the files of an earlier run, kept there by a run that was killed before it "
+        f"finished; valid: move them back into {tmp_path} (or delete {kept}), then run again"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == [EARLIER_RUN_DIR]
+    assert _files(kept) == {"report.csv": b"earlier run\n"}
 
 
 @pytest.mark.slow

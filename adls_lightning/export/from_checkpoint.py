@@ -15,10 +15,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import re
-import shutil
-import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +35,7 @@ from adls_lightning.export.folder import (
 from adls_lightning.export.recipe import ACTIVATION_STATE_FILE, RECIPE_FILE, ExportRecipe
 from adls_lightning.export.selfcheck import self_check
 from adls_lightning.export.settings import CheckSettings, ExportSettings
+from adls_lightning.files.earlier_outputs import earlier_outputs_kept_until_done, removed_lines, set_aside
 from adls_lightning.runs.loading import LoadedRun, load_checkpoint_model
 
 
@@ -135,7 +134,7 @@ def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exp
         lines.append(int8_choice)
     if loaded.note:
         lines.append(f"note: {loaded.note}")
-    lines += removed_lines(removed)
+    lines += removed_lines(removed, "export")
     artifact = out
     # an hf folder and the fp32 graph compute the run's logits up to float rounding; int8 and packing approximate
     tolerance = None if settings.format == "mxint8" or settings.int8 else fp32_tolerance()
@@ -245,9 +244,7 @@ def replace_earlier_export(settings: ExportSettings, cfg: Any) -> list[str]:
                 f"overwrite=true: {kept} holds the files of an earlier export, kept there by an export that was "
                 f"stopped before its self-check; valid: move them back into {out} (or delete {kept}), then export"
             )
-        kept.mkdir()
-        for path in earlier:
-            path.replace(kept / path.name)
+        set_aside(earlier, kept)
     out.mkdir(parents=True, exist_ok=True)
     return [p.name for p in earlier]
 
@@ -257,40 +254,19 @@ def replace_earlier_export(settings: ExportSettings, cfg: Any) -> list[str]:
 EARLIER_EXPORT_DIR = ".earlier-export"
 
 
-@contextlib.contextmanager
-def earlier_export_kept_until_checked(out: Path) -> Iterator[None]:
+def earlier_export_kept_until_checked(out: Path) -> contextlib.AbstractContextManager[None]:
     """Around an export and its self-check into ``out``: the earlier export's files that ``overwrite=true`` set
     aside (:func:`replace_earlier_export`) are deleted once the block succeeds, and put back, in place of this
     export's files, when it fails (a failed self-check, a refusal, Ctrl-C): a failed export never costs the working
-    one it was meant to replace."""
-    kept = out / EARLIER_EXPORT_DIR
-    existed = kept.exists()  # not this export's (replace_earlier_export refuses to go on with it)
-    try:
-        yield
-    except BaseException:
-        if kept.is_dir() and not existed:
-            for path in earlier_export_outputs(out):
-                path.unlink()
-            restored = sorted(kept.iterdir())
-            for path in restored:
-                path.replace(out / path.name)
-            kept.rmdir()
-            print(
-                f"overwrite=true: this export failed; the earlier export's {len(restored)} files are back in {out}",
-                file=sys.stderr,
-            )
-        raise
-    if kept.is_dir() and not existed:
-        shutil.rmtree(kept)
-
-
-def removed_lines(removed: Sequence[str]) -> list[str]:
-    """What ``overwrite=true`` removed, said in one line (none when nothing was); kept aside until the self-check
-    passes (:func:`earlier_export_kept_until_checked`)."""
-    if not removed:
-        return []
-    shown = ", ".join(removed[:6]) + (f" and {len(removed) - 6} more" if len(removed) > 6 else "")
-    return [f"overwrite=true: removed the earlier export's {len(removed)} files ({shown})"]
+    one it was meant to replace (:func:`adls_lightning.files.earlier_outputs.earlier_outputs_kept_until_done`)."""
+    return earlier_outputs_kept_until_done(
+        out,
+        EARLIER_EXPORT_DIR,
+        earlier_export_outputs,
+        restored_line=lambda count: (
+            f"overwrite=true: this export failed; the earlier export's {count} files are back in {out}"
+        ),
+    )
 
 
 def run_model(settings: ExportSettings, overrides: Sequence[str], loaded: LoadedRun) -> nn.Module:
@@ -414,7 +390,7 @@ def export_scaled_int8(settings: ExportSettings, overrides: Sequence[str]) -> Ex
     return Exported(
         loaded,
         path,
-        lines + removed_lines(removed),
+        lines + removed_lines(removed, "export"),
         reference=model,
         runs_formats=True,
         int8_scaled=True,
@@ -533,7 +509,12 @@ def export_int4(settings: ExportSettings, overrides: Sequence[str]) -> Exported:
         else (int4_export.INT4_ATOL, int4_export.INT4_RTOL)
     )
     return Exported(
-        loaded, path, [line, *removed_lines(removed)], reference=model, runs_formats=True, tolerance=tolerance
+        loaded,
+        path,
+        [line, *removed_lines(removed, "export")],
+        reference=model,
+        runs_formats=True,
+        tolerance=tolerance,
     )
 
 

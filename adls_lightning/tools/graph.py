@@ -4,7 +4,9 @@ capture, passes, drawing and report it calls are :mod:`adls_lightning.graph`.
 Writes to ``out``: ``graph.svg/png`` (the captured graph), ``graph_passes.svg/png`` (after ``passes``),
 ``report.csv`` (one row per node of the final graph, also summarised on stdout), ``remove_dropout_error.txt``
 (FX's error when dropout is erased without ``replace_all_uses_with``), ``topology_<inputs>.svg/png`` for each input
-case and ``topology_diff.txt``. Bad input stops with one line naming the key, exit code 2, before Hydra runs anything:
+case and ``topology_diff.txt``. ``overwrite=true`` replaces an earlier run's files of these kinds, so ``out`` never
+mixes two runs (:func:`writing_one_run`); Ctrl-C ends in one line, exit code 130, with ``out`` as it was before the run.
+Bad input stops with one line naming the key, exit code 2, before Hydra runs anything:
 the command line's config is composed and checked first (:func:`guarded_main`), as ``train.py``'s pre-flight does --
 every ``_target_`` of it, ``hydra.callbacks`` included, against the project's allowed targets, then the command's own
 keys (:func:`validate`: names, passes, flags, an ``out`` that can be written). ``--help``: Hydra's help.
@@ -12,15 +14,17 @@ keys (:func:`validate`: names, passes, flags, an ``out`` that can be written). `
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import os
-from collections.abc import Callable
+import signal
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import hydra
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
@@ -28,6 +32,10 @@ from adls_lightning.app.preflight import validate_model_settings
 from adls_lightning.build import hydra_execution_whitelist
 from adls_lightning.configs import CONF_DIR
 from adls_lightning.errors import ConfigError, exit_with, informational_flags, refusing_in_one_line
+from adls_lightning.files.earlier_outputs import earlier_outputs_kept_until_done, removed_lines, set_aside
+
+if TYPE_CHECKING:
+    import torch
 
 os.environ.setdefault("PROJECT_ROOT", str(CONF_DIR.resolve().parent))
 
@@ -94,9 +102,66 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(
             f"out={out}: already holds files of an earlier run (pass overwrite=true or another out)"
         )
+    kept = out / EARLIER_RUN_DIR
+    if kept.exists():
+        raise ConfigError(
+            f"overwrite=true: {kept} holds the files of an earlier run, kept there by a run that was killed before "
+            f"it finished; valid: move them back into {out} (or delete {kept}), then run again"
+        )
     from adls_lightning.tools.options import check_writable
 
     check_writable(out, "out")
+
+
+#: Where ``overwrite=true`` keeps an earlier run's outputs while this run writes its own (:func:`writing_one_run`).
+EARLIER_RUN_DIR = ".earlier-graph"
+#: The files the command writes besides its pictures (``graph``, ``graph_passes``, ``topology_<inputs>`` in each
+#: of ``draw.formats``).
+TEXT_OUTPUTS = ("report.csv", "remove_dropout_error.txt", "topology_diff.txt")
+
+
+def is_graph_output(name: str) -> bool:
+    """``name`` is one the command writes, whatever its settings (every format, every input case)."""
+    from adls_lightning.graph.draw import FORMATS
+
+    stem, _, suffix = name.rpartition(".")
+    if suffix in FORMATS:
+        return stem in ("graph", "graph_passes") or stem.startswith("topology_")
+    return name in TEXT_OUTPUTS
+
+
+def graph_outputs(out: Path) -> list[Path]:
+    """The files of ``out`` the command writes (:func:`is_graph_output`), in name order; none without ``out``."""
+    try:
+        return sorted(p for p in out.iterdir() if is_graph_output(p.name) and p.is_file())
+    except OSError:  # no folder yet
+        return []
+
+
+@contextlib.contextmanager
+def writing_one_run(out: Path, overwrite: bool) -> Iterator[list[str]]:
+    """``out`` made ready for this run's files, right before the first is written; yields the names of the earlier
+    run's files that ``overwrite=true`` replaces.
+
+    Those are set aside (:func:`~adls_lightning.files.earlier_outputs.earlier_outputs_kept_until_done`, as
+    ``adls-export`` does) and deleted when the block succeeds, so ``out`` then holds this run's files and none of an
+    earlier run's (with other settings it wrote pictures this run does not). When the block fails (an error,
+    Ctrl-C), this run's files are deleted, the earlier ones put back, and the folders it created removed: ``out``
+    is as it was, not half-written as if whole. Files the command does not write stay.
+    """
+    created = [folder for folder in (out, *out.parents) if not folder.exists()]  # deepest first
+    try:
+        with earlier_outputs_kept_until_done(out, EARLIER_RUN_DIR, graph_outputs, discard_on_failure=True):
+            out.mkdir(parents=True, exist_ok=True)
+            earlier = graph_outputs(out) if overwrite else []
+            if earlier:
+                set_aside(earlier, out / EARLIER_RUN_DIR)
+            yield [path.name for path in earlier]
+    except BaseException:
+        for folder in created:
+            with contextlib.suppress(OSError):  # not empty: something else wrote there meanwhile
+                folder.rmdir()
+        raise
 
 
 def build_model(cfg: DictConfig) -> torch.nn.Module:
@@ -116,6 +181,8 @@ def build_model(cfg: DictConfig) -> torch.nn.Module:
 
 def tokenized_inputs(cfg: DictConfig) -> dict[str, torch.Tensor]:
     """The ``text`` sentences through the model's tokenizer, padded to one length, with labels 1, 0, 1, ..."""
+    import torch
+
     from adls_lightning.data.inputs import model_inputs
     from adls_lightning.models import load_tokenizer
 
@@ -130,15 +197,29 @@ def tokenized_inputs(cfg: DictConfig) -> dict[str, torch.Tensor]:
 
 def run(cfg: DictConfig) -> Path:
     """Everything the command does; returns the output folder."""
-    from adls_lightning.graph import capture, diff, draw, remove_dropout_without_rewire, run_passes
-    from adls_lightning.graph.node_report import report_rows, summarise, write_csv
+    import torch  # here, not at the top: --help needs none, and a Ctrl-C in its seconds of loading is one line
 
     validate(cfg)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg)
     inputs = tokenized_inputs(cfg)
     out = Path(str(cfg.out))
-    out.mkdir(parents=True, exist_ok=True)
+    with writing_one_run(out, cfg.overwrite) as removed:
+        written = write_outputs(cfg, model, inputs, out)
+    for line in removed_lines(removed, "run"):
+        print(line)
+    print("wrote " + ", ".join(str(path) for path in written))
+    return out
+
+
+def write_outputs(
+    cfg: DictConfig, model: torch.nn.Module, inputs: dict[str, torch.Tensor], out: Path
+) -> list[Path]:
+    """The pictures, report and diff of :func:`run` written to ``out`` (which exists), the summaries printed;
+    returns the files written."""
+    from adls_lightning.graph import capture, diff, draw, remove_dropout_without_rewire, run_passes
+    from adls_lightning.graph.node_report import report_rows, summarise, write_csv
+
     model_name = (
         HydraConfig.get().runtime.choices.get("model", "model") if HydraConfig.initialized() else "model"
     )
@@ -159,6 +240,7 @@ def run(cfg: DictConfig) -> Path:
     except RuntimeError as err:
         error = f"RuntimeError: {err}"
     (out / "remove_dropout_error.txt").write_text(error + "\n")
+    written.append(out / "remove_dropout_error.txt")
     passes = [cfg.passes] if isinstance(cfg.passes, str) else list(cfg.passes)
     if passes:
         graph_module = run_passes(graph_module, passes)
@@ -197,8 +279,7 @@ def run(cfg: DictConfig) -> Path:
     (out / "topology_diff.txt").write_text("\n\n".join(diffs) + "\n")
     written.append(out / "topology_diff.txt")
     print("\n\n".join(diffs))
-    print("wrote " + ", ".join(str(path) for path in written))
-    return out
+    return written
 
 
 def guarded_main(
@@ -254,13 +335,49 @@ def guarded_main(
 
 
 def task(cfg: DictConfig) -> None:
+    with noting_interrupts() as interrupts:
+        try:
+            run(cfg)
+        except ConfigError as err:
+            exit_with(str(err))
+        except BaseException:
+            if not interrupts:
+                raise
+            # writing_one_run has put out= back as it was
+            exit_interrupted(f"out={cfg.out} is as it was before this run; run the command again")
+
+
+@contextlib.contextmanager
+def noting_interrupts() -> Iterator[list[int]]:
+    """Ctrl-C (SIGINT) in the block noted as it arrives in the list yielded, and the usual KeyboardInterrupt raised:
+    one landing in C code that calls back into Python comes out as another error (matplotlib's ``savefig``: a
+    ValueError "Invalid affine transformation matrix"), which the note tells apart. Under a SIGINT handler someone
+    else installed (or SIGINT ignored), nothing is noted."""
+    received: list[int] = []
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield received
+        return
+
+    def note_and_interrupt(signum: int, frame: Any) -> None:
+        received.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, note_and_interrupt)
     try:
-        run(cfg)
-    except ConfigError as err:
-        exit_with(str(err))
+        yield received
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-main = guarded_main(
+def exit_interrupted(state: str) -> NoReturn:
+    """Ctrl-C's one line, ``interrupted: <state>`` on stderr, and exit code 130 (as ``train.py``'s), no traceback."""
+    from adls_lightning.app.cli import INTERRUPTED_EXIT
+
+    print(f"interrupted: {state}", file=sys.stderr)
+    sys.exit(INTERRUPTED_EXIT)
+
+
+guarded_task = guarded_main(
     # No version_base: Hydra 1.4 deprecates the parameter (a warning on every run); conf/graph.yaml sets what
     # the run folder and working directory are
     hydra.main(
@@ -271,6 +388,14 @@ main = guarded_main(
     "graph",
     validate,
 )
+
+
+def main() -> Any:
+    """``python -m adls_lightning.graph``: :func:`task` under Hydra, its config checked first (:func:`guarded_main`)."""
+    try:
+        return guarded_task()
+    except KeyboardInterrupt:  # while the command starts: before anything is written
+        exit_interrupted("nothing was written; run the command again")
 
 
 if __name__ == "__main__":
