@@ -68,22 +68,21 @@ def resume_hint_on_interrupt(cfg: DictConfig) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def exit_on_interrupt(last_line: Callable[[], str]) -> Iterator[None]:
-    """Ctrl-C (SIGINT) in the block ends the process with exit code 130 and ``last_line()`` as stderr's last line
-    (how to resume), instead of a traceback.
-
-    Lightning catches the KeyboardInterrupt inside ``fit``/``validate``/``test``, shuts down and exits with code
-    1, as it does for other failures: a SIGINT is told apart by noting it as it arrives (the usual
-    KeyboardInterrupt raised all the same). Off the main thread, or under a SIGINT handler someone else installed
-    (or SIGINT ignored), the block runs as it is.
+def noting_interrupts() -> Iterator[list[int]]:
+    """Ctrl-C (SIGINT) in the block noted as it arrives in the list yielded, the usual KeyboardInterrupt raised all
+    the same: what catches it later tells an interrupt apart from a failure by the note. Lightning turns the
+    KeyboardInterrupt inside ``fit``/``validate``/``test`` into a shutdown and exit code 1, and one landing in C code
+    that calls back into Python can come out as another error (matplotlib's ``savefig``: a ValueError "Invalid
+    affine transformation matrix"). Off the main thread, or under a SIGINT handler someone else installed (or SIGINT
+    ignored), nothing is noted.
     """
+    received: list[int] = []
     if (
         threading.current_thread() is not threading.main_thread()
         or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
     ):
-        yield
+        yield received
         return
-    received: list[int] = []
 
     def note_and_interrupt(signum: int, frame: Any) -> None:
         received.append(signum)
@@ -91,15 +90,24 @@ def exit_on_interrupt(last_line: Callable[[], str]) -> Iterator[None]:
 
     signal.signal(signal.SIGINT, note_and_interrupt)
     try:
-        yield
-    except (KeyboardInterrupt, SystemExit):
-        if not received:
-            raise
-        print(last_line(), file=sys.stderr)
-        sys.exit(INTERRUPTED_EXIT)
+        yield received
     finally:
         if signal.getsignal(signal.SIGINT) is note_and_interrupt:
             signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@contextlib.contextmanager
+def exit_on_interrupt(last_line: Callable[[], str]) -> Iterator[None]:
+    """Ctrl-C (SIGINT) in the block ends the process with exit code 130 and ``last_line()`` as stderr's last line
+    (how to resume), instead of a traceback (Lightning's exit code 1 included: :func:`noting_interrupts`)."""
+    with noting_interrupts() as received:
+        try:
+            yield
+        except (KeyboardInterrupt, SystemExit):
+            if not received:
+                raise
+            print(last_line(), file=sys.stderr)
+            sys.exit(INTERRUPTED_EXIT)
 
 
 def interrupted_line(cfg: DictConfig) -> str:

@@ -18,7 +18,6 @@ import contextlib
 import copy
 import functools
 import os
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from adls_lightning.app.cli import INTERRUPTED_EXIT, noting_interrupts
 from adls_lightning.app.preflight import validate_model_settings
 from adls_lightning.build import hydra_execution_whitelist
 from adls_lightning.configs import CONF_DIR
@@ -347,32 +347,8 @@ def task(cfg: DictConfig) -> None:
             exit_interrupted(f"out={cfg.out} is as it was before this run; run the command again")
 
 
-@contextlib.contextmanager
-def noting_interrupts() -> Iterator[list[int]]:
-    """Ctrl-C (SIGINT) in the block noted as it arrives in the list yielded, and the usual KeyboardInterrupt raised:
-    one landing in C code that calls back into Python comes out as another error (matplotlib's ``savefig``: a
-    ValueError "Invalid affine transformation matrix"), which the note tells apart. Under a SIGINT handler someone
-    else installed (or SIGINT ignored), nothing is noted."""
-    received: list[int] = []
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield received
-        return
-
-    def note_and_interrupt(signum: int, frame: Any) -> None:
-        received.append(signum)
-        signal.default_int_handler(signum, frame)
-
-    signal.signal(signal.SIGINT, note_and_interrupt)
-    try:
-        yield received
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def exit_interrupted(state: str) -> NoReturn:
     """Ctrl-C's one line, ``interrupted: <state>`` on stderr, and exit code 130 (as ``train.py``'s), no traceback."""
-    from adls_lightning.app.cli import INTERRUPTED_EXIT
-
     print(f"interrupted: {state}", file=sys.stderr)
     sys.exit(INTERRUPTED_EXIT)
 
