@@ -169,3 +169,21 @@ def test_search_py_refuses_an_unknown_point_kind_in_one_line(search, tmp_path):
         "['matmul', 'bmm', 'softmax', 'gelu', 'layer_norm', 'add']"
     )
     assert not (tmp_path / "sweep").exists()
+
+
+def test_search_py_refuses_a_misspelt_format_parameter_before_any_study(search, tmp_path):
+    """A parameter the format does not take is static config: refused up front, as an unknown format in ``use``
+    is, instead of pruning every trial of a study that then holds nothing."""
+    proc = search(
+        "search=mixed_precision",
+        "model=tiny_random",
+        "hydra.sweeper.n_trials=2",
+        "+hydra.sweeper.search_space.formats={fp32:{},integer:{params:{widht:[4,8]}}}",
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line == (
+        "error: hydra.sweeper.search_space.formats.integer.params.widht: unknown key; "
+        "valid: width, frac_width, floor, frac_above_width (did you mean width?)"
+    )
+    assert not (tmp_path / "sweep").exists()

@@ -210,6 +210,21 @@ def test_mixed_precision_space_checks_its_config(one_layer_bert):
         MixedPrecisionSpace(one_layer_bert, {"posit": {}})
     with pytest.raises(ConfigError, match="layers=nothing.*: matches no linear layer"):
         MixedPrecisionSpace(one_layer_bert, {"fp32": {}}, layers="nothing.*")
+    # every given format's entry is checked, searched or not: names against the format's constructor, choices
+    # against its parameter types
+    unused_log = {"fp32": {}, "integer": {}, "log": {"params": {"widht": [4]}}}
+    with pytest.raises(
+        ConfigError, match=r"^hydra.sweeper.search_space.formats.log.params.widht: unknown key; "
+    ):
+        MixedPrecisionSpace(one_layer_bert, unused_log, use=["fp32", "integer"])
+    with pytest.raises(
+        ConfigError, match=r"formats.integer.parms: unknown key; valid: params, slots \(did you"
+    ):
+        MixedPrecisionSpace(one_layer_bert, {"integer": {"parms": {"width": [4]}}})
+    with pytest.raises(ConfigError, match="formats.integer.params.width='8': must be an integer"):
+        MixedPrecisionSpace(one_layer_bert, {"integer": {"params": {"width": [8, "8"]}}})
+    with pytest.raises(ConfigError, match="formats.fp32.params: unknown key; valid: none"):
+        MixedPrecisionSpace(one_layer_bert, {"fp32": {"params": {"width": [8]}}, "integer": {}})
     # a width the format refuses is a rejected trial, not a crash
     space = MixedPrecisionSpace(one_layer_bert, {"integer": {"params": {"width": [0]}}}, layers="classifier")
     with pytest.raises(optuna.TrialPruned, match="rejected classifier: integer width=0"):

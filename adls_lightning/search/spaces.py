@@ -8,13 +8,14 @@ raising ``optuna.TrialPruned`` with the reason; the sweeper records it as a prun
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from adls_lightning.errors import ConfigError
+from adls_lightning.errors import ConfigError, did_you_mean
 from adls_lightning.registry import import_plugins
 
 if TYPE_CHECKING:
@@ -167,7 +168,6 @@ class MixedPrecisionSpace:
         precision: str | None = None,
         points: Sequence[str] | str | None = None,
     ) -> None:
-        from adls_lightning.quant.linear import SLOTS
         from adls_lightning.quant.quantizers import QUANTIZERS
         from adls_lightning.quant.transform import find_linear_layers
 
@@ -179,22 +179,12 @@ class MixedPrecisionSpace:
         if use is None:
             use = _precision_formats(precision, list(formats))
         use = _check_choices("use", use, list(formats))
-        self.formats: dict[str, tuple[dict[str, list[Any]], list[str]]] = {}
-        for name in use:
-            if name == FULL_PRECISION:
-                continue
-            if name not in QUANTIZERS:
-                raise ConfigError(
-                    f"hydra.sweeper.search_space.formats.{name}: unknown format "
-                    f"(valid: {FULL_PRECISION}, {', '.join(QUANTIZERS)})"
-                )
-            spec = {**(QUANTIZERS[name].search_space or {}), **(formats[name] or {})}
-            params = {
-                p: _check_choices(f"formats.{name}.params.{p}", choices)
-                for p, choices in (spec.get("params") or {}).items()
-            }
-            slots = _check_choices(f"formats.{name}.slots", spec.get("slots", SLOTS), SLOTS)
-            self.formats[name] = (params, slots)
+        # every given format is checked, used or not: its entries are static config, so a misspelt one is
+        # refused before a study exists, not left to prune every trial
+        spaces = {name: _format_space(name, given) for name, given in formats.items()}
+        self.formats: dict[str, tuple[dict[str, list[Any]], list[str]]] = {
+            name: spaces[name] for name in use if name != FULL_PRECISION
+        }
         self.use = use
         linears = {
             layer.name: getattr(layer.module, "linear", layer.module)
@@ -269,6 +259,52 @@ class MixedPrecisionSpace:
         if found:
             raise optuna.TrialPruned(f"rejected {name}: {fmt} {found[0]}: {found[1]}")
         return {slot: {"format": fmt, "params": values} for slot in slots}
+
+
+#: The keys of one ``formats`` entry.
+FORMAT_SPACE_KEYS = ("params", "slots")
+
+
+def _format_space(name: str, given: Mapping[str, Any] | None) -> tuple[dict[str, list[Any]], list[str]]:
+    """One ``formats`` entry read over the format's own default space: ``(params, slots)``.
+
+    Raises:
+        ConfigError: an unknown format, an entry key other than ``params``/``slots``, a parameter the format does
+            not take or a choice of the wrong type (the format's constructor decides, as for ``quant.config``),
+            or an empty choice list; named by its key.
+    """
+    from adls_lightning.quant.linear import SLOTS
+    from adls_lightning.quant.quantizers import QUANTIZERS
+    from adls_lightning.quant.recipe import OperandRecipe
+
+    key = f"hydra.sweeper.search_space.formats.{name}"
+    if name != FULL_PRECISION and name not in QUANTIZERS:
+        raise ConfigError(f"{key}: unknown format (valid: {FULL_PRECISION}, {', '.join(QUANTIZERS)})")
+    given = given or {}
+    if not isinstance(given, Mapping):
+        raise ConfigError(
+            f"{key}={given!r}: must be a mapping {{params: {{parameter: [choices]}}, slots: [...]}}"
+        )
+    for entry in given:
+        if name == FULL_PRECISION:
+            raise ConfigError(f"{key}.{entry}: unknown key; valid: none ({FULL_PRECISION} is full precision)")
+        if entry not in FORMAT_SPACE_KEYS:
+            close = did_you_mean(difflib.get_close_matches(str(entry), FORMAT_SPACE_KEYS))
+            raise ConfigError(f"{key}.{entry}: unknown key; valid: {', '.join(FORMAT_SPACE_KEYS)}{close}")
+    if name == FULL_PRECISION:
+        return {}, []
+    spec = {**(QUANTIZERS[name].search_space or {}), **given}
+    given_params = spec.get("params") or {}
+    if not isinstance(given_params, Mapping):
+        raise ConfigError(f"{key}.params={given_params!r}: must be a mapping {{parameter: [choices]}}")
+    params = {p: _check_choices(f"formats.{name}.params.{p}", choices) for p, choices in given_params.items()}
+    for p, choices in params.items():
+        for (
+            choice
+        ) in choices:  # the names (with a close match) and each choice's type, as quant.config's check
+            OperandRecipe.check_settings(key, {"format": name, "params": {p: choice}})
+    slots = _check_choices(f"formats.{name}.slots", spec.get("slots", SLOTS), SLOTS)
+    return params, slots
 
 
 def _searched_points(backbone: nn.Module, kinds: Sequence[str] | str | None) -> dict[str, Any]:
