@@ -178,8 +178,12 @@ def _study_runs(source: str, search_dir: Path | None) -> list[Path]:
         recorded = trial.user_attrs.get("output_dir")
         if recorded and (Path(recorded) / METRICS_FILE).is_file():
             folders.append(Path(recorded))
-        else:
-            print(f"skipping trial {trial.number} of {source}: no run in {recorded}", file=sys.stderr)
+        else:  # a trial pruned or failed before its job started records no folder
+            missing = f"no {METRICS_FILE} in {recorded}" if recorded else "no run folder recorded"
+            print(
+                f"skipping trial {trial.number} of {source} ({trial.state.name.lower()}): {missing}",
+                file=sys.stderr,
+            )
     return folders
 
 
