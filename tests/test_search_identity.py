@@ -23,6 +23,7 @@ from adls_lightning.search.identity import (
     SETTINGS_ATTR,
     check_study_settings,
     settings_digest,
+    settings_record,
     study_settings,
 )
 from tests.helpers import assert_one_line_error, compose_config
@@ -69,11 +70,11 @@ def _distributions(overrides: list[str]) -> dict:
     return distributions
 
 
-def _settings(overrides: list[str]) -> dict[str, str]:
+def _settings(overrides: list[str], ignore: tuple[str, ...] = ()) -> dict[str, str]:
     """The settings the sweeper records for ``search.py <overrides>`` (sweep overrides split off as it does)."""
     sweeps = [o for o in overrides if "(" in o]
     cfg = compose_config("search", [o for o in overrides if o not in sweeps], return_hydra_config=True)
-    return study_settings(cfg, _distributions(sweeps))
+    return study_settings(cfg, _distributions(sweeps), ignore)
 
 
 @pytest.mark.parametrize("kind", SPACE_KINDS)
@@ -97,6 +98,25 @@ def test_each_space_kind_tells_another_search_from_a_resume(kind):
 
 def test_a_study_without_recorded_settings_records_them():
     assert check_study_settings({}, {"seed": "1"}, "s", "db") is False
+
+
+def test_settings_ignore_leaves_a_key_out_of_both_the_record_and_the_resume():
+    epochs = ("trainer.max_epochs",)
+    made = _settings(["search=hparams", LR, "trainer.max_epochs=1"])  # the study, made without the list
+    stored = {SETTINGS_ATTR: made}
+    # adding the list on a resume: the identical command and one changing only the ignored key resume
+    for value in (1, 2):
+        resumed = _settings(["search=hparams", LR, f"trainer.max_epochs={value}"], epochs)
+        assert check_study_settings(stored, resumed, "s", "db", epochs) is True
+    # without it, the changed key is refused with both values as given
+    with pytest.raises(ConfigError, match=r"\(trainer\.max_epochs: 1 -> 2\)"):
+        check_study_settings(stored, _settings(["search=hparams", LR, "trainer.max_epochs=2"]), "s", "db")
+    # a study made with the list records it: a resume without the list does not compare the key either
+    made_ignoring = settings_record(_settings(["search=hparams", LR, "trainer.max_epochs=1"], epochs), epochs)
+    assert check_study_settings(made_ignoring, made, "s", "db") is True
+    # the ignored key leaves only that key out: another search is still refused
+    with pytest.raises(ConfigError, match=r"\(hydra\.sweep\.model\.lora\.r: \(unset\) -> "):
+        check_study_settings(made_ignoring, _settings(["search=hparams", LR, R]), "s", "db", epochs)
 
 
 def test_sweep_override_order_does_not_matter():

@@ -11,7 +11,9 @@ its start-up trials and grid, and the directions. They are stored in the study's
 created; a later command on the same study must have the same settings (:func:`check_study_settings`), so
 re-running a command resumes its study and any other command is refused, naming the keys that differ.
 The budget and the bookkeeping (``n_trials``, ``n_jobs``, heartbeats, ``max_failure_rate``, the storage) are not
-settings: raising ``n_trials`` to extend a study is a resume.
+settings: raising ``n_trials`` to extend a study is a resume. Keys a user declares irrelevant
+(``hydra.sweeper.settings_ignore``) are left out on both sides of the comparison: the study records the list it was
+made with, and a key either that list or the resuming command's names is not compared.
 
 The data are recorded as what the trials read, not as the config names them: ``data.data_dir`` holds the files'
 content digest or the hub data set (:func:`~adls_lightning.data.sources.data_identity`). IMDb's default
@@ -34,6 +36,8 @@ from adls_lightning.errors import ConfigError
 
 SETTINGS_ATTR = "search_settings"
 DIGEST_ATTR = "search_settings_digest"
+# The settings_ignore the study was made with: its keys are not recorded, so they are never compared on a resume.
+IGNORED_ATTR = "search_settings_ignored"
 # Keys of the trial config that say where outputs go or how a run reports, not what it computes.
 NOT_SETTINGS = (
     "paths",
@@ -223,10 +227,34 @@ def data_recorded_as_configured(stored: Mapping[str, Any]) -> str | None:
     return "null" if configured is None else str(configured)
 
 
+def settings_record(settings: Mapping[str, str], ignore: Iterable[str] = ()) -> dict[str, Any]:
+    """The user attributes that record a search's ``settings`` in its study, with the ``settings_ignore`` keys
+    they leave out (:func:`check_study_settings` does not compare those on a resume)."""
+    return {
+        SETTINGS_ATTR: dict(settings),
+        DIGEST_ATTR: settings_digest(settings),
+        IGNORED_ATTR: sorted(set(ignore)),
+    }
+
+
+def _compared(settings: Mapping[str, str], ignore: tuple[str, ...]) -> dict[str, str]:
+    """``settings`` without the trial config's keys under ``ignore`` (the search's own ``hydra.*`` keys stay, as
+    :func:`study_settings` never ignores them)."""
+    return {k: v for k, v in settings.items() if k.startswith("hydra.") or not _excluded(k, ignore)}
+
+
 def check_study_settings(
-    stored: Mapping[str, Any], settings: Mapping[str, str], study_name: str, where: str
+    stored: Mapping[str, Any],
+    settings: Mapping[str, str],
+    study_name: str,
+    where: str,
+    ignore: Iterable[str] = (),
 ) -> bool:
     """Whether a study whose user attributes are ``stored`` may run a search with ``settings``.
+
+    ``ignore`` (the resuming command's ``settings_ignore``) and the list the study was made with are left out of
+    both the recorded settings and ``settings``: a study made before a key was ignored resumes with any value of
+    it, and an ignored key is never reported as differing.
 
     Returns:
         True when the study already records these settings, False when it records none (a new study, or one made
@@ -238,12 +266,14 @@ def check_study_settings(
     recorded = stored.get(SETTINGS_ATTR)
     if recorded is None:
         return False
-    recorded = current_settings(recorded, settings)
-    if recorded == dict(settings):
+    ignored = (*stored.get(IGNORED_ATTR, ()), *ignore)
+    recorded = _compared(current_settings(recorded, settings), ignored)
+    compared = _compared(settings, ignored)
+    if recorded == compared:
         return True
     raise ConfigError(
         f"hydra.sweeper.study_name={study_name}: the study in {where} was made by another search "
-        f"({settings_difference(recorded, settings)}); it is left unchanged. Repeat that search's command to "
+        f"({settings_difference(recorded, compared)}); it is left unchanged. Repeat that search's command to "
         f"resume it, or give this search a study of its own: hydra.sweeper.study_name={study_name}-"
         f"{settings_digest(settings)}"
     )

@@ -187,6 +187,79 @@ def sqlite_file(spec: str) -> Path | None:
     return Path(database).expanduser() if database and database != ":memory:" else None
 
 
+# The files of a study's storage by kind, and the ``search/storage`` option that opens each.
+STUDY_FILE_KINDS = {".db": "sqlite", ".journal": "journal"}
+
+
+def study_file(spec: str) -> Path | None:
+    """The file a spec's study lives in (a journal path, an SQLite database), absolute; None for a server."""
+    path = Path(spec).expanduser() if is_journal(spec) else sqlite_file(spec)
+    return path.resolve() if path is not None else None
+
+
+def _file_spec(path: Path) -> str:
+    return str(path) if path.suffix == ".journal" else f"sqlite:///{path}"
+
+
+def holds_study(spec: str, study_name: str) -> bool:
+    """Whether the storage of ``spec`` holds a study named ``study_name``; a file that does not exist holds none and
+    is not created.
+
+    Raises:
+        ConfigError: the storage cannot be opened (:func:`open_storage`).
+    """
+    path = study_file(spec)
+    if path is not None and not path.is_file():
+        return False
+    try:
+        open_storage(spec, create=False).get_study_id_from_name(study_name)
+    except KeyError:
+        return False
+    return True
+
+
+def check_study_not_elsewhere(
+    spec: str, storage: str | Mapping[str, Any] | None, sweep_dir: str | Path, study_name: str
+) -> None:
+    """Refuse to start ``study_name`` in the storage of ``spec`` while a storage file in the same place holds it: the
+    other kind's file in the sweep dir (``search/storage=sqlite`` <-> ``journal``), or the one beside ``spec``'s own
+    file with the other suffix. Optuna would create a second, empty study of that name, whose first trial then
+    meets the earlier study's ``trial_0`` folder, and readers of the study would find the earlier one.
+
+    Called before the storage is opened: nothing is created when it refuses.
+
+    Raises:
+        ConfigError: one line naming both storages and the ``search/storage`` that resumes the study.
+    """
+    own = study_file(spec)
+    sweep_dir = Path(sweep_dir).resolve()
+    places = {sweep_dir / f"{study_name}{suffix}" for suffix in STUDY_FILE_KINDS}
+    if own is not None:
+        places |= {own.with_suffix(suffix) for suffix in STUDY_FILE_KINDS}
+    elsewhere = None
+    for path in sorted(places - {own}):
+        if not path.is_file():
+            continue
+        try:
+            if holds_study(_file_spec(path), study_name):
+                elsewhere = path
+                break
+        except ConfigError:  # not a study storage (or not one this Optuna reads): it holds no study to resume
+            continue
+    if elsewhere is None or holds_study(spec, study_name):
+        return
+    kind = STUDY_FILE_KINDS[elsewhere.suffix]
+    choose = f"search/storage={kind}"
+    if elsewhere.parent != sweep_dir or elsewhere.stem != study_name:  # not the kind's default file
+        choose += f" search.storage.{'path' if kind == 'journal' else 'url'}={_file_spec(elsewhere)}"
+    chosen = storage.get("kind") if isinstance(storage, Mapping) else None
+    chosen = chosen or ("journal" if is_journal(spec) else spec.split(":", 1)[0].split("+", 1)[0])
+    raise ConfigError(
+        f"search/storage={chosen}: study {study_name} is in {elsewhere}, not in {mask_password(spec)}; choose "
+        f"{choose} to resume it, or give this search another hydra.sweeper.study_name (nothing was created)"
+    )
+
+
 def open_storage(
     spec: str, key: str = "hydra.sweeper.storage", *, create: bool = True, **rdb_kwargs: Any
 ) -> BaseStorage:

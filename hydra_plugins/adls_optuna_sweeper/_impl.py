@@ -69,14 +69,15 @@ from adls_lightning.files.atomic import atomic_write_json
 from adls_lightning.progress import trial_line
 from adls_lightning.search.identity import (
     DATA_SOURCE_KEY,
-    DIGEST_ATTR,
+    IGNORED_ATTR,
     SETTINGS_ATTR,
     check_study_settings,
     data_recorded_as_configured,
-    settings_digest,
+    settings_record,
     study_settings,
 )
 from adls_lightning.search.storage import (
+    check_study_not_elsewhere,
     is_journal,
     job_spec,
     mask_password,
@@ -498,6 +499,8 @@ class StudySweeper(Sweeper):
         cfg = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
         try:
             url = storage_spec(cfg, self.sweep_dir, self.study_name)
+            # before the storage is opened (which creates its file): another kind's file may hold the study
+            check_study_not_elsewhere(url, cfg, self.sweep_dir, self.study_name)
             rdb = {}
             if not is_journal(url):  # journal storages have no heartbeats: dead workers are found by pid
                 rdb = {
@@ -515,7 +518,9 @@ class StudySweeper(Sweeper):
         except KeyError:  # no such study yet
             stored = {}
         try:
-            recorded = check_study_settings(stored, self.settings, self.study_name, self.shown_url)
+            recorded = check_study_settings(
+                stored, self.settings, self.study_name, self.shown_url, self.settings_ignore or ()
+            )
         except ConfigError as err:
             # exit code 2 like every refusal of the entry points; nothing of the study has been touched
             exit_with(str(err))
@@ -545,8 +550,7 @@ class StudySweeper(Sweeper):
                 configured,
                 json.loads(self.settings[DATA_SOURCE_KEY]),
             )
-            study.set_user_attr(SETTINGS_ATTR, self.settings)
-            study.set_user_attr(DIGEST_ATTR, settings_digest(self.settings))
+            self._record_settings(study, stored)
         if not recorded:
             if study.trials:
                 log.warning(
@@ -555,9 +559,16 @@ class StudySweeper(Sweeper):
                     self.study_name,
                     len(study.trials),
                 )
-            study.set_user_attr(SETTINGS_ATTR, self.settings)
-            study.set_user_attr(DIGEST_ATTR, settings_digest(self.settings))
+            self._record_settings(study, stored)
         return study
+
+    def _record_settings(self, study: optuna.Study, stored: Mapping[str, Any]) -> None:
+        """Record this search's settings in ``study``; a study made before keeps the ``settings_ignore`` it was
+        made with, as its recorded settings still lack those keys."""
+        made_with = stored.get(IGNORED_ATTR, ()) if stored.get(SETTINGS_ATTR) is not None else ()
+        ignored = (*made_with, *(self.settings_ignore or ()))
+        for name, value in settings_record(self.settings, ignored).items():
+            study.set_user_attr(name, value)
 
     # -- the sweep ----------------------------------------------------------------------------------------------
 
