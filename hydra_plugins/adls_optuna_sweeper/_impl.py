@@ -28,6 +28,7 @@ What it adds to the stock ``hydra-optuna-sweeper`` (whose override-grammar parsi
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
 import logging
 import math
@@ -44,7 +45,8 @@ from typing import Any
 
 import numpy as np
 import optuna
-from hydra.core.override_parser.types import Quote, QuotedString
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import IntervalSweep, Quote, QuotedString, RangeSweep
 from hydra.core.plugins import Plugins
 from hydra.errors import CompactHydraException, HydraException
 from hydra.plugins.sweeper import Sweeper
@@ -64,7 +66,7 @@ from optuna.trial import FrozenTrial, TrialState
 from adls_lightning.app.cli import exit_on_interrupt
 from adls_lightning.app.objective import TrialResult, objective_names
 from adls_lightning.build import build
-from adls_lightning.errors import ConfigError, composition_error_line, exit_with
+from adls_lightning.errors import ConfigError, composition_error_line, did_you_mean, exit_with
 from adls_lightning.files.atomic import atomic_write_json
 from adls_lightning.progress import trial_line
 from adls_lightning.search.identity import (
@@ -118,6 +120,8 @@ CHECKPOINT_SUFFIX = ".ckpt"
 PRUNABLE_STATES = (TrialState.COMPLETE, TrialState.PRUNED)
 # user attr saying why a completed trial's value is not its metric as logged (TrialResult.notes)
 OBJECTIVE_NOTE_ATTR = "objective_note"
+# the tags of a sweep override the stock parser reads (tag(log, interval(...))); it drops any other unread
+SWEEP_TAGS = ("log",)
 
 
 class SearchConfigError(ConfigError, CompactHydraException):
@@ -320,6 +324,68 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
+def sweep_distributions(params: list[str]) -> tuple[dict[str, BaseDistribution], dict[str, Any], list[str]]:
+    """The stock ``create_params_from_overrides(params)``, each sweep override checked first: the stock parser
+    drops a tag it does not know (the linear scale without a word) and turns bad bounds into a traceback.
+
+    Raises:
+        SearchConfigError: an unknown tag, ``log`` outside an ``interval``, an interval whose low is above its
+            high, a log scale from 0 or below, or a ``range`` that holds no value; the line names the key.
+    """
+    for override in OverridesParser.create().parse_overrides(params):
+        if override.is_sweep_override():
+            check_sweep_override(override.get_key_element(), override.value())
+    return create_params_from_overrides(params)
+
+
+def check_sweep_override(key: str, sweep: Any) -> None:
+    """Refuse (one line naming ``key``) a sweep the stock parser would misread or fail on; see
+    :func:`sweep_distributions`."""
+    tags = sorted(sweep.tags)
+    if unknown := [tag for tag in tags if tag not in SWEEP_TAGS]:
+        raise SearchConfigError(f"{key}: unknown tag {unknown[0]!r} (valid: {', '.join(SWEEP_TAGS)})")
+    if isinstance(sweep, IntervalSweep):
+        shown = f"interval({sweep.start}, {sweep.end})"
+        if sweep.start > sweep.end:
+            raise SearchConfigError(
+                f"{key}: {shown}: low is above high; valid: interval(low, high) with low <= high"
+            )
+        if "log" in tags and sweep.start <= 0:
+            raise SearchConfigError(
+                f"{key}: tag(log, {shown}): a log scale needs low > 0; valid: a positive low, or the interval "
+                "without the tag (a linear scale)"
+            )
+    elif tags:
+        # choice and range would ignore the tag: the linear scale of a range, without a word
+        raise SearchConfigError(
+            f"{key}: tag({', '.join(tags)}, ...) applies to interval(low, high) only, not to "
+            f"{type(sweep).__name__.removesuffix('Sweep').lower()}(...)"
+        )
+    if isinstance(sweep, RangeSweep) and (sweep.step == 0 or (sweep.stop - sweep.start) * sweep.step <= 0):
+        raise SearchConfigError(
+            f"{key}: range({sweep.start}, {sweep.stop}, {sweep.step}) holds no value; valid: range(start, stop"
+            "[, step]) with stop above start for a positive step, below it for a negative one (stop excluded)"
+        )
+
+
+def unknown_config_key(config: DictConfig, key: str) -> str | None:
+    """Why the dotted ``key`` is not a key of ``config``, with the close keys at the level where it leaves the
+    config (``did you mean ...?``); None when it is one."""
+    node, parts = config, key.split(".")
+    for depth, part in enumerate(parts):
+        keys = [str(k) for k in node] if isinstance(node, DictConfig) else []
+        if part not in keys:
+            level = ".".join(parts[:depth] + [""]) if depth else ""
+            rest = "".join(f".{p}" for p in parts[depth + 1 :])
+            close = did_you_mean([f"{level}{match}{rest}" for match in difflib.get_close_matches(part, keys)])
+            return f"{key} is not a key of the config{close or ' (the command with --cfg job lists them)'}"
+        try:
+            node = node[part]
+        except OmegaConfBaseException:
+            return None  # an interpolation only a running job resolves: its keys cannot be checked here
+    return None
+
+
 class StudySweeper(Sweeper):
     """Runs an Optuna study whose trials are Hydra jobs; see the module docstring.
 
@@ -428,6 +494,14 @@ class StudySweeper(Sweeper):
             raise SearchConfigError(
                 "hydra.sweeper.study_name: must be set (it names the study and its .db file)"
             )
+
+    def _check_settings_ignore(self) -> None:
+        """Each ``settings_ignore`` key is a key of the composed config: a misspelt one would ignore nothing."""
+        for key in self.settings_ignore or ():
+            if problem := unknown_config_key(self.config, key):
+                raise SearchConfigError(
+                    f"hydra.sweeper.settings_ignore=[{','.join(self.settings_ignore)}]: {problem}"
+                )
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
@@ -603,9 +677,10 @@ class StudySweeper(Sweeper):
         Raises:
             ConfigError: bad input, before any trial ran or the study was written to.
         """
+        self._check_settings_ignore()
         params = [f"{k!s}={v}" for k, v in (self.params or {}).items()] + list(arguments)
         self.sweep_texts = {param.split("=", 1)[0]: param for param in params}  # as the user wrote them
-        distributions, fixed_params, fixed_overrides = create_params_from_overrides(params)
+        distributions, fixed_params, fixed_overrides = sweep_distributions(params)
         for name in fixed_params:
             distributions.pop(name, None)
         self.fixed_overrides = [f"{k}={v}" for k, v in fixed_params.items()] + list(fixed_overrides)
