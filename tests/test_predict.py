@@ -343,7 +343,9 @@ def test_command_refuses_an_empty_line_before_printing(exports):
     result = run_predict(str(exports["hf"]), stdin="a great film\n\nawful\n")
     assert (result.returncode, result.stdout) == (2, "")
     assert (
-        result.stderr.strip() == "error: stdin line 2: empty; one text per line (a pair: two texts and a TAB)"
+        result.stderr.strip()
+        == "error: stdin line 2: empty; one text per line, a text holds more than spaces "
+        "(a pair: two such texts and a TAB)"
     )
 
 

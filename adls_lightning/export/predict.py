@@ -5,8 +5,9 @@
 gives ``{"label": NAME, "scores": {NAME: probability, ...}}`` per text (a regression: the value for both), in
 order; :class:`Predictor` keeps the model loaded between calls. The folder is any export (``hf``, ``mxint8``,
 ``onnx``, mixed): its ``config.json`` (label names, how the run truncated its texts), its tokenizer and its
-weights; no run, data or network. :func:`read_texts` turns lines into texts (a TAB makes a pair).
-Refusals (not an export, damaged, no tokenizer, texts that do not fit the task) are a ConfigError naming them.
+weights; no run, data or network. :func:`read_texts` turns the bytes of a file or of stdin into texts, one per
+line (a TAB makes a pair). Refusals (not an export, damaged, no tokenizer, input that is not UTF-8, an empty text or
+half of a pair, texts that do not fit the task) are a ConfigError naming them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ if __name__ == "__main__":
 
     sys.exit(main())
 
+import codecs
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,12 @@ from adls_lightning.export.settings import PREDICT_USAGE as USAGE
 #: what a folder holds when the export saved its tokenizer (one of them is enough for ``AutoTokenizer``)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
 PAIR_SEPARATOR = "\t"
+#: tasks whose export may record ``text_pair: null`` (their labels are given, so the export read no data) although
+#: their texts are known to be single: IMDb's reviews (``IMDbDataModule.TASK_NAME``, not imported here: the data
+#: modules take seconds to import, and a test keeps the two equal)
+SINGLE_TEXT_TASKS = ("imdb",)
+#: what a text is, said by every refusal of an empty one
+TEXT_NEEDS = "a text holds more than spaces (a pair: two such texts and a TAB)"
 
 Text = str | tuple[str, str]
 
@@ -68,10 +76,14 @@ class Predictor:
     @property
     def takes_pairs(self) -> bool | None:
         """True: the run's task gives pairs of texts; False: single texts; None: the export does not say."""
-        return self.inputs.get("text_pair")
+        recorded = self.inputs.get("text_pair")
+        if recorded is None and self.inputs.get("task") in SINGLE_TEXT_TASKS:
+            return False
+        return recorded
 
     def check_texts(self, texts: Sequence[Text]) -> bool:
-        """Whether ``texts`` are pairs; ConfigError naming the first text that does not fit the task."""
+        """Whether ``texts`` are pairs; ConfigError naming the first text that is empty (or half of a pair is) or
+        does not fit the task."""
         if not texts:
             raise ConfigError(f"no texts to predict ({USAGE}; or one text per line on stdin)")
         pairs = [isinstance(text, tuple | list) for text in texts]
@@ -82,15 +94,29 @@ class Predictor:
                 raise ConfigError(
                     f"text {row}: a {type(text).__name__}, expected a string or a pair of strings"
                 )
+            empty = empty_part(text)
+            if empty:
+                raise ConfigError(f"text {row}: {empty}; {TEXT_NEEDS}")
         task = self.inputs.get("task", "the run's task")
-        expected = self.takes_pairs if self.takes_pairs is not None else pairs[0]
+        expected = self.takes_pairs
+        if expected is None:
+            # the export does not say which the task takes: the texts are all of one kind, whichever it is
+            if all(pairs) or not any(pairs):
+                return pairs[0]
+            pair, single = pairs.index(True) + 1, pairs.index(False) + 1
+            raise ConfigError(
+                f"{self.path}: text {pair} is a pair, text {single} a single text; its export does not record "
+                f"whether {task} takes pairs or single texts: give every text as a pair (two texts and a TAB) or "
+                "every text as a single one"
+            )
         for row, is_pair in enumerate(pairs, start=1):
             if is_pair != expected:
                 what = (
                     f"{task} takes pairs of texts, text {row} is a single text; give each pair as two texts "
                     "separated by a TAB"
                     if expected
-                    else f"{task} takes single texts, text {row} is a pair"
+                    else f"{task} takes single texts, text {row} is a pair (a TAB made it one); give each text "
+                    "without a TAB"
                 )
                 raise ConfigError(f"{self.path}: {what}")
         return expected
@@ -177,14 +203,41 @@ def parse_text(line: str, where: str = "text") -> Text:
     return (fields[0], fields[1]) if len(fields) == 2 else line
 
 
-def read_texts(lines: Sequence[str], source: str) -> list[Text]:
-    """Lines as texts (the line end dropped); ConfigError naming an empty line, which is no text."""
+def empty_part(text: Text) -> str | None:
+    """What of ``text`` is empty or only spaces, as a refusal says it (``empty``, ``a pair whose second text is
+    empty``); None when nothing is."""
+    parts = (text,) if isinstance(text, str) else tuple(text)
+    empty = [index for index, part in enumerate(parts) if not part.strip()]
+    if not empty:
+        return None
+    if len(empty) == len(parts):
+        return "empty"
+    return f"a pair whose {('first', 'second')[empty[0]]} text is empty"
+
+
+def read_texts(data: bytes, source: str) -> list[Text]:
+    """The bytes of a file or of stdin as texts: UTF-8 (a leading BOM dropped), one text per line (ended by LF or
+    CRLF; no other character splits a text), a TAB making a pair.
+
+    Raises:
+        ConfigError: naming ``source`` and the line: not UTF-8, empty (or half of a pair is), more than one TAB.
+    """
+    lines = data.removeprefix(codecs.BOM_UTF8).split(b"\n")
+    if lines[-1] == b"":  # the last line's end
+        lines.pop()
     texts = []
-    for number, line in enumerate(lines, start=1):
-        line = line.rstrip("\r\n")
-        if not line.strip():
+    for number, raw in enumerate(lines, start=1):
+        where = f"{source} line {number}"
+        try:
+            line = raw.decode("utf-8").removesuffix("\r")
+        except UnicodeDecodeError as error:
             raise ConfigError(
-                f"{source} line {number}: empty; one text per line (a pair: two texts and a TAB)"
-            )
-        texts.append(parse_text(line, f"{source} line {number}"))
+                f"{where}: not UTF-8 (its byte {error.start + 1} is 0x{raw[error.start]:02x}); valid: UTF-8 "
+                "text, one text per line"
+            ) from None
+        text = parse_text(line, where)
+        empty = empty_part(text)
+        if empty:
+            raise ConfigError(f"{where}: {empty}; one text per line, {TEXT_NEEDS}")
+        texts.append(text)
     return texts

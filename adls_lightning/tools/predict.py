@@ -5,15 +5,16 @@
 an ONNX folder runs ``model.onnx``, or give the path of its other graph, e.g. ``DIR/model_int8.onnx``). The
 folder alone is read: its ``config.json`` (label names, how the run truncated its texts), its tokenizer and its
 weights; no run, data or network. Texts come from the arguments, else from ``file=PATH``, else from stdin, one per
-line; for a task of pairs (MRPC, MNLI, ...) a TAB separates the two texts of a pair. An argument spelt like an
+line, UTF-8; for a task of pairs (MRPC, MNLI, ...) a TAB separates the two texts of a pair. An argument spelt like an
 option (``name=value``, no space) that is not one is refused; every argument after ``--`` is a text as written
 (``adls-predict DIR -- "x=1"``), and so is every line of a file or stdin. Prints one JSON line per
 text, in order: ``{"label": NAME, "scores": {NAME: probability, ...}}`` (a regression:
 ``{"label": value, "scores": value}``). ``batch_size``: texts per forward pass.
 
-Bad input (an unknown option, a path that is not an export, a damaged config or weights, no tokenizer in the folder, single texts for
-a task of pairs or pairs for one of single texts, an empty line): one ``error:`` line on stderr naming it, exit
-code 2, nothing printed on stdout. ``--help``: this text.
+Bad input (an unknown option, a path that is not an export, a damaged config or weights, no tokenizer in the
+folder, single texts for a task of pairs or pairs for one of single texts (IMDb's), an empty text or half of a
+pair, a line that is not UTF-8): one ``error:`` line on stderr naming it, exit code 2, nothing printed on stdout.
+A folder whose graph is not ``model.onnx`` says on stderr which one runs. ``--help``: this text.
 
 The library verb is :func:`adls_lightning.export.predict.predict` (``predict(folder, texts, batch_size=32)``; a
 text of a pair task is a ``(first, second)`` tuple); :class:`~adls_lightning.export.predict.Predictor` keeps the
@@ -87,10 +88,11 @@ def predict_command(argv: Sequence[str]) -> None:
     if arguments and options["file"]:
         raise ConfigError(f"file={options['file']}: texts come from the arguments or a file, not both")
     # the folder before any input is read, and before torch is imported (seconds): a wrong one is refused at once
-    from adls_lightning.export.folder import check_folder
+    from adls_lightning.export.folder import ONNX_DEFAULT, check_folder
     from adls_lightning.export.recipe import ExportRecipe
 
-    ExportRecipe.read(check_folder(Path(folder), USAGE).folder)
+    export = check_folder(Path(folder), USAGE)
+    ExportRecipe.read(export.folder)
     from adls_lightning.export.predict import Predictor, parse_text, read_texts
 
     predictor = Predictor(folder)
@@ -99,12 +101,20 @@ def predict_command(argv: Sequence[str]) -> None:
     elif options["file"]:
         path = Path(options["file"])
         try:
-            lines = path.read_text().splitlines()
-        except (OSError, UnicodeDecodeError) as error:
+            data = path.read_bytes()
+        except OSError as error:
             raise ConfigError(f"file={path}: cannot be read ({str(error).splitlines()[0][:200]})") from None
-        texts = read_texts(lines, f"file={path}")
+        texts = read_texts(data, f"file={path}")
     else:
-        texts = read_texts(sys.stdin.read().splitlines(), "stdin")
+        # bytes, so that a line that is not UTF-8 is refused by its number (a StringIO in tests has no buffer)
+        stdin = getattr(sys.stdin, "buffer", None)
+        texts = read_texts(
+            stdin.read() if stdin else sys.stdin.read().encode("utf-8", "surrogateescape"), "stdin"
+        )
+    predictor.check_texts(texts)
+    if Path(folder).is_dir() and export.graph_file and export.graph_file.name != ONNX_DEFAULT:
+        # the folder's only graph runs: which one is not in the folder's name
+        print(f"note: {folder}: runs {export.graph_file.name} (no {ONNX_DEFAULT} in it)", file=sys.stderr)
     for batch in predictor.batches(texts, batch_size):
         sys.stdout.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in batch))
     sys.stdout.flush()
