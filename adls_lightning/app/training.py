@@ -34,6 +34,7 @@ from adls_lightning.checkpoints import (
 from adls_lightning.compression_record import CompressionRecord
 from adls_lightning.configs import CONF_DIR
 from adls_lightning.data.datamodule import FolderDataModule, TextDataModule, checkpoint_task
+from adls_lightning.data.sources import data_identity
 from adls_lightning.data.tasks import Task
 from adls_lightning.errors import ConfigError
 from adls_lightning.export.compressed import run_overrides
@@ -115,9 +116,11 @@ def run(cfg: DictConfig, checked: bool = False) -> dict[str, float | str]:
         # Every check passed: only now does anything land in the run folder (DDP: rank zero writes it).
         output_dir, replaced = Path(cfg.paths.output_dir), []
         if trainer.is_global_zero and HydraConfig.initialized():
+            # what the run reads, by content: a table never averages seeds on data replaced between them
+            data = data_identity(OmegaConf.to_container(cfg.data, resolve=True))
             if cfg.get("overwrite") and not ckpt_path:  # checked: the run reads nothing among them
                 replaced = replace_earlier_run(output_dir)
-            write_run_record(output_dir, cfg, HydraConfig.instance().cfg)
+            write_run_record(output_dir, cfg, HydraConfig.instance().cfg, data)
         release_log()
         if replaced:
             log.info("overwrite=true: replaced the earlier run's %s in %s", ", ".join(replaced), output_dir)

@@ -23,7 +23,13 @@ import yaml
 from adls_lightning.errors import ConfigError
 from adls_lightning.reports.output import check_report_folder
 from adls_lightning.runs.folder import check_writable
-from adls_lightning.runs.record import METRICS_FILE, PRECISION_KEY, read_run_config, read_run_record
+from adls_lightning.runs.record import (
+    METRICS_FILE,
+    PRECISION_KEY,
+    read_run_config,
+    read_run_data,
+    read_run_record,
+)
 
 USAGE = "adls-table RUN_OR_GLOB... [out=DIR]  (or python -m adls_lightning.reports.table RUN_OR_GLOB... [out=DIR])"
 OUTPUTS = ("table.md", "table.csv", "table.png")
@@ -66,6 +72,8 @@ class Run:
     finished: bool = True
     config: dict[str, Any] = field(default_factory=dict)  # its saved .hydra/config.yaml
     choices: dict[str, Any] = field(default_factory=dict)  # its config groups' options (HYDRA_FILE)
+    # the data it read by content (runs.record.read_run_data); None: recorded before runs recorded it
+    data_identity: str | None = None
 
 
 @dataclass(frozen=True)
@@ -198,6 +206,7 @@ def read_run(folder: Path) -> Run:
     finished = (folder / METRICS_FILE).is_file()
     try:
         metrics, config = read_run_record(folder) if finished else ({}, read_run_config(folder))
+        identity = read_run_data(folder)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     record = folder / OVERRIDES_FILE
@@ -216,7 +225,8 @@ def read_run(folder: Path) -> Run:
 
     data = data_read(config.get("data") or {})
     seed, choices = _seed(overrides, config), _choices(folder)
-    return Run(folder, _configuration(overrides), metrics, task, main, data, seed, finished, config, choices)
+    configuration = _configuration(overrides)
+    return Run(folder, configuration, metrics, task, main, data, seed, finished, config, choices, identity)
 
 
 def _choices(folder: Path) -> dict[str, Any]:
@@ -284,6 +294,23 @@ def check_one_task(runs: Sequence[tuple[Path, str]]) -> None:
             )
 
 
+def check_same_data(runs: Sequence[Run]) -> None:
+    """Refuse a row whose finished runs recorded reading different data (files replaced between two seeds): their
+    mean would be over data sets, not seeds. Runs that recorded none (before the record existed) are not compared.
+
+    Raises:
+        ConfigError: naming two such runs and the data each read.
+    """
+    recorded = [run for run in runs if run.finished and run.data_identity is not None]
+    for run in recorded[1:]:
+        first = recorded[0]
+        if run.data_identity != first.data_identity:
+            raise ConfigError(
+                f"{first.path}, {run.path}: runs of one configuration read different data ({first.data}: "
+                f"{first.data_identity}; {run.data}: {run.data_identity}); give the runs on one data set"
+            )
+
+
 def _is_per_seed(name: str) -> bool:
     return name == "seed" or name.endswith(".seed")
 
@@ -314,7 +341,8 @@ def build_table(runs: Sequence[Run]) -> Table:
     """Group ``runs`` by configuration and choose the columns.
 
     Raises:
-        ConfigError: runs of different tasks, naming one run of each.
+        ConfigError: runs of different tasks, naming one run of each; runs of one row that read different data
+            (:func:`check_same_data`).
     """
     first = next(run for run in runs if run.finished)
     check_one_task(
@@ -327,6 +355,8 @@ def build_table(runs: Sequence[Run]) -> Table:
     for run in runs:
         label = {k: run.overrides[k] if k in run.overrides else recorded_setting(run, k) for k in keys}
         rows.setdefault(tuple(label.values()), (label, []))[1].append(run)
+    for _, row in rows.values():
+        check_same_data(row)
     found = {k for run in runs for k in run.metrics}
     columns = []
     for split in ("test", "val"):
