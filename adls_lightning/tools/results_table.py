@@ -28,8 +28,8 @@ are named in a footnote: their spread is not a spread over seeds.
 
 ``out`` is a new or empty folder, or one holding an earlier table (only those three files: redrawn).
 
-Bad input (no run matched, a damaged ``metrics.json`` or run record, runs of different tasks, an ``out`` that
-cannot be written or holds anything but an earlier table): one ``error:`` line naming it, exit code 2, nothing
+Bad input (no run matched, a damaged ``metrics.json`` or run record, runs of different tasks, runs of one row
+that read different data, an ``out`` that cannot be written or holds anything but an earlier table): one ``error:`` line naming it, exit code 2, nothing
 written. ``--help``: this text.
 
 Example::
