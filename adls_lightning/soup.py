@@ -15,8 +15,19 @@ from adls_lightning.checkpoints import read_checkpoint
 from adls_lightning.errors import ConfigError
 
 USAGE = "python -m adls_lightning.soup ckpts=A.ckpt,B.ckpt out=SOUP.ckpt"
-# the parts of a Lightning checkpoint a soup keeps: the weights, and what loading them needs
-KEPT_KEYS = ("pytorch-lightning_version", "hyper_parameters", "hparams_name")
+# the parts of a Lightning checkpoint a soup leaves out: one run's training state (a soup resumes no run). The rest
+# is the first checkpoint's: the module's and the data module's hyper-parameters and the data module's entry under
+# its class's name (the task train.py's and the export's checks read: data.datamodule.checkpoint_task), the
+# compression record and what the run resolved on its machine
+TRAINING_STATE_KEYS = (
+    "state_dict",
+    "optimizer_states",
+    "lr_schedulers",
+    "loops",
+    "callbacks",
+    "epoch",
+    "global_step",
+)
 MASK_SUFFIX = ".mask"
 TOO_FEW = f"give at least two checkpoints to average, comma-separated (usage: {USAGE})"
 
@@ -157,6 +168,7 @@ def make_soup(ckpts: Sequence[Path], out: Path) -> dict[str, Any]:
     """Average ``ckpts`` (:func:`average_state_dicts`) and write the soup to ``out`` atomically; returns it."""
     import torch
 
+    from adls_lightning.export.compressed import RUN_OVERRIDES_KEY, run_overrides
     from adls_lightning.files.atomic import atomic_write
 
     checkpoints = [
@@ -164,8 +176,12 @@ def make_soup(ckpts: Sequence[Path], out: Path) -> dict[str, Any]:
     ]  # the optimizer states stay unread
     check_one_recipe(checkpoints, ckpts)
     state = average_state_dicts([c["state_dict"] for c in checkpoints], [str(p) for p in ckpts])
-    soup = {k: checkpoints[0][k] for k in KEPT_KEYS if k in checkpoints[0]}
+    soup = {k: v for k, v in checkpoints[0].items() if k not in TRAINING_STATE_KEYS}
     soup["state_dict"] = state
+    # the first run's model, data and compression, for an export of the soup wherever it is written (its run record
+    # is beside the run's checkpoint, not beside the soup)
+    if overrides := run_overrides(ckpts[0]):
+        soup[RUN_OVERRIDES_KEY] = overrides
     soup["soup"] = [str(p) for p in ckpts]  # where the weights came from
     atomic_write(out, lambda tmp: torch.save(soup, tmp))
     return soup

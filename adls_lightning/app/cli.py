@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -108,6 +108,13 @@ def exit_on_interrupt(last_line: Callable[[], str]) -> Iterator[None]:
                 raise
             print(last_line(), file=sys.stderr)
             sys.exit(INTERRUPTED_EXIT)
+
+
+def exit_interrupted(state: str) -> NoReturn:
+    """Ctrl-C's one line, ``interrupted: <state>`` on stderr, and exit code 130 (as ``train.py``'s), no traceback:
+    how the tools that write a folder (``adls-export``, the graph tool) end when :func:`noting_interrupts` saw one."""
+    print(f"interrupted: {state}", file=sys.stderr)
+    sys.exit(INTERRUPTED_EXIT)
 
 
 def interrupted_line(cfg: DictConfig) -> str:

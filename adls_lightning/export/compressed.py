@@ -18,7 +18,8 @@ Which compression a run applied comes from the checkpoint's own record (:mod:`ad
 written by the compression callbacks; :func:`record_compression`); a checkpoint written before records existed
 falls back to the run's composed config (:func:`run_compression`: the ``quant``, ``prune`` and ``compress`` groups,
 as ``train.py`` composed them). :func:`run_overrides` finds the overrides of the run a checkpoint belongs to
-(Hydra's record, ``<run>/.hydra/overrides.yaml``).
+(Hydra's record, ``<run>/.hydra/overrides.yaml``, or for a checkpoint written elsewhere, such as a soup, the copy
+it carries under :data:`RUN_OVERRIDES_KEY`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ from adls_lightning.quant.transform import find_linear_layers
 ACTIVATION_OPERANDS = ("data_in", "data_out")
 #: Hydra's record of a run, relative to the folder of a checkpoint in ``<run>/checkpoints/``
 RUN_OVERRIDES = Path("..") / ".hydra" / "overrides.yaml"
+#: where a checkpoint written outside its run's folder (a soup, :mod:`adls_lightning.soup`) carries the overrides of
+#: the run it came from, as :func:`run_overrides` returned them there
+RUN_OVERRIDES_KEY = "adls_run_overrides"
 #: override keys that say where a run wrote or which checkpoint it resumed, not which model or data it used
 _RUN_ONLY_KEYS = ("hydra.", "ckpt_path", "init_ckpt", "init_head", "paths.output_dir")
 _PRUNE_KEYS = ("weight", "activation", "include", "exclude", "seed")
@@ -55,10 +59,11 @@ _PRUNE_KEYS = ("weight", "activation", "include", "exclude", "seed")
 
 def run_overrides(ckpt: Path) -> list[str]:
     """The overrides of the ``train.py`` / ``search.py`` run that wrote ``ckpt`` (model, data, compression...),
-    without those that only say where it wrote; empty when the checkpoint is not inside its run folder."""
+    without those that only say where it wrote; outside its run folder, those the checkpoint carries
+    (:func:`carried_run_overrides`)."""
     record = (ckpt.parent / RUN_OVERRIDES).resolve()
     if not record.is_file():
-        return []
+        return carried_run_overrides(ckpt)
     try:
         tokens = OmegaConf.load(record)
     except Exception as error:  # noqa: BLE001 - a damaged record: say which file, as every bad input here
@@ -70,6 +75,18 @@ def run_overrides(ckpt: Path) -> list[str]:
     # recorded so by the export, whatever folder the export or a later adls-evaluate runs in
     started = run_folder_cwd(record.parent)
     return kept if started is None else absolute_paths(kept, started)
+
+
+def carried_run_overrides(ckpt: Path) -> list[str]:
+    """The run overrides ``ckpt`` carries under :data:`RUN_OVERRIDES_KEY` (a soup: its first run's); empty for a
+    checkpoint without them, or one that cannot be read (the read that loads it says why, naming its key)."""
+    from adls_lightning.checkpoints import read_checkpoint
+
+    try:
+        carried = read_checkpoint(ckpt, "ckpt", mmap=True).get(RUN_OVERRIDES_KEY)
+    except ConfigError:
+        return []
+    return [str(token) for token in carried] if isinstance(carried, (list, tuple)) else []
 
 
 def run_folder_cwd(record_dir: Path) -> Path | None:

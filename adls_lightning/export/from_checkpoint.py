@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import re
+import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exp
     """
     from adls_lightning.export import WEIGHTS_FILE, folder_bytes, pack_for_export, save_packed
 
+    check_checkpoint_task(settings, overrides)  # before the model is loaded
     if settings.format == "onnx" and settings.int8 == "scaled":
         return export_scaled_int8(settings, overrides)
     if settings.int4:
@@ -150,6 +152,47 @@ def export_checkpoint(settings: ExportSettings, overrides: Sequence[str]) -> Exp
         reference=reference,
         runs_formats=settings.format == "mxint8",
         tolerance=tolerance,
+    )
+
+
+def check_checkpoint_task(settings: ExportSettings, overrides: Sequence[str]) -> None:
+    """Refuse a checkpoint trained on another task than the export's (its data overrides, or without a run record
+    the default data): its classifier would be written with that task's labels and ``adls_inputs.task``, and
+    ``adls-evaluate`` would then score it on that task, as ``train.py train=false ckpt_path=`` refuses to. A
+    checkpoint that records no task, or a folder task (any data set), is not compared.
+
+    Raises:
+        ConfigError: ``ckpt=PATH: a glue/mrpc checkpoint, this export's task is glue/rte ...``.
+    """
+    from adls_lightning.build import build
+    from adls_lightning.checkpoints import read_checkpoint
+    from adls_lightning.data.datamodule import FolderDataModule, checkpoint_task
+    from adls_lightning.export.compressed import run_overrides
+    from adls_lightning.overrides import merge_overrides, override_key
+    from adls_lightning.runs.loading import compose_train_config
+
+    recorded = checkpoint_task(read_checkpoint(settings.ckpt, "ckpt", mmap=True))
+    if recorded is None:
+        return
+    run = run_overrides(settings.ckpt)
+    cfg = compose_train_config(merge_overrides(run, overrides), options=list(settings.tool_keys))
+    task = build(cfg.data, "data").task.name
+    if task in (recorded, FolderDataModule.TASK_NAME):
+        return
+    given = [o for o in overrides if override_key(o).split(".")[0] == "data"]
+    where = f"ckpt={settings.ckpt}: a {recorded} checkpoint, this export's task is {task}"
+    # the task came from the command line's data overrides, or (no run record to start from) from the defaults
+    source, valid = (
+        (" ".join(given), f"without {' '.join(given)} (the run's own data)")
+        if given
+        else (
+            "the default data: no run record beside the checkpoint",
+            f"the data overrides of its run ({recorded})",
+        )
+    )
+    raise ConfigError(
+        f"{where} ({source}), and the export would label its classifier, trained for {recorded}, with {task}'s "
+        f"labels; valid: {valid}, or a checkpoint of {task}"
     )
 
 
@@ -254,19 +297,44 @@ def replace_earlier_export(settings: ExportSettings, cfg: Any) -> list[str]:
 EARLIER_EXPORT_DIR = ".earlier-export"
 
 
-def earlier_export_kept_until_checked(out: Path) -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def earlier_export_kept_until_checked(out: Path, interrupts: Sequence[int] = ()) -> Iterator[None]:
     """Around an export and its self-check into ``out``: the earlier export's files that ``overwrite=true`` set
     aside (:func:`replace_earlier_export`) are deleted once the block succeeds, and put back, in place of this
     export's files, when it fails (a failed self-check, a refusal, Ctrl-C): a failed export never costs the working
-    one it was meant to replace (:func:`adls_lightning.files.earlier_outputs.earlier_outputs_kept_until_done`)."""
-    return earlier_outputs_kept_until_done(
-        out,
-        EARLIER_EXPORT_DIR,
-        earlier_export_outputs,
-        restored_line=lambda count: (
-            f"overwrite=true: this export failed; the earlier export's {count} files are back in {out}"
-        ),
-    )
+    one it was meant to replace (:func:`adls_lightning.files.earlier_outputs.earlier_outputs_kept_until_done`).
+
+    ``interrupts``: Ctrl-C as :func:`adls_lightning.app.cli.noting_interrupts` notes it. An interrupted export's
+    files are deleted too, and the folders it created, so ``out`` is as it was (a failed self-check's files stay
+    for inspection, in a folder marked failed); the line saying the earlier files are back is the failure's, the
+    caller says it for an interrupt.
+    """
+    created = [folder for folder in (out, *out.parents) if not folder.exists()]  # deepest first
+    kept = out / EARLIER_EXPORT_DIR
+    set_aside_before = kept.exists()  # not this export's: replace_earlier_export refuses to go on with one
+    restored = 0
+    try:
+        with earlier_outputs_kept_until_done(out, EARLIER_EXPORT_DIR, earlier_export_outputs):
+            try:
+                yield
+            except BaseException:
+                if kept.is_dir() and not set_aside_before:
+                    restored = len(list(kept.iterdir()))
+                if interrupts:
+                    for path in earlier_export_outputs(out):
+                        path.unlink()
+                raise
+    except BaseException:
+        if interrupts:
+            for folder in created:
+                with contextlib.suppress(OSError):  # not empty: something else wrote there meanwhile
+                    folder.rmdir()
+        elif restored:
+            print(
+                f"overwrite=true: this export failed; the earlier export's {restored} files are back in {out}",
+                file=sys.stderr,
+            )
+        raise
 
 
 def run_model(settings: ExportSettings, overrides: Sequence[str], loaded: LoadedRun) -> nn.Module:

@@ -27,8 +27,9 @@ timing) or ``none``; ``check_rows=200`` (held rows of the run's test split), ``c
 ``check_tokens=128``, ``check_batches=1,8``, ``check_rounds=5``.
 The model, its data and its compression are the run's own: the overrides Hydra recorded next to the checkpoint
 (``<run>/.hydra/overrides.yaml``, for a checkpoint in ``<run>/checkpoints/``); every other ``key=value`` is a
-Hydra override of ``conf/train.yaml`` on top of them (without a run record: on top of the MiniLM + LoRA of
-``train.py``), e.g. ``model=tiny_random``. LoRA adapters are merged before anything is written; what a
+Hydra override of ``conf/train.yaml`` on top of them (without a run record: those a soup carries, else on top of
+the MiniLM + LoRA of ``train.py``), e.g. ``model=tiny_random``; data overrides that give another task than the one
+the checkpoint records are refused (its classifier would be written with that task's labels). LoRA adapters are merged before anything is written; what a
 compressed run computed is baked into the weights (pruning masks, weights and biases as quantized, QAT or PTQ)
 and what acts on activations is written beside them (``compression.json``, :mod:`adls_lightning.export.compressed`),
 which ``format=onnx`` and ``mxint8`` cannot carry and so refuse (the ``l1_*`` and ``random_*`` prune presets prune
@@ -39,6 +40,7 @@ before the model is loaded where it can be. An ONNX file whose ONNX
 Runtime logits miss PyTorch's: one line, exit code 1 (the file is kept for inspection); so is a self-check whose
 read-back runs another file than the one written, or misses the run's logits beyond the bound of an exact format
 (``hf``, the fp32 graph, ``int8=scaled``, ``int4``): ``export.json`` marks the folder failed and the readers refuse it.
+Ctrl-C: one line, ``interrupted: out=DIR is as it was before this export ...``, exit code 130.
 """
 
 from __future__ import annotations
@@ -170,19 +172,30 @@ def check_options(options: dict[str, str | None]) -> ExportSettings:
 
 
 def export(settings: ExportSettings, overrides: Sequence[str]) -> None:
-    """The command (for :func:`main`): the folder written, what it holds printed, then the self-check."""
-    # imported once the options are checked: torch and the model's code take seconds, --help and a bad option none
-    from adls_lightning.export.from_checkpoint import (
-        check_export,
-        earlier_export_kept_until_checked,
-        export_checkpoint,
-    )
+    """The command (for :func:`main`): the folder written, what it holds printed, then the self-check. Ctrl-C ends
+    it in one line, exit code 130, with ``out`` as it was before (:func:`~adls_lightning.export.from_checkpoint.
+    earlier_export_kept_until_checked`)."""
+    from adls_lightning.app.cli import exit_interrupted, noting_interrupts
 
-    with earlier_export_kept_until_checked(settings.out):
-        exported = export_checkpoint(settings, overrides)
-        for line in exported.lines:
-            print(line)
-        check_export(settings, overrides, exported)
+    with noting_interrupts() as interrupts:
+        try:
+            # imported once the options are checked (torch and the model's code take seconds, --help and a bad
+            # option none), and inside the block: a Ctrl-C in those seconds is an interrupt too
+            from adls_lightning.export.from_checkpoint import (
+                check_export,
+                earlier_export_kept_until_checked,
+                export_checkpoint,
+            )
+
+            with earlier_export_kept_until_checked(settings.out, interrupts):
+                exported = export_checkpoint(settings, overrides)
+                for line in exported.lines:
+                    print(line)
+                check_export(settings, overrides, exported)
+        except BaseException:
+            if not interrupts:
+                raise
+            exit_interrupted(f"out={settings.out} is as it was before this export; run the command again")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

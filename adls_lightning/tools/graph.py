@@ -18,16 +18,15 @@ import contextlib
 import copy
 import functools
 import os
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from adls_lightning.app.cli import INTERRUPTED_EXIT, noting_interrupts
+from adls_lightning.app.cli import exit_interrupted, noting_interrupts
 from adls_lightning.app.preflight import validate_model_settings
 from adls_lightning.build import hydra_execution_whitelist
 from adls_lightning.configs import CONF_DIR
@@ -345,12 +344,6 @@ def task(cfg: DictConfig) -> None:
                 raise
             # writing_one_run has put out= back as it was
             exit_interrupted(f"out={cfg.out} is as it was before this run; run the command again")
-
-
-def exit_interrupted(state: str) -> NoReturn:
-    """Ctrl-C's one line, ``interrupted: <state>`` on stderr, and exit code 130 (as ``train.py``'s), no traceback."""
-    print(f"interrupted: {state}", file=sys.stderr)
-    sys.exit(INTERRUPTED_EXIT)
 
 
 guarded_task = guarded_main(

@@ -16,8 +16,10 @@ recipe must agree too (:func:`adls_lightning.soup.recipe`): the task, data folde
 record (the datamodule's hyper-parameters) and, for checkpoints in run folders, the model (``model.backbone`` of
 the run record); the seed and training settings (learning rate, batch size, epochs) may differ.
 
-The soup is a checkpoint with the first one's hyper-parameters and no optimizer or loop state: evaluate it with
-the runs' own command and ``train=false ckpt_path=FILE``, start a run from it with ``init_ckpt=FILE``, or export it.
+The soup is a checkpoint with the first one's hyper-parameters, its data module's (the task train.py's and the
+export's checks read) and its run's overrides (so ``adls-export ckpt=FILE`` needs none the first checkpoint does
+not), and no optimizer or loop state: evaluate it with the runs' own command and ``train=false ckpt_path=FILE``,
+start a run from it with ``init_ckpt=FILE``, or export it.
 Bad input (an unknown option, a checkpoint that cannot be averaged or of another recipe, an ``out`` that cannot be
 written): one line naming the key and the file (and the recipe's key that differs), exit code 2, nothing written. ``--help``: this text.
 """
