@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import re
-import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -309,32 +308,16 @@ def earlier_export_kept_until_checked(out: Path, interrupts: Sequence[int] = ())
     for inspection, in a folder marked failed); the line saying the earlier files are back is the failure's, the
     caller says it for an interrupt.
     """
-    created = [folder for folder in (out, *out.parents) if not folder.exists()]  # deepest first
-    kept = out / EARLIER_EXPORT_DIR
-    set_aside_before = kept.exists()  # not this export's: replace_earlier_export refuses to go on with one
-    restored = 0
-    try:
-        with earlier_outputs_kept_until_done(out, EARLIER_EXPORT_DIR, earlier_export_outputs):
-            try:
-                yield
-            except BaseException:
-                if kept.is_dir() and not set_aside_before:
-                    restored = len(list(kept.iterdir()))
-                if interrupts:
-                    for path in earlier_export_outputs(out):
-                        path.unlink()
-                raise
-    except BaseException:
-        if interrupts:
-            for folder in created:
-                with contextlib.suppress(OSError):  # not empty: something else wrote there meanwhile
-                    folder.rmdir()
-        elif restored:
-            print(
-                f"overwrite=true: this export failed; the earlier export's {restored} files are back in {out}",
-                file=sys.stderr,
-            )
-        raise
+    with earlier_outputs_kept_until_done(
+        out,
+        EARLIER_EXPORT_DIR,
+        earlier_export_outputs,
+        restored_line=lambda count: (
+            f"overwrite=true: this export failed; the earlier export's {count} files are back in {out}"
+        ),
+        interrupts=interrupts,
+    ):
+        yield
 
 
 def run_model(settings: ExportSettings, overrides: Sequence[str], loaded: LoadedRun) -> nn.Module:

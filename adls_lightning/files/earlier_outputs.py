@@ -18,10 +18,19 @@ from pathlib import Path
 
 def set_aside(earlier: Sequence[Path], kept: Path) -> None:
     """Move the files ``earlier`` into ``kept``, a folder made here for them (an existing one is an error: it holds
-    the files of a run that was killed before it could put them back)."""
+    the files of a run that was killed before it could put them back). All or none: interrupted part-way (Ctrl-C),
+    the files already moved go back and ``kept`` is removed before the interrupt goes on."""
     kept.mkdir()
-    for path in earlier:
-        path.replace(kept / path.name)
+    moved: list[Path] = []
+    try:
+        for path in earlier:
+            path.replace(kept / path.name)
+            moved.append(path)
+    except BaseException:
+        for path in moved:
+            (kept / path.name).replace(path)
+        kept.rmdir()
+        raise
 
 
 @contextlib.contextmanager
@@ -32,31 +41,43 @@ def earlier_outputs_kept_until_done(
     *,
     restored_line: Callable[[int], str] | None = None,
     discard_on_failure: bool = False,
+    interrupts: Sequence[int] = (),
 ) -> Iterator[None]:
     """Around a run writing into ``out``: the earlier outputs it set aside in ``out/kept_name``
     (:func:`set_aside`) are deleted when the block succeeds, and put back, in place of the files of ``out`` that
     ``outputs`` names (the run's own by then), when the block fails; ``restored_line(count)`` is then printed on
-    stderr.
+    stderr (not for an interrupt: the caller's one line says it).
 
-    ``discard_on_failure``: a failed run's outputs are deleted even when nothing was set aside, for a tool whose
-    partial outputs are of no use (without it they stay, as a failed export's marked folder does).
+    ``discard_on_failure``: a failed run's outputs are deleted even when nothing was set aside, and the folders it
+    created, for a tool whose partial outputs are of no use (without it they stay, as a failed export's marked
+    folder does). ``interrupts``: Ctrl-C as :func:`adls_lightning.app.cli.noting_interrupts` notes it; an
+    interrupted run's outputs are discarded so. Outputs that were there before the run and were not set aside (an
+    interrupt before :func:`set_aside` finished) are never deleted.
     """
+    created = [folder for folder in (out, *out.parents) if not folder.exists()]  # deepest first
+    before = {path.name for path in outputs(out)}
     kept = out / kept_name
     existed = kept.exists()  # not this run's: the tools refuse to go on with one
     try:
         yield
     except BaseException:
         set_aside_here = kept.is_dir() and not existed
-        if set_aside_here or discard_on_failure:
+        discard = discard_on_failure or bool(interrupts)
+        if set_aside_here or discard:
             for path in outputs(out):
-                path.unlink()
+                if set_aside_here or path.name not in before:
+                    path.unlink()
         if set_aside_here:
             restored = sorted(kept.iterdir())
             for path in restored:
                 path.replace(out / path.name)
             kept.rmdir()
-            if restored_line is not None:
+            if restored_line is not None and not interrupts:
                 print(restored_line(len(restored)), file=sys.stderr)
+        if discard:
+            for folder in created:
+                with contextlib.suppress(OSError):  # not empty: something else wrote there meanwhile
+                    folder.rmdir()
         raise
     if kept.is_dir() and not existed:
         shutil.rmtree(kept)

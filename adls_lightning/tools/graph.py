@@ -148,19 +148,12 @@ def writing_one_run(out: Path, overwrite: bool) -> Iterator[list[str]]:
     Ctrl-C), this run's files are deleted, the earlier ones put back, and the folders it created removed: ``out``
     is as it was, not half-written as if whole. Files the command does not write stay.
     """
-    created = [folder for folder in (out, *out.parents) if not folder.exists()]  # deepest first
-    try:
-        with earlier_outputs_kept_until_done(out, EARLIER_RUN_DIR, graph_outputs, discard_on_failure=True):
-            out.mkdir(parents=True, exist_ok=True)
-            earlier = graph_outputs(out) if overwrite else []
-            if earlier:
-                set_aside(earlier, out / EARLIER_RUN_DIR)
-            yield [path.name for path in earlier]
-    except BaseException:
-        for folder in created:
-            with contextlib.suppress(OSError):  # not empty: something else wrote there meanwhile
-                folder.rmdir()
-        raise
+    with earlier_outputs_kept_until_done(out, EARLIER_RUN_DIR, graph_outputs, discard_on_failure=True):
+        out.mkdir(parents=True, exist_ok=True)
+        earlier = graph_outputs(out) if overwrite else []
+        if earlier:
+            set_aside(earlier, out / EARLIER_RUN_DIR)
+        yield [path.name for path in earlier]
 
 
 def build_model(cfg: DictConfig) -> torch.nn.Module:
