@@ -16,7 +16,7 @@ import pytest
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.export.folder import INPUTS_KEY
-from adls_lightning.export.predict import SINGLE_TEXT_TASKS, predict
+from adls_lightning.export.predict import SINGLE_TEXT_TASKS, predict, read_texts
 from adls_lightning.runs.loading import PROJECT_ROOT
 from tests.helpers import ENV, TINY, assert_one_line_error, run_export, trained_checkpoint
 
@@ -120,28 +120,38 @@ def test_texts_of_both_kinds_for_a_task_the_export_does_not_describe_are_refused
     assert len(predict(folder, ["a great film", "bad film"])) == 2
 
 
-@pytest.mark.parametrize(
-    ("line", "what"),
-    [
-        ("", "empty"),
-        ("   ", "empty"),
-        ("a great film\t", "a pair whose second text is empty"),
-        ("\ta great film", "a pair whose first text is empty"),
-        ("\t ", "empty"),
-    ],
-)
-def test_an_empty_text_or_half_of_a_pair_is_refused_by_the_command_and_predict(exports, tmp_path, line, what):
+EMPTY_LINES = [
+    ("", "empty"),
+    ("   ", "empty"),
+    ("a great film\t", "a pair whose second text is empty"),
+    ("\ta great film", "a pair whose first text is empty"),
+    ("\t ", "empty"),
+]
+
+
+@pytest.mark.parametrize(("line", "what"), EMPTY_LINES)
+def test_an_empty_text_or_half_of_a_pair_is_refused_by_the_reader_and_predict(exports, tmp_path, line, what):
     # a task of pairs, so that a half-empty pair is refused for its emptiness, not for being a pair
+    folder = with_inputs(exports, tmp_path, task="glue/mrpc", text_pair=True)
+    needs = "a text holds more than spaces (a pair: two such texts and a TAB)"
+    with pytest.raises(ConfigError) as refusal:
+        read_texts(f"the film was great\ta great film\n{line}\n".encode(), "stdin")
+    assert str(refusal.value) == f"stdin line 2: {what}; one text per line, {needs}"
+    text = tuple(line.split("\t")) if "\t" in line else line
+    with pytest.raises(ConfigError, match=rf"^text 2: {what}; "):
+        predict(folder, [("a", "b"), text])
+
+
+@pytest.mark.parametrize(("line", "what"), [EMPTY_LINES[0], EMPTY_LINES[2]])
+def test_an_empty_text_or_half_of_a_pair_is_refused_by_the_command(exports, tmp_path, line, what):
+    # the command's two ways in (stdin, arguments), for an empty line and a half-empty pair: the reader above
     folder = with_inputs(exports, tmp_path, task="glue/mrpc", text_pair=True)
     needs = "a text holds more than spaces (a pair: two such texts and a TAB)"
     stdin = f"the film was great\ta great film\n{line}\n".encode()
     assert refused(run_predict(str(folder), stdin=stdin)) == (
         f"error: stdin line 2: {what}; one text per line, {needs}"
     )
-    text = tuple(line.split("\t")) if "\t" in line else line
     assert refused(run_predict(str(folder), "a\tb", "--", line)) == f"error: text 2: {what}; {needs}"
-    with pytest.raises(ConfigError, match=rf"^text 2: {what}; "):
-        predict(folder, [("a", "b"), text])
 
 
 def test_an_empty_text_is_refused_for_a_task_of_single_texts(exports):
