@@ -117,6 +117,13 @@ def write_glue_task(root: Path, task: str, n_train: int = 120, n_dev: int = 40) 
     return root
 
 
+def write_glue_tasks(root: Path, *tasks: str) -> Path:
+    """:func:`write_glue_task` for each of ``tasks`` under one ``root``; returns ``root``."""
+    for task in tasks:
+        write_glue_task(root, task)
+    return root
+
+
 ONE_STEP = [
     "data.val_size=20",
     "trainer.max_epochs=1",

@@ -17,7 +17,7 @@ import pytest
 
 from adls_lightning.tools.evaluate import main as evaluate_main
 from adls_lightning.tools.export import main as export_main
-from tests.glue_layouts import write_glue_task
+from tests.glue_layouts import write_glue_tasks
 from tests.helpers import ENV, ROOT, TINY_OVERRIDES, assert_one_line_error, call, train_run
 
 # a full fine-tune for one epoch, evaluated in fp32 as the exported folders run (no bf16 cast to tell apart)
@@ -27,10 +27,7 @@ GLUE_RUN = [*RUN, "data=glue", "data.val_size=20"]
 
 @pytest.fixture(scope="module")
 def glue_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("glue")
-    for task in ("mrpc", "stsb"):
-        write_glue_task(root, task)
-    return root
+    return write_glue_tasks(tmp_path_factory.mktemp("glue"), "mrpc", "stsb")
 
 
 def run_and_export(out: Path, overrides: list[str], tiny_imdb_dir, cache_dir) -> tuple[Path, dict]:

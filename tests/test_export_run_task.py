@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.glue_layouts import ONE_STEP, write_glue_task
+from tests.glue_layouts import ONE_STEP, write_glue_tasks
 from tests.helpers import ROOT, assert_one_line_error, ok, run_export, run_train
 
 pytestmark = pytest.mark.slow  # two train.py runs
@@ -26,10 +26,7 @@ FULL_FINE_TUNE = ["model/lora=none", *ONE_STEP]  # a soup averages full fine-tun
 
 @pytest.fixture(scope="module")
 def glue_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("glue")
-    for task in ("mrpc", "rte"):
-        write_glue_task(root, task)
-    return root
+    return write_glue_tasks(tmp_path_factory.mktemp("glue"), "mrpc", "rte")
 
 
 @pytest.fixture(scope="module")

@@ -298,10 +298,9 @@ def _format_space(name: str, given: Mapping[str, Any] | None) -> tuple[dict[str,
     if not isinstance(given_params, Mapping):
         raise ConfigError(f"{key}.params={given_params!r}: must be a mapping {{parameter: [choices]}}")
     params = {p: _check_choices(f"formats.{name}.params.{p}", choices) for p, choices in given_params.items()}
+    # the names (with a close match) and each choice's type, as quant.config's check
     for p, choices in params.items():
-        for (
-            choice
-        ) in choices:  # the names (with a close match) and each choice's type, as quant.config's check
+        for choice in choices:
             OperandRecipe.check_settings(key, {"format": name, "params": {p: choice}})
     slots = _check_choices(f"formats.{name}.slots", spec.get("slots", SLOTS), SLOTS)
     return params, slots
