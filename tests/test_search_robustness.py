@@ -115,6 +115,7 @@ def test_ctrl_c_in_a_trial_ends_in_one_line_exit_130_and_the_same_command_resume
     )
     interrupted = study.trials[number]
     assert interrupted.state == TrialState.FAIL
+    assert interrupted.user_attrs["stopped"] == "interrupted (Ctrl-C)"  # what the dashboard shows of it
     (retry,) = [t for t in study.trials if t.system_attrs.get("failed_trial") == number]
     assert retry.state == TrialState.WAITING and retry.params == interrupted.params
 

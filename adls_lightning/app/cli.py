@@ -97,12 +97,13 @@ def noting_interrupts() -> Iterator[list[int]]:
 
 
 @contextlib.contextmanager
-def exit_on_interrupt(last_line: Callable[[], str]) -> Iterator[None]:
+def exit_on_interrupt(last_line: Callable[[], str]) -> Iterator[list[int]]:
     """Ctrl-C (SIGINT) in the block ends the process with exit code 130 and ``last_line()`` as stderr's last line
-    (how to resume), instead of a traceback (Lightning's exit code 1 included: :func:`noting_interrupts`)."""
+    (how to resume), instead of a traceback (Lightning's exit code 1 included: :func:`noting_interrupts`, whose
+    list of the signals received it yields)."""
     with noting_interrupts() as received:
         try:
-            yield
+            yield received
         except (KeyboardInterrupt, SystemExit):
             if not received:
                 raise

@@ -120,6 +120,8 @@ CHECKPOINT_SUFFIX = ".ckpt"
 PRUNABLE_STATES = (TrialState.COMPLETE, TrialState.PRUNED)
 # user attr saying why a completed trial's value is not its metric as logged (TrialResult.notes)
 OBJECTIVE_NOTE_ATTR = "objective_note"
+# Why a trial that never returned was failed: a Ctrl-C or a broken launcher (a job that raised has ``fail_reason``)
+STOPPED_ATTR = "stopped"
 # the tags of a sweep override the stock parser reads (tag(log, interval(...))); it drops any other unread
 SWEEP_TAGS = ("log",)
 
@@ -448,6 +450,8 @@ class StudySweeper(Sweeper):
         self.grace_period = grace_period
         self.settings_ignore = settings_ignore
         self.keep_checkpoints = keep_checkpoints
+        # the Ctrl-Cs :meth:`sweep` received (a trial stopped by one is recorded as interrupted, not as broken)
+        self.sigints_received: list[int] = []
         self._validate()
 
     def _validate(self) -> None:
@@ -649,7 +653,7 @@ class StudySweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> list[FrozenTrial]:
         # (trial number, re-queued) of the batch a Ctrl-C stopped
         self.interrupted: list[tuple[int, bool]] = []
-        with exit_on_interrupt(self._interrupted_line):
+        with exit_on_interrupt(self._interrupted_line) as self.sigints_received:
             try:
                 study, budget = self._prepare(arguments)
             except ConfigError as err:
@@ -958,9 +962,13 @@ class StudySweeper(Sweeper):
         try:
             with heartbeats(self.storage, [t._trial_id for t, _ in jobs]):
                 returns = self.launcher.launch([o for _, o in jobs], initial_job_idx=jobs[0][0].number)
-        except BaseException:
+        except BaseException as err:
             # Interrupted (Ctrl-C) or the launcher broke: fail the trials and queue them again for the next run.
+            # (Lightning turns a Ctrl-C in a job into SystemExit(1): the signal itself tells)
+            why = "interrupted (Ctrl-C)" if self.sigints_received else f"the launcher: {_one_line(err)}"
             for trial, _ in jobs:
+                if not self.storage.get_trial(trial._trial_id).state.is_finished():
+                    trial.set_user_attr(STOPPED_ATTR, why)
                 self._tell(study, trial, state=TrialState.FAIL, skip_if_finished=True)
                 failed = self.storage.get_trial(trial._trial_id)
                 # the callback re-queues a trial retried fewer than MAX_RETRY times (read first: it extends the list)
