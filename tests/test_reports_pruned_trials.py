@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 
 from tests.helpers import table, write_run
 
-STUDY = "mixed_precision-integer-acc-tpe"
+STUDY = "mixed_precision-integer-acc_minus_bits-tpe"
 
 
 def test_reports_of_a_study_whose_every_trial_was_pruned(search, tmp_path):
@@ -22,6 +22,8 @@ def test_reports_of_a_study_whose_every_trial_was_pruned(search, tmp_path):
         "hydra.sweeper.n_trials=2",
         "hydra.sweeper.search_space.use=[integer]",
         "+hydra.sweeper.search_space.formats={integer:{params:{width:[0]}}}",
+        # a weighted objective: its one name is the sum's (nothing of a completed trial names it)
+        "search/objective=acc_minus_bits",
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     db = tmp_path / "sweep" / f"{STUDY}.db"
@@ -36,7 +38,7 @@ def test_reports_of_a_study_whose_every_trial_was_pruned(search, tmp_path):
     )
     assert report.returncode == 0, report.stderr[-2000:]
     page = (tmp_path / "report" / "index.html").read_text()
-    assert "<tr><th>objectives</th><td>val/acc (maximize)</td></tr>" in page
+    assert "<tr><th>objectives</th><td>1*val/acc + -0.005*quant/avg_weight_bits (maximize)</td></tr>" in page
     assert "objective_0" not in page
 
     listed = table(db)

@@ -7,7 +7,6 @@ the cost model, the Pareto points' export commands). The command is ``python -m 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import warnings
@@ -22,7 +21,6 @@ from optuna.trial import FrozenTrial, TrialState
 from adls_lightning.errors import ConfigError
 from adls_lightning.reports.page import Page
 from adls_lightning.search.from_study import open_study, study_storage
-from adls_lightning.search.identity import SETTINGS_ATTR
 from adls_lightning.search.storage import mask_password
 
 #: the command that writes the page (named in it: a redraw recognises its own earlier page)
@@ -121,20 +119,9 @@ def shell_word(text: str) -> str:
 
 
 def metric_names(study: optuna.Study) -> list[str]:
-    """The objectives' names: the study's metric names, which the sweeper stores with the first completed trial;
-    before one (every trial pruned or failed), the metrics of the search's recorded ``search.objective`` when
-    they are the objectives themselves (no ``weights``); else ``objective_<i>``."""
-    if study.metric_names:
-        return list(study.metric_names)
-    recorded = study.user_attrs.get(SETTINGS_ATTR) or {}
-    try:
-        weights = json.loads(recorded.get("search.objective.weights", "null"))
-        metrics = json.loads(recorded["search.objective.metrics"]) if weights is None else None
-    except (KeyError, TypeError, ValueError):  # not recorded: an older study, or a key in settings_ignore
-        metrics = None
-    if isinstance(metrics, list) and len(metrics) == len(study.directions):
-        return [str(m) for m in metrics]
-    return [f"objective_{i}" for i in range(len(study.directions))]
+    """The objectives' names: the study's metric names (the sweeper stores them as it opens the study; a study
+    made before that was done, with no completed trial, has none: ``objective_<i>``)."""
+    return list(study.metric_names or [f"objective_{i}" for i in range(len(study.directions))])
 
 
 def study_figures(study: optuna.Study) -> list[tuple[str, Any]]:

@@ -559,6 +559,9 @@ class StudySweeper(Sweeper):
         return grid
 
     def _check_objectives(self) -> None:
+        """Check ``search.objective`` against the directions and keep its objectives' names (None: a plain task
+        function's values, named by the first trial that returns them)."""
+        self.objective_names: tuple[str, ...] | None = None
         objective = OmegaConf.select(self.config, "search.objective")
         if objective is None:
             return
@@ -566,6 +569,7 @@ class StudySweeper(Sweeper):
             names = objective_names(list(objective.metrics), objective.get("weights"))
         except ConfigError as err:
             raise SearchConfigError(str(err)) from None
+        self.objective_names = names
         if len(names) != len(self.directions):
             raise SearchConfigError(
                 f"hydra.sweeper.direction={self.directions}: one direction per objective {list(names)} "
@@ -617,6 +621,9 @@ class StudySweeper(Sweeper):
                 f"hydra.sweeper.direction={self.directions}: study {self.study_name} in {self.shown_url} was created with "
                 f"{[d.name.lower() for d in study.directions]}; use another study_name or storage"
             )
+        if study.metric_names is None and self.objective_names is not None:
+            # named from the start: a study whose every trial is pruned or fails is still labelled by its metrics
+            study.set_metric_names(list(self.objective_names))
         configured = data_recorded_as_configured(stored) if recorded else None
         if configured is not None:
             # what it read cannot be known: said once, and the data read now recorded, so later searches compare
