@@ -92,7 +92,9 @@ def test_an_f1_task_prints_f1_first_and_both_equal_the_runs(mrpc):
         assert value == pytest.approx(metrics[name], abs=1e-4), name
 
 
-def test_another_tasks_data_or_labels_are_refused_and_the_same_tasks_overrides_kept(imdb, glue_root):
+def test_another_tasks_data_or_labels_are_refused_and_the_same_tasks_overrides_kept(
+    imdb, glue_root, tmp_path
+):
     folder, metrics = imdb
     code, stdout, stderr = call(
         evaluate_main, str(folder), "data=glue", "data.task=mrpc", f"data.data_dir={glue_root}"
@@ -106,6 +108,20 @@ def test_another_tasks_data_or_labels_are_refused_and_the_same_tasks_overrides_k
     code, stdout, stderr = call(evaluate_main, str(folder), "data.label_names=[bad,good]")
     assert code == 2 and not stdout, stdout + stderr[-3000:]
     assert "its model's labels are negative, positive, the data's are bad, good" in stderr
+    # an export written before exports recorded their task: its labels still tell it is not an MRPC model
+    old = tmp_path / "old"
+    shutil.copytree(folder, old)
+    config = json.loads((old / "config.json").read_text())
+    del config["adls_inputs"]
+    (old / "config.json").write_text(json.dumps(config))
+    code, stdout, stderr = call(
+        evaluate_main, str(old), "data=glue", "data.task=mrpc", f"data.data_dir={glue_root}"
+    )
+    assert code == 2 and not stdout, stdout + stderr[-3000:]
+    assert stderr.strip().startswith(
+        f"error: {old}: its model's labels are negative, positive, the data's are not_equivalent, equivalent; "
+        "valid: the data of its run's task"
+    ), stderr
     # the run's own split: its metrics.json; another size of the same task's split: scored, on that many texts
     code, stdout, stderr = call(evaluate_main, str(folder))
     assert code == 0, stderr[-3000:]

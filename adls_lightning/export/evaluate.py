@@ -110,9 +110,8 @@ def check_data_fits_export(folder: Path, config: Mapping[str, Any], data) -> Non
     Raises:
         ConfigError: naming the folder, its task and the data's.
     """
+    # an export written before it recorded its inputs has only its labels (``id2label``) to hold the data to
     recorded = config.get(INPUTS_KEY) or {}
-    if not recorded:
-        return  # written before the export recorded its inputs: nothing to hold the data to
     trained_on = recorded.get("task") or "its run's task"
     task = data.task
     valid = (
@@ -130,7 +129,7 @@ def check_data_fits_export(folder: Path, config: Mapping[str, Any], data) -> Non
             f"{folder}: its model's labels are {_labels(labels)}, the data's are {_labels(task.label_names)}; "
             f"{valid}"
         )
-    if getattr(data, "splits", None):  # set up: the data says whether it holds pairs
+    if recorded and getattr(data, "splits", None):  # set up: the data says whether it holds pairs
         pairs, given = recorded.get("text_pair"), task_inputs(data)["text_pair"]
         if pairs is not None and given is not None and pairs != given:
             kind = {True: "pairs of texts", False: "single texts"}
