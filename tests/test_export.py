@@ -1,4 +1,4 @@
-"""``python -m adls_lightning.export``: packed (MXINT8) and Hugging Face folders, reloaded in fresh processes."""
+"""``python -m adls_lightning.export``: packed (MXINT8) and Hugging Face folders, reloaded in a fresh process."""
 
 from __future__ import annotations
 
@@ -14,35 +14,50 @@ from safetensors.torch import load_file
 from torch import nn
 
 from adls_lightning.export import CONFIG_FILE, WEIGHTS_FILE, load_packed, pack_for_export
+from adls_lightning.export.folder import HF_CONFIG_FILE
 from adls_lightning.tools.export import main
-from tests.helpers import ENV, TINY, merged_model, run_export, trained_checkpoint
+from tests.helpers import ENV, TINY, call, merged_model, run_export, trained_checkpoint
 
 LOGITS_SCRIPT = """
 import sys, torch
 from adls_lightning.export import load_packed
 from transformers import AutoModelForSequenceClassification
-folder, kind, out = sys.argv[1:]
-model = load_packed(folder) if kind == "mxint8" else AutoModelForSequenceClassification.from_pretrained(folder).eval()
-batches = torch.load(out + ".ids")
-with torch.inference_mode():
-    torch.save([model(input_ids=ids).logits for ids in batches], out)
+jobs, out = sys.argv[1], sys.argv[2]
+logits = {}
+for name, (folder, kind, batches) in torch.load(jobs).items():
+    model = load_packed(folder) if kind == "mxint8" else AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    with torch.inference_mode():
+        logits[name] = [model(input_ids=ids).logits for ids in batches]
+    del model
+torch.save(logits, out)
 """
 
-
-def logits_in_fresh_process(
-    folder: Path, kind: str, tmp_path: Path, *batches: torch.Tensor
-) -> list[torch.Tensor]:
-    """The logits of each batch of token ids, computed by the folder loaded in one fresh process."""
-    out = tmp_path / f"logits_{kind}.pt"
-    torch.save(batches, str(out) + ".ids")
-    command = [sys.executable, "-c", LOGITS_SCRIPT, str(folder), kind, str(out)]
-    result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return torch.load(out)
+# A BERT-base-shaped classifier (12 layers, hidden 768, random weights) built from config
+BERT_BASE = [
+    *TINY,
+    "model.backbone.hidden_size=768",
+    "model.backbone.num_hidden_layers=12",
+    "model.backbone.num_attention_heads=12",
+    "model.backbone.intermediate_size=3072",
+]
+# (rows, tokens) of the batches each folder is reloaded on
+SHAPES = {
+    "tiny": [(3, 12)],
+    "tiny_embeddings": [(3, 12)],
+    "tiny_hf": [(3, 12)],
+    "bert_base": [(2, 64)],
+    # the fused kernel (16 rows) and dequantize + matmul (128 rows)
+    "minilm": [(1, 16), (2, 64)],
+    "minilm_embeddings": [(1, 16), (2, 64)],
+}
 
 
 def input_ids(vocab: int, rows: int = 3, tokens: int = 12) -> torch.Tensor:
     return torch.randint(0, vocab, (rows, tokens), generator=torch.Generator().manual_seed(1))
+
+
+def batches(name: str, vocab: int) -> list[torch.Tensor]:
+    return [input_ids(vocab, rows=rows, tokens=tokens) for rows, tokens in SHAPES[name]]
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +67,70 @@ def tiny_ckpt(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def minilm_ckpt(tmp_path_factory) -> Path:
+    ckpt = tmp_path_factory.mktemp("minilm") / "minilm.ckpt"
+    trained_checkpoint(ckpt, [])
+    return ckpt
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory, tiny_ckpt, minilm_ckpt) -> dict[str, dict]:
+    """Every folder this file reloads, written once, then all reloaded in ONE fresh process (not the one that
+    exported them): ``{name: {"folder", "stdout", "ckpt", "logits"}}``. One export of each kind runs as the user's
+    command (the default packed one, ``format=hf``, MiniLM's default timed self-check); the exports that differ from
+    those only by an option run through the command's ``main`` here, and one reloading process serves them all:
+    each command or reloading process costs ~10 CPU-s of imports, and what the tests check is the folders."""
+    root = tmp_path_factory.mktemp("exports")
+    bert_base_ckpt = root / "base.ckpt"
+    trained_checkpoint(bert_base_ckpt, BERT_BASE)
+    runs = {
+        # name: (ckpt, as a command?, the command's options)
+        "tiny": (tiny_ckpt, True, [*TINY]),
+        "tiny_embeddings": (tiny_ckpt, False, ["pack_embeddings=true", *TINY]),
+        "tiny_hf": (tiny_ckpt, True, ["format=hf", *TINY]),
+        # check=none: the round trip is the check; the self-check's timing of a BERT-base is minutes under load
+        "bert_base": (bert_base_ckpt, False, ["check=none", *BERT_BASE]),
+        # the user's default command (a timed self-check) once; timing the packed embeddings too would add a minute
+        # of MiniLM forward passes that measure the same kernels, and their agreement on 40 rows runs the same code
+        # path as on the default 200
+        "minilm": (minilm_ckpt, True, ["check=full"]),
+        "minilm_embeddings": (
+            minilm_ckpt,
+            False,
+            ["pack_embeddings=true", "check=agreement", "check_rows=40"],
+        ),
+    }
+    out: dict[str, dict] = {}
+    jobs = {}
+    for name, (ckpt, command, options) in runs.items():
+        folder = root / name
+        args = [f"ckpt={ckpt}", f"out={folder}", *options]
+        if command:
+            result = run_export(*args)
+            code, stdout, stderr = result.returncode, result.stdout, result.stderr
+        else:
+            code, stdout, stderr = call(main, *args)
+        assert code == 0, (name, stderr[-3000:])
+        vocab = json.loads((folder / HF_CONFIG_FILE).read_text())["vocab_size"]
+        kind = "hf" if name == "tiny_hf" else "mxint8"
+        jobs[name] = (str(folder), kind, batches(name, vocab))
+        out[name] = {"folder": folder, "stdout": stdout, "ckpt": ckpt}
+    torch.save(jobs, root / "jobs.pt")
+    command = [sys.executable, "-c", LOGITS_SCRIPT, str(root / "jobs.pt"), str(root / "logits.pt")]
+    result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name, logits in torch.load(root / "logits.pt").items():
+        out[name]["logits"] = logits
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("pack_embeddings", [False, True])
-def test_packed_export_reloads_in_a_fresh_process_with_identical_logits(tiny_ckpt, tmp_path, pack_embeddings):
-    out = tmp_path / "packed"
-    result = run_export(
-        f"ckpt={tiny_ckpt}", f"out={out}", f"pack_embeddings={str(pack_embeddings).lower()}", *TINY
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "linear layers packed" in result.stdout
+def test_packed_export_reloads_in_a_fresh_process_with_identical_logits(tiny_ckpt, exports, pack_embeddings):
+    export = exports["tiny_embeddings" if pack_embeddings else "tiny"]
+    out = export["folder"]
+    assert "linear layers packed" in export["stdout"]
 
     model = merged_model(tiny_ckpt, TINY)
     ids = input_ids(model.config.vocab_size)
@@ -70,7 +140,7 @@ def test_packed_export_reloads_in_a_fresh_process_with_identical_logits(tiny_ckp
     packed = pack_for_export(model, pack_embeddings=pack_embeddings)
     with torch.inference_mode():
         expected = model(input_ids=ids).logits
-    assert torch.equal(logits_in_fresh_process(out, "mxint8", tmp_path, ids)[0], expected)
+    assert torch.equal(export["logits"][0], expected)
     assert (expected - fp32).abs().max() < 0.05 and not torch.equal(expected, fp32)
 
     config = json.loads((out / CONFIG_FILE).read_text())
@@ -86,21 +156,19 @@ def test_packed_export_reloads_in_a_fresh_process_with_identical_logits(tiny_ckp
 
 
 @pytest.mark.slow
-def test_hf_export_is_the_merged_model(tiny_ckpt, tmp_path):
-    out = tmp_path / "hf"
-    result = run_export(f"ckpt={tiny_ckpt}", f"out={out}", "format=hf", *TINY)
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_hf_export_is_the_merged_model(tiny_ckpt, exports):
+    out = exports["tiny_hf"]["folder"]
     model = merged_model(tiny_ckpt, TINY)
     ids = input_ids(model.config.vocab_size)
     with torch.inference_mode():
         expected = model(input_ids=ids).logits
-    (reloaded,) = logits_in_fresh_process(out, "hf", tmp_path, ids)
+    (reloaded,) = exports["tiny_hf"]["logits"]
     torch.testing.assert_close(reloaded, expected, rtol=0, atol=1e-6)
     assert not any(".lora_" in key for key in load_file(str(out / WEIGHTS_FILE)))
 
 
 @pytest.mark.slow
-def test_packed_folder_is_smaller_than_save_pretrained(tiny_ckpt, tmp_path):
+def test_packed_folder_is_smaller_than_save_pretrained(tiny_ckpt, exports, tmp_path):
     model = merged_model(tiny_ckpt, TINY)
     model.save_pretrained(tmp_path / "fp32")
     linear_weights = sum(
@@ -108,9 +176,9 @@ def test_packed_folder_is_smaller_than_save_pretrained(tiny_ckpt, tmp_path):
         for n, m in model.named_modules()
         if isinstance(m, nn.Linear) and "classifier" not in n
     )
-    assert main([f"ckpt={tiny_ckpt}", f"out={tmp_path / 'packed'}", *TINY]) == 0
+    # the default export (the command with no options but ckpt, out and the model)
     saved = (tmp_path / "fp32" / WEIGHTS_FILE).stat().st_size - (
-        tmp_path / "packed" / WEIGHTS_FILE
+        exports["tiny"]["folder"] / WEIGHTS_FILE
     ).stat().st_size
     # Each packed weight goes from 4 bytes to 1 + 1/32; safetensors headers differ by a few KB.
     assert abs(saved - linear_weights * (4 - 1 - 1 / 32)) < 20_000
@@ -170,62 +238,32 @@ def test_bad_input_from_the_command_line_has_no_traceback(tmp_path):
 
 
 @pytest.mark.slow
-def test_bert_base_shaped_model_round_trip(tmp_path):
+def test_bert_base_shaped_model_round_trip(exports):
     """A BERT-base-shaped classifier (12 layers, hidden 768, random weights) built from config."""
-    overrides = [
-        *TINY,
-        "model.backbone.hidden_size=768",
-        "model.backbone.num_hidden_layers=12",
-        "model.backbone.num_attention_heads=12",
-        "model.backbone.intermediate_size=3072",
-    ]
-    ckpt = tmp_path / "base.ckpt"
-    trained_checkpoint(ckpt, overrides)
-    out = tmp_path / "packed"
-    # check=none: the round trip is this test's check; the self-check's timing of a BERT-base is minutes under load
-    result = run_export(f"ckpt={ckpt}", f"out={out}", "check=none", *overrides)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert not (out / "export.json").exists()
-    print(result.stdout)
-    model = merged_model(ckpt, overrides)
+    export = exports["bert_base"]
+    assert not (export["folder"] / "export.json").exists()  # check=none
+    print(export["stdout"])
+    model = merged_model(export["ckpt"], BERT_BASE)
     pack_for_export(model)
     ids = input_ids(model.config.vocab_size, rows=2, tokens=64)
     with torch.inference_mode():
         expected = model(input_ids=ids).logits
-    assert torch.equal(logits_in_fresh_process(out, "mxint8", tmp_path, ids)[0], expected)
-    assert len(json.loads((out / CONFIG_FILE).read_text())["packed_linear"]) == 12 * 6 + 1
-
-
-@pytest.fixture(scope="module")
-def minilm_ckpt(tmp_path_factory) -> Path:
-    ckpt = tmp_path_factory.mktemp("minilm") / "minilm.ckpt"
-    trained_checkpoint(ckpt, [])
-    return ckpt
+    assert torch.equal(export["logits"][0], expected)
+    assert len(json.loads((export["folder"] / CONFIG_FILE).read_text())["packed_linear"]) == 12 * 6 + 1
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pack_embeddings", [False, True])
-def test_minilm_round_trip(minilm_ckpt, tmp_path, pack_embeddings):
+def test_minilm_round_trip(minilm_ckpt, exports, pack_embeddings):
     """The pretrained MiniLM + LoRA classifier (the default model), exported packed and reloaded in a fresh
     process: identical logits at 16 rows (the fused kernel) and at 128 rows (dequantize + matmul)."""
-    ckpt = minilm_ckpt
-    out = tmp_path / "packed"
-    # the user's default command (a timed self-check) once; timing the packed embeddings too would add a minute of
-    # MiniLM forward passes that measure the same kernels, and their agreement on 40 rows runs the same code path as
-    # on the default 200
-    check = ["check=agreement", "check_rows=40"] if pack_embeddings else ["check=full"]
-    result = run_export(
-        f"ckpt={ckpt}", f"out={out}", f"pack_embeddings={str(pack_embeddings).lower()}", *check
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    print(result.stdout)
-    model = merged_model(ckpt, [])
+    name = "minilm_embeddings" if pack_embeddings else "minilm"
+    export = exports[name]
+    print(export["stdout"])
+    model = merged_model(minilm_ckpt, [])
     packed = pack_for_export(model, pack_embeddings=pack_embeddings)
     assert len(packed.linear) == 6 * 6 + 1 and bool(packed.embeddings) == pack_embeddings
-    shapes = [(1, 16), (2, 64)]
-    batches = [input_ids(model.config.vocab_size, rows=rows, tokens=tokens) for rows, tokens in shapes]
-    reloaded = logits_in_fresh_process(out, "mxint8", tmp_path, *batches)
-    for shape, ids, logits in zip(shapes, batches, reloaded):
+    for shape, ids, logits in zip(SHAPES[name], batches(name, model.config.vocab_size), export["logits"]):
         with torch.inference_mode():
             expected = model(input_ids=ids).logits
         assert torch.equal(logits, expected), shape
