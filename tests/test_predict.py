@@ -2,7 +2,16 @@
 fed its texts) and the tokenizer, and its self-check names the file it ran and advises no format it already is;
 ``predict`` on a folder gives the labels ``export.evaluate`` scores and the labels of the checkpoint's own model
 computed here in torch, on the same 200 rows; the command reads arguments, a file and stdin; bad folders and texts
-are one line, exit code 2, nothing printed."""
+are one line, exit code 2, nothing printed.
+
+What the command and ``predict()`` take as texts: input that is not UTF-8 is one line naming the line, a TAB line
+for IMDb (single texts, although its export records ``text_pair: null``) is refused saying so, texts of both kinds
+for a task whose export does not say are refused truly, an empty text or half of a pair is refused by the command
+and the library alike; a folder whose only graph is ``model_int8.onnx`` says that it runs it.
+
+Every refusal's one line and exit code is checked once from the command in its own process (:func:`run_predict`);
+its variants (another line named, another way in) run the command's ``main`` in this process
+(:func:`predict_here`): each process start imports torch and loads the model again, seconds for no new check."""
 
 from __future__ import annotations
 
@@ -21,17 +30,18 @@ import torch
 from hydra.core.global_hydra import GlobalHydra
 
 from adls_lightning.build import build
+from adls_lightning.errors import ConfigError
 from adls_lightning.export import selfcheck
 from adls_lightning.export.evaluate import evaluation_setup, predictions
 from adls_lightning.export.folder import INPUTS_KEY, load_folder
-from adls_lightning.export.predict import parse_text, predict
+from adls_lightning.export.predict import SINGLE_TEXT_TASKS, parse_text, predict, read_texts
 from adls_lightning.export.recipe import ExportRecipe
 from adls_lightning.models import load_tokenizer
 from adls_lightning.overrides import merge_overrides
 from adls_lightning.runs.loading import PROJECT_ROOT
 from adls_lightning.tools.export import main as export_main
 from adls_lightning.tools.predict import main as predict_main
-from tests.helpers import ENV, TINY, compose_config, merged_model
+from tests.helpers import ENV, TINY, assert_one_line_error, compose_config, merged_model
 
 MAX_LENGTH = 64
 # IMDb's labels by id, as its dataset card gives them (0 = a negative review)
@@ -229,12 +239,18 @@ def test_predict_gives_evaluates_labels_and_the_models_own(exports, texts, torch
     # (hundredths of a logit): their labels are held to export.evaluate's, not to the float model's
 
 
-def test_pairs_for_a_pair_task_and_single_texts_refused(exports, tmp_path):
-    folder = tmp_path / "pairs"
+def with_inputs(exports: dict[str, Path], tmp_path: Path, **inputs) -> Path:
+    """A copy of the hf export whose config.json records ``inputs`` for how the run fed its texts."""
+    folder = tmp_path / "recorded"
     shutil.copytree(exports["hf"], folder)
     config = json.loads((folder / "config.json").read_text())
-    config[INPUTS_KEY].update(task="glue/mrpc", text_pair=True)
+    config[INPUTS_KEY].update(inputs)
     (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_pairs_for_a_pair_task_and_single_texts_refused(exports, tmp_path):
+    folder = with_inputs(exports, tmp_path, task="glue/mrpc", text_pair=True)
     rows = predict(folder, [("the film was great", "a great film"), ("awful", "boring plot")])
     assert len(rows) == 2
     code, out, err = run_in_process(predict_main, str(folder), "the film was great\ta great film", "awful")
@@ -296,11 +312,31 @@ def test_evaluate_scores_an_onnx_folder_and_refuses_a_cut_graph(exports, tmp_pat
     )
 
 
-def run_predict(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+def run_predict(*args: str, stdin: str | bytes = b"") -> subprocess.CompletedProcess:
+    """``adls-predict ARGS`` as documented, in its own process; stdin given as text (sent as UTF-8) or as bytes (the
+    terminal's or a pipe's, any encoding); what it printed as text."""
     command = [sys.executable, "-m", "adls_lightning.export.predict", *args]
-    return subprocess.run(
-        command, input=stdin, capture_output=True, text=True, env=ENV, cwd=PROJECT_ROOT, timeout=600
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    result = subprocess.run(command, input=data, capture_output=True, env=ENV, cwd=PROJECT_ROOT, timeout=600)
+    return subprocess.CompletedProcess(
+        result.args, result.returncode, result.stdout.decode(), result.stderr.decode()
     )
+
+
+def predict_here(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
+    """The command's ``main`` in this process, ``stdin`` behind ``sys.stdin.buffer`` as a pipe gives it: for the
+    variants of what :func:`run_predict` checks once in a process of its own."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+        code, out, err = run_in_process(predict_main, *args)
+    return subprocess.CompletedProcess(["adls-predict", *args], code, out, err)
+
+
+def refused(result: subprocess.CompletedProcess) -> str:
+    """The one error line of a refused command (exit code 2, nothing on stdout, no traceback)."""
+    line = assert_one_line_error(result)
+    assert result.stdout == "" and result.stderr.strip() == line, result.stderr
+    return line
 
 
 def json_lines(stdout: str) -> list[dict]:
@@ -320,9 +356,13 @@ def test_command_reads_arguments_stdin_and_a_file(exports, texts, tmp_path):
     by_arguments = run_predict(str(exports["onnx_int8"]), *chosen, "batch_size=1")
     assert by_arguments.returncode == 0, by_arguments.stderr[-3000:]
     assert [row["label"] for row in json_lines(by_arguments.stdout)] == labels("onnx_int8", batch_size=1)
-    by_stdin = run_predict(str(exports["hf"]), stdin="".join(text + "\n" for text in chosen))
+    # stdin in UTF-8, here with Windows line ends and a BOM, is read as the texts themselves (input that is not
+    # UTF-8: test_input_that_is_not_utf8_is_one_line_naming_the_line)
+    piped = [*chosen, "café and croissants"]
+    by_stdin = run_predict(str(exports["hf"]), stdin="\ufeff" + "".join(text + "\r\n" for text in piped))
     assert by_stdin.returncode == 0, by_stdin.stderr[-3000:]
-    assert [row["label"] for row in json_lines(by_stdin.stdout)] == labels("hf")
+    assert json_lines(by_stdin.stdout) == predict(exports["hf"], piped)
+    assert [row["label"] for row in json_lines(by_stdin.stdout)[:5]] == labels("hf")
     listing = tmp_path / "texts.txt"
     listing.write_text("\n".join(chosen) + "\n")
     code, out, err = run_in_process(predict_main, str(exports["onnx"]), f"file={listing}", "batch_size=2")
@@ -337,16 +377,6 @@ def test_command_reads_arguments_stdin_and_a_file(exports, texts, tmp_path):
     code, out, err = run_in_process(predict_main, str(exports["hf"]), "--", "btach_size=4", "--help")
     assert code == 0, err
     assert json_lines(out) == [dict(row) for row in predict(exports["hf"], ["btach_size=4", "--help"])]
-
-
-def test_command_refuses_an_empty_line_before_printing(exports):
-    result = run_predict(str(exports["hf"]), stdin="a great film\n\nawful\n")
-    assert (result.returncode, result.stdout) == (2, "")
-    assert (
-        result.stderr.strip()
-        == "error: stdin line 2: empty; one text per line, a text holds more than spaces "
-        "(a pair: two such texts and a TAB)"
-    )
 
 
 @pytest.mark.parametrize(("task", "pairs"), [("mrpc", True), ("sst2", False)])
@@ -381,3 +411,111 @@ def test_a_line_of_more_than_two_fields_is_refused_not_taken_for_a_pair(exports,
     assert (code, out) == (2, "") and err.startswith("error: text 2: 3 TAB-separated fields;"), err
     # one TAB is still a pair, no TAB a single text
     assert parse_text("a\tb") == ("a", "b") and parse_text("a b") == "a b"
+
+
+# -- what the command and predict() take as texts ---------------------------------------------------------------------
+
+
+def test_input_that_is_not_utf8_is_one_line_naming_the_line(exports, tmp_path):
+    latin1 = "a great film\ncafé and croissants\n".encode("latin-1")  # é is 0xe9, alone: no UTF-8
+    line = refused(run_predict(str(exports["hf"]), stdin=latin1))
+    assert line == "error: stdin line 2: not UTF-8 (its byte 4 is 0xe9); valid: UTF-8 text, one text per line"
+    reviews = tmp_path / "reviews.txt"
+    reviews.write_bytes(latin1)
+    line = refused(predict_here(str(exports["hf"]), f"file={reviews}"))
+    assert line == (
+        f"error: file={reviews} line 2: not UTF-8 (its byte 4 is 0xe9); valid: UTF-8 text, one text per line"
+    )
+    # the same texts in UTF-8 (with Windows line ends and a BOM) are read as the texts themselves: the command's
+    # stdin in test_command_reads_arguments_stdin_and_a_file
+
+
+def test_a_tab_line_for_imdb_is_refused_as_a_pair_for_a_task_of_single_texts(exports):
+    config = json.loads((exports["hf"] / "config.json").read_text())
+    assert config[INPUTS_KEY]["task"] == "imdb" and config[INPUTS_KEY]["text_pair"] is None
+    expected = (
+        f"error: {exports['hf']}: imdb takes single texts, text {{}} is a pair (a TAB made it one); give each "
+        "text without a TAB"
+    )
+    assert refused(run_predict(str(exports["hf"]), stdin=b"good\tfilm\n")) == expected.format(1)
+    # the first line no longer decides: a single text then a pair names the pair
+    assert refused(predict_here(str(exports["hf"]), stdin=b"bad film\na great\tfilm\n")) == expected.format(2)
+    assert refused(predict_here(str(exports["hf"]), stdin=b"a great\tfilm\nbad film\n")) == expected.format(1)
+    with pytest.raises(ConfigError, match=r"imdb takes single texts, text 1 is a pair"):
+        predict(exports["hf"], [("good", "film")])
+
+
+def test_imdb_is_known_as_a_task_of_single_texts():
+    from adls_lightning.data.datamodule import IMDbDataModule
+
+    assert IMDbDataModule.TASK_NAME in SINGLE_TEXT_TASKS
+
+
+def test_texts_of_both_kinds_for_a_task_the_export_does_not_describe_are_refused_truly(exports, tmp_path):
+    folder = with_inputs(exports, tmp_path, task="folder", text_pair=None)
+    line = refused(run_predict(str(folder), stdin=b"a great\tfilm\nbad film\n"))
+    assert line == (
+        f"error: {folder}: text 1 is a pair, text 2 a single text; its export does not record whether folder "
+        "takes pairs or single texts: give every text as a pair (two texts and a TAB) or every text as a single one"
+    )
+    # one kind throughout is taken, whichever it is
+    assert len(predict(folder, [("a great", "film"), ("bad", "film")])) == 2
+    assert len(predict(folder, ["a great film", "bad film"])) == 2
+
+
+EMPTY_LINES = [
+    ("", "empty"),
+    ("   ", "empty"),
+    ("a great film\t", "a pair whose second text is empty"),
+    ("\ta great film", "a pair whose first text is empty"),
+    ("\t ", "empty"),
+]
+NEEDS = "a text holds more than spaces (a pair: two such texts and a TAB)"
+
+
+@pytest.mark.parametrize(("line", "what"), EMPTY_LINES)
+def test_an_empty_text_or_half_of_a_pair_is_refused_by_the_reader_and_predict(exports, tmp_path, line, what):
+    # a task of pairs, so that a half-empty pair is refused for its emptiness, not for being a pair
+    folder = with_inputs(exports, tmp_path, task="glue/mrpc", text_pair=True)
+    with pytest.raises(ConfigError) as refusal:
+        read_texts(f"the film was great\ta great film\n{line}\n".encode(), "stdin")
+    assert str(refusal.value) == f"stdin line 2: {what}; one text per line, {NEEDS}"
+    text = tuple(line.split("\t")) if "\t" in line else line
+    with pytest.raises(ConfigError, match=rf"^text 2: {what}; "):
+        predict(folder, [("a", "b"), text])
+
+
+def test_an_empty_line_or_half_of_a_pair_is_refused_by_the_command_before_printing(exports, tmp_path):
+    # the command's two ways in (stdin, arguments), for an empty line and a half-empty pair (the reader above): each
+    # way in and each refusal once in a process of its own; the first line is a good one, and nothing is printed
+    folder = with_inputs(exports, tmp_path, task="glue/mrpc", text_pair=True)
+    for line, what in (EMPTY_LINES[0], EMPTY_LINES[2]):
+        stdin = f"the film was great\ta great film\n{line}\n".encode()
+        by_stdin = (run_predict if what == "empty" else predict_here)(str(folder), stdin=stdin)
+        assert refused(by_stdin) == f"error: stdin line 2: {what}; one text per line, {NEEDS}"
+        by_arguments = (predict_here if what == "empty" else run_predict)(str(folder), "a\tb", "--", line)
+        assert refused(by_arguments) == f"error: text 2: {what}; {NEEDS}"
+
+
+def test_an_empty_text_is_refused_for_a_task_of_single_texts(exports):
+    assert refused(run_predict(str(exports["hf"]), "a great film", "")) == f"error: text 2: empty; {NEEDS}"
+    with pytest.raises(ConfigError, match=r"^text 1: empty; "):
+        predict(exports["hf"], [""])
+
+
+def test_a_folder_whose_only_graph_is_int8_says_so(exports, tmp_path):
+    folder = tmp_path / "int8_only"
+    shutil.copytree(exports["onnx"], folder)
+    (folder / "model.onnx").unlink()
+    assert sorted(p.name for p in folder.glob("*.onnx")) == ["model_int8.onnx"]
+    result = run_predict(str(folder), "a great film", "bad film")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        f"note: {folder}: runs model_int8.onnx (no model.onnx in it)"
+    ]
+    assert [json.loads(line) for line in result.stdout.splitlines()] == predict(
+        folder / "model_int8.onnx", ["a great film", "bad film"]
+    )
+    # the graph named: nothing to say (the process above printed nothing else on stderr)
+    named = predict_here(str(folder / "model_int8.onnx"), "a great film")
+    assert named.returncode == 0 and named.stderr.strip() == "", named.stderr[-3000:]
