@@ -9,6 +9,7 @@ unchanged, and the first command resumes its study.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -160,14 +161,12 @@ def _snapshot(study: optuna.Study) -> tuple:
     )
 
 
-# Three search.py runs per kind (about 45 s): the docs' examples (hparams) and the kind with the most settings
-# (nas_compression: the architecture space, the compression and the seed). The other kinds' settings are told apart
-# in-process above, by the function the sweeper calls; `make test-fast` skips these.
+# Three search.py runs (about 45 s): the docs' examples, as users type them. The other kinds' settings are told
+# apart in-process above, by the function the sweeper calls; `make test-fast` skips this.
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["hparams", "nas_compression"])
-def test_a_second_search_is_refused_and_the_first_resumes(search, tmp_path, kind):
-    first, other, named = SPACE_KINDS[kind]
-    extra = ["model=tiny_random"] if kind == "hparams" else []
+def test_a_second_search_is_refused_and_the_first_resumes(search, tmp_path):
+    first, other, named = SPACE_KINDS["hparams"]
+    extra = ["model=tiny_random"]
     done = search(*extra, *first)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     before = _snapshot(_only_study(tmp_path / "sweep"))
@@ -184,6 +183,72 @@ def test_a_second_search_is_refused_and_the_first_resumes(search, tmp_path, kind
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     trials = _snapshot(_only_study(tmp_path / "sweep"))[0]
     assert len(trials) == 2 and trials[0] == before[0][0]
+
+
+# search.py's entry point run with each argv in turn in one Python process (as search.py runs it): its exit code,
+# its stderr, then the sweep folder's study (trials, user attributes) and listing, as JSON.
+IN_TURN_APP = """
+import contextlib, io, json, sys
+from pathlib import Path
+import optuna
+from hydra.core.global_hydra import GlobalHydra
+from adls_lightning.app.cli import search
+conf, sweep, runs = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
+results = []
+for argv in runs:
+    sys.argv = ["search.py", *argv]
+    GlobalHydra.instance().clear()
+    code, err = 0, io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            search(conf)
+        except SystemExit as exit:
+            code = exit.code
+    (db,) = sweep.glob("*.db")
+    storage = f"sqlite:///{db}"
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    trials = [[t.number, t.state.name, t.params, t.values] for t in study.get_trials(deepcopy=False)]
+    listing = sorted(p.name for p in sweep.iterdir())
+    results.append({"code": code, "stderr": err.getvalue(), "trials": trials, "attrs": study.user_attrs,
+                    "listing": listing})
+print("RESULTS", json.dumps(results))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_nas_compression_search_is_refused_and_the_first_resumes(tmp_path, tiny_imdb_dir, cache_dir):
+    """The same three commands for the kind with the most settings (the architecture space of
+    ``hydra.sweeper.search_space``, the compression, the seed), run by search.py's entry point in turn in one Python
+    process: what the command line promises (exit 2, one line, no traceback) the test above checks through the same
+    sweeper code; what this kind adds is the settings a real search of a search_space kind records and compares.
+    One process instead of three: a search process's start-up (~15 CPU-s) costs more than its tiny trial."""
+    first, other, named = SPACE_KINDS["nas_compression"]
+    sweep = tmp_path / "sweep"
+    data = [f"hydra.sweep.dir={sweep}", f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}",
+            "trainer=cpu", "trainer.max_epochs=1", "callbacks.rich_progress_bar=null", "data.max_length=16",
+            "data.batch_size=16", "data.train_size=32", "data.val_size=32", "data.test_size=32",
+            "hydra.sweeper.n_trials=1"]  # fmt: skip
+    runs = [[*data, *first], [*data, *other], [*data, *first, "hydra.sweeper.n_trials=2"]]
+    env = {**os.environ, "PROJECT_ROOT": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", IN_TURN_APP, str(ROOT / "conf"), str(sweep), json.dumps(runs)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    done, refused, resumed = json.loads(proc.stdout.split("RESULTS ", 1)[1])
+    assert done["code"] == 0, done["stderr"][-3000:]
+    assert len(done["trials"]) == 1 and done["attrs"][SETTINGS_ATTR]
+
+    as_run = subprocess.CompletedProcess(runs[1], refused["code"], "", refused["stderr"])
+    assert_one_line_error(as_run, "error: hydra.sweeper.study_name=", contains=named)
+    # trial count, trials, record and trial folders unchanged
+    assert (refused["trials"], refused["attrs"]) == (done["trials"], done["attrs"])
+    assert refused["listing"] == done["listing"]
+
+    # the first command again, with a larger budget: the same study goes on
+    assert resumed["code"] == 0, resumed["stderr"][-3000:]
+    assert len(resumed["trials"]) == 2 and resumed["trials"][0] == done["trials"][0]
 
 
 def test_settings_are_plain_json_text():
