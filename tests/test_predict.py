@@ -39,9 +39,10 @@ from adls_lightning.export.recipe import ExportRecipe
 from adls_lightning.models import load_tokenizer
 from adls_lightning.overrides import merge_overrides
 from adls_lightning.runs.loading import PROJECT_ROOT
+from adls_lightning.tools.evaluate import main as evaluate_main
 from adls_lightning.tools.export import main as export_main
 from adls_lightning.tools.predict import main as predict_main
-from tests.helpers import ENV, TINY, assert_one_line_error, compose_config, merged_model
+from tests.helpers import ENV, TINY, assert_one_line_error, call, compose_config, merged_model
 
 MAX_LENGTH = 64
 # IMDb's labels by id, as its dataset card gives them (0 = a negative review)
@@ -519,3 +520,10 @@ def test_a_folder_whose_only_graph_is_int8_says_so(exports, tmp_path):
     # the graph named: nothing to say (the process above printed nothing else on stderr)
     named = predict_here(str(folder / "model_int8.onnx"), "a great film")
     assert named.returncode == 0 and named.stderr.strip() == "", named.stderr[-3000:]
+    # adls-evaluate says it too, and scores what the graph named scores
+    code, stdout, stderr = call(evaluate_main, str(folder))
+    assert code == 0, stderr[-3000:]
+    assert f"note: {folder}: runs model_int8.onnx (no model.onnx in it)" in stderr.splitlines(), stderr
+    code, named_stdout, named_stderr = call(evaluate_main, str(folder / "model_int8.onnx"))
+    assert code == 0 and "note:" not in named_stderr, named_stderr[-3000:]
+    assert stdout.split(": ", 1)[1] == named_stdout.split(": ", 1)[1]

@@ -53,6 +53,14 @@ class ExportFolder:
     kind: str
     graph_file: Path | None = None
 
+    def graph_note(self, given: Path | str) -> str | None:
+        """``note: DIR: runs GRAPH (no model.onnx in it)`` when ``given`` (what the command line named) is the
+        folder and the graph it runs is not :data:`ONNX_DEFAULT` (its only one): the command line does not say
+        which; None otherwise."""
+        if Path(given).is_dir() and self.graph_file is not None and self.graph_file.name != ONNX_DEFAULT:
+            return f"note: {given}: runs {self.graph_file.name} (no {ONNX_DEFAULT} in it)"
+        return None
+
     @property
     def config(self) -> dict[str, Any]:
         """The folder's Hugging Face config (``config.json``; a packed folder without one: the packed config's)."""

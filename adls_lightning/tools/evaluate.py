@@ -118,6 +118,10 @@ def evaluate_folders(argv: Sequence[str]) -> None:
             rows[id(data)] = _test_rows(data)
         if rows[id(data)] != rows[id(first_data)]:
             _refuse_other_data(folder, folders[0], _data_difference(first_cfg, cfg, folders[0], folder))
+    for folder, export in zip(folders, exports, strict=True):
+        note = export.graph_note(folder)
+        if note is not None:
+            print(note, file=sys.stderr)
     _score_folders(folders, models, [cfg for _, cfg in setups], first_data)
 
 

@@ -88,7 +88,7 @@ def predict_command(argv: Sequence[str]) -> None:
     if arguments and options["file"]:
         raise ConfigError(f"file={options['file']}: texts come from the arguments or a file, not both")
     # the folder before any input is read, and before torch is imported (seconds): a wrong one is refused at once
-    from adls_lightning.export.folder import ONNX_DEFAULT, check_folder
+    from adls_lightning.export.folder import check_folder
     from adls_lightning.export.recipe import ExportRecipe
 
     export = check_folder(Path(folder), USAGE)
@@ -112,9 +112,9 @@ def predict_command(argv: Sequence[str]) -> None:
             stdin.read() if stdin else sys.stdin.read().encode("utf-8", "surrogateescape"), "stdin"
         )
     predictor.check_texts(texts)
-    if Path(folder).is_dir() and export.graph_file and export.graph_file.name != ONNX_DEFAULT:
-        # the folder's only graph runs: which one is not in the folder's name
-        print(f"note: {folder}: runs {export.graph_file.name} (no {ONNX_DEFAULT} in it)", file=sys.stderr)
+    note = export.graph_note(folder)
+    if note is not None:
+        print(note, file=sys.stderr)
     for batch in predictor.batches(texts, batch_size):
         sys.stdout.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in batch))
     sys.stdout.flush()
