@@ -17,7 +17,7 @@ from adls_lightning.app.training import run
 from adls_lightning.build import build
 from adls_lightning.compile import CompileOptions
 from adls_lightning.errors import ConfigError
-from tests.helpers import assert_one_line_error, kill_and_resume, recorded_batches, run_train
+from tests.helpers import assert_one_line_error, kill_and_resume, recorded_batches, run_train, train_run
 
 ROOT = Path(__file__).resolve().parent.parent
 # The compile callback with dynamo's eager backend: the wrapper, graphs and guards of torch.compile without
@@ -48,8 +48,9 @@ def _checkpoints(output_dir: Path) -> list[Path]:
     return sorted((output_dir / "checkpoints").glob("*.ckpt"))
 
 
-def _record_shapes(cfg, shapes: set):
-    """Run ``cfg`` with a pre-hook on the (uncompiled) LightningModule recording what the compiled backbone sees."""
+def _record_shapes(cfg, shapes: set, runner=None):
+    """Run ``cfg`` with a pre-hook on the (uncompiled) LightningModule recording what the compiled backbone sees
+    (``runner()`` instead of ``run(cfg)``: a run composed another way)."""
     from lightning.pytorch.callbacks import Callback
 
     class RecordShapes(Callback):
@@ -70,21 +71,40 @@ def _record_shapes(cfg, shapes: set):
     original = training.instantiate_callbacks
     training.instantiate_callbacks = lambda c: [RecordShapes(), *original(c)]
     try:
-        return run(cfg)
+        return runner() if runner else run(cfg)
     finally:
         training.instantiate_callbacks = original
 
 
-@pytest.mark.slow
-def test_compiled_lora_run_reports_torch_counts_and_plain_checkpoint_keys(compose_cfg, tmp_path):
-    cfg = compose_cfg(
-        ["compile=aot_eager", "compile.backend=counting_eager", "trainer.max_epochs=1", *FEW_BATCHES]
-    )
+# The counting backend is dynamo's eager backend (the captured graph run as it is) that also counts.
+COUNTED = ["compile=aot_eager", "compile.backend=counting_eager", "trainer.max_epochs=1", *FEW_BATCHES]
+
+
+@pytest.fixture(scope="module")
+def counted_run(tmp_path_factory, tiny_imdb_dir, cache_dir) -> dict:
+    """One compiled LoRA run with the counting backend, shared by the test of its counts and checkpoint keys and by
+    the test loading its checkpoint into an eager run and back (one compiled training run fewer).
+
+    Returns ``{"metrics", "graphs_seen" (graphs the counting backend got), "shapes" (the variants the backbone saw),
+    "folder"}``."""
+    out = tmp_path_factory.mktemp("counted") / "run"
+    torch._dynamo.reset()  # a module fixture is set up before the autouse fresh_dynamo of the test asking for it
+    GRAPHS_SEEN.clear()
     shapes: set = set()
-    metrics = _record_shapes(cfg, shapes)
+    try:
+        metrics = _record_shapes(None, shapes, lambda: train_run(out, COUNTED, tiny_imdb_dir, cache_dir))
+        return {"metrics": metrics, "graphs_seen": len(GRAPHS_SEEN), "shapes": shapes, "folder": out}
+    finally:
+        torch._dynamo.reset()
+        GRAPHS_SEEN.clear()
+
+
+@pytest.mark.slow
+def test_compiled_lora_run_reports_torch_counts_and_plain_checkpoint_keys(counted_run):
+    metrics, shapes = counted_run["metrics"], counted_run["shapes"]
     assert metrics.keys() >= COMPILE_KEYS
     # One dynamo graph per compiled variant, as the counting backend saw them; LoRA BERT traces without breaks.
-    assert metrics["compile/graphs"] == len(GRAPHS_SEEN) > 0
+    assert metrics["compile/graphs"] == counted_run["graphs_seen"] > 0
     assert metrics["compile/graph_breaks"] == 0
     # Without breaks there is one frame; every (train/eval, grad, inference-tensor, shape) variant beyond the first that
     # needed its own graph was a recompile. torch's default (dynamic=None) makes a changing dimension symbolic,
@@ -92,7 +112,8 @@ def test_compiled_lora_run_reports_torch_counts_and_plain_checkpoint_keys(compos
     assert metrics["compile/recompiles"] == metrics["compile/graphs"] - 1
     assert metrics["compile/graphs"] <= len(shapes)
     assert metrics["compile/seconds"] > 0
-    for ckpt in _checkpoints(tmp_path / "run"):
+    assert _checkpoints(counted_run["folder"])
+    for ckpt in _checkpoints(counted_run["folder"]):
         keys = torch.load(ckpt, weights_only=False)["state_dict"].keys()
         assert not [k for k in keys if "_orig_mod" in k], ckpt
 
@@ -132,22 +153,27 @@ def test_padding_policy_bounds_static_graphs(compose_cfg):
 
 
 @pytest.mark.slow
-def test_compiled_checkpoint_loads_into_eager_run_and_back(compose_cfg, tmp_path):
-    # Same padding in every run, so compilation is the only difference. The checkpoint keys (``_orig_mod.``) are
-    # the compile wrapper's, whatever the backend: dynamo's eager backend is the cheapest that wraps; losses are
-    # compared with a tolerance, as a code-generating backend rounds differently from eager kernels.
+def test_compiled_checkpoint_loads_into_eager_run_and_back(counted_run, compose_cfg, tmp_path):
+    # Same padding in every run (the compile preset's 32), and the same validation and test batches
+    # (FEW_BATCHES), so compilation is the only difference. The checkpoint keys (``_orig_mod.``) are the compile
+    # wrapper's, whatever the backend: the compiled run is the counting (eager) backend's, the cheapest that wraps;
+    # losses are compared with a tolerance, as a code-generating backend rounds differently from eager kernels.
     pad = "data.pad_to_multiple_of=32"
-    short = ["trainer.max_epochs=1", "+trainer.limit_train_batches=8"]
-    compiled = run(compose_cfg([*EAGER_BACKEND, *short], output_dir=tmp_path / "compiled"))
-    best = [p for p in _checkpoints(tmp_path / "compiled") if p.name.startswith("best")]
+    compiled = counted_run["metrics"]
+    best = [p for p in _checkpoints(counted_run["folder"]) if p.name.startswith("best")]
     assert best
-    eager = run(compose_cfg([pad, "train=false", f"ckpt_path={best[0]}"], output_dir=tmp_path / "eager"))
+    eager = run(
+        compose_cfg([pad, *FEW_BATCHES, "train=false", f"ckpt_path={best[0]}"], output_dir=tmp_path / "eager")
+    )
     assert not COMPILE_KEYS & eager.keys()
     for key in ("val/loss", "test/loss"):
         assert eager[key] == pytest.approx(compiled[key], abs=1e-4), key
     # ... and evaluated compiled again, from the same file the eager run read.
     again = run(
-        compose_cfg([*EAGER_BACKEND, "train=false", f"ckpt_path={best[0]}"], output_dir=tmp_path / "back")
+        compose_cfg(
+            [*EAGER_BACKEND, *FEW_BATCHES, "train=false", f"ckpt_path={best[0]}"],
+            output_dir=tmp_path / "back",
+        )
     )
     assert again["val/loss"] == pytest.approx(eager["val/loss"], abs=1e-4)
     assert again["compile/graphs"] > 0

@@ -6,11 +6,22 @@ run folders for runs recorded before the record existed and for a damaged record
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 from adls_lightning.data.sources import data_identity
 from adls_lightning.tools.results_table import main
-from tests.helpers import assert_one_line_error, make_reviews, run_train, table, table_rows, write_run
+from tests.helpers import (
+    ROOT,
+    assert_one_line_error,
+    make_reviews,
+    run_train,
+    table,
+    table_rows,
+    train_cmd,
+    write_run,
+)
 
 FEW = [
     "trainer.max_epochs=1",
@@ -30,26 +41,32 @@ def recorded_identity(run: Path) -> str:
     return json.loads((run / ".hydra" / "data.json").read_text())["identity"]
 
 
-def test_seeds_on_replaced_data_are_refused_and_seeds_on_the_same_data_share_a_row(tmp_path):
+def test_seeds_on_replaced_data_are_refused_and_seeds_on_the_same_data_share_a_row(tmp_path, capsys):
     data, cache, runs = tmp_path / "A" / "dm", tmp_path / "cache", tmp_path / "A" / "mm"
     write_reviews(data, seed=10)
     node = {"_target_": "adls_lightning.data.IMDbDataModule", "data_dir": str(data)}
     before = data_identity(node)
-    for seed in (0, 1):
-        proc = run_train(data, cache, runs / f"seed{seed}", *FEW, f"seed={seed}")
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    # seeds 0 and 1 as one multirun (jobs runs/0, runs/1: one train.py start for both), seed 2 as a run of its own
+    # (runs/2) after the files are replaced: both ways of running train.py record what they read
+    cmd = train_cmd(data, cache, runs / "unused", *FEW, "seed=0,1", f"hydra.sweep.dir={runs}")
+    # -m first: overrides after it are not seen by train.py's pre-flight check (argparse splits them off)
+    proc = subprocess.run(
+        [*cmd[:2], "-m", *cmd[2:]], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
     # the same files: one identity, the one a search's study records for them
-    assert recorded_identity(runs / "seed0") == recorded_identity(runs / "seed1") == before
-    same = table(runs / "seed0", runs / "seed1")
-    assert same.returncode == 0, same.stderr
-    assert list(table_rows(same.stdout)) == ["all runs"] and table_rows(same.stdout)["all runs"][0] == "2"
+    assert recorded_identity(runs / "0") == recorded_identity(runs / "1") == before
+    assert main([str(runs / "0"), str(runs / "1")]) == 0
+    same = table_rows(capsys.readouterr().out)
+    assert list(same) == ["all runs"] and same["all runs"][0] == "2"
 
     write_reviews(data, seed=20)  # other reviews under the same names, in the same folder
-    proc = run_train(data, cache, runs / "seed2", *FEW, "seed=2")
+    proc = run_train(data, cache, runs / "2", *FEW, "seed=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert recorded_identity(runs / "seed2") == data_identity(node) != before
+    assert recorded_identity(runs / "2") == data_identity(node) != before
     line = assert_one_line_error(table(runs), contains="read different data")
-    assert f"{runs / 'seed0'}, {runs / 'seed2'}:" in line
+    assert f"{runs / '0'}, {runs / '2'}:" in line
     assert before in line and data_identity(node) in line
 
 
