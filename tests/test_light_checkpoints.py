@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,11 +20,14 @@ from adls_lightning.build import build
 from adls_lightning.checkpoints import LIGHT_KEY, read_checkpoint
 from adls_lightning.errors import ConfigError
 from adls_lightning.models import build_from_config, load_tokenizer
+from adls_lightning.tools import evaluate as export_evaluate
+from adls_lightning.tools.export import main as export_main
 from tests.helpers import (
     assert_one_line_error,
+    call,
     kill_and_resume,
     recorded_batches,
-    run_export,
+    recording,
     run_train,
     train_run,
 )
@@ -62,11 +63,18 @@ def _light(base: Path) -> list[str]:
     return ["model=minilm", f"model.backbone.name_or_path={base}", *SMALL_RUN]
 
 
+# a last.ckpt every 3 steps: the kill at step 11 resumes from the one of step 9
+KILLED_RUN = ["callbacks.last_checkpoint.every_n_train_steps=3"]
+
+
 @pytest.fixture(scope="module")
 def light_run(tmp_path_factory, tiny_imdb_dir, cache_dir, base_dir) -> Path:
-    """One finished light run (train.py), shared by the tests that read its checkpoints."""
+    """One finished light train.py run (2 epochs, batches recorded beside its folder), shared by the tests that read
+    its checkpoints and by the kill-and-resume test as its uninterrupted reference (the same overrides as the killed
+    run). Nobody writes into it."""
     out = tmp_path_factory.mktemp("light") / "run"
-    train_run(out, [*_light(base_dir), "trainer.max_epochs=1"], tiny_imdb_dir, cache_dir)
+    fit = run_train(tiny_imdb_dir, cache_dir, out, *_light(base_dir), *KILLED_RUN, *recording(out))
+    assert fit.returncode == 0, fit.stderr[-3000:]
     return out
 
 
@@ -129,15 +137,16 @@ def test_full_checkpoints_on_request_and_for_a_merged_compression(compose_cfg, b
     assert any(k.endswith("word_embeddings.weight") for k in merged["state_dict"])
 
 
-def test_killed_light_run_resumes_exactly(tmp_path, tiny_imdb_dir, cache_dir, base_dir):
+def test_killed_light_run_resumes_exactly(tmp_path, tiny_imdb_dir, cache_dir, base_dir, light_run):
     runs = kill_and_resume(
         tiny_imdb_dir,
         cache_dir,
         tmp_path,
-        [*_light(base_dir), "callbacks.last_checkpoint.every_n_train_steps=3"],
+        [*_light(base_dir), *KILLED_RUN],
         kill_at_step=11,
+        uninterrupted=False,
     )
-    killed, whole = runs["killed"], runs["whole"]
+    killed, whole = runs["killed"], light_run  # the uninterrupted reference is the shared light_run
     assert runs["resumed_from_step"] == 9
     assert LIGHT_KEY in read_checkpoint(killed / "checkpoints" / "last.ckpt", "ckpt")
     assert recorded_batches(killed) == recorded_batches(whole)
@@ -240,18 +249,14 @@ def test_a_light_checkpoint_exports_and_evaluates_to_the_runs_test_metric(tmp_pa
     ckpt = next((light_run / "checkpoints").glob("best*.ckpt"))
     assert read_checkpoint(ckpt, "ckpt").get(LIGHT_KEY), "the run must have written a light checkpoint"
     out = tmp_path / "hf"
-    export = run_export(f"ckpt={ckpt}", f"out={out}", "format=hf")
-    assert export.returncode == 0, export.stderr[-3000:]
-    evaluated = subprocess.run(
-        [sys.executable, "-m", "adls_lightning.export.evaluate", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    # adls-export and its evaluate, in this process (their entry points, as tests/test_compression_record.py)
+    code, _, stderr = call(export_main, f"ckpt={ckpt}", f"out={out}", "format=hf")
+    assert code == 0, stderr[-3000:]
+    code, stdout, stderr = call(export_evaluate.main, str(out))
+    assert code == 0, stderr[-3000:]
     trained = json.loads((light_run / "metrics.json").read_text())
-    printed = re.search(r"test/acc ([0-9.]+)", evaluated.stdout)
-    assert printed is not None, evaluated.stdout[-2000:]
+    printed = re.search(r"test/acc ([0-9.]+)", stdout)
+    assert printed is not None, stdout[-2000:]
     assert float(printed.group(1)) == pytest.approx(trained["test/acc"], abs=5e-5)
 
 
