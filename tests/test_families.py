@@ -23,11 +23,9 @@ from adls_lightning.lora import merge_lora
 from adls_lightning.tools.export import main as export_main
 from tests.helpers import (
     CountDropoutCalls,
-    assert_one_line_error,
     build_module,
     load_study,
     run_studies,
-    run_train,
     tiny_run,
 )
 
@@ -208,7 +206,13 @@ def test_family_graph_capture_and_remove_dropout_keep_eval_logits(preset):
 
 
 def test_family_mixed_precision_search_of_two_trials(tmp_path, tiny_imdb_dir, cache_dir):
-    base = [*tiny_run(tiny_imdb_dir, cache_dir), "search=mixed_precision", "hydra.sweeper.n_trials=2"]
+    # no test pass in the trials: what is checked is each trial's space and quantized layers (12 trials' worth)
+    base = [
+        *tiny_run(tiny_imdb_dir, cache_dir),
+        "search=mixed_precision",
+        "hydra.sweeper.n_trials=2",
+        "test=false",
+    ]
     run_studies(
         tmp_path, [[*base, f"model={p}", f"hydra.sweep.dir={tmp_path / p / 'sweep'}"] for p in FAMILIES]
     )
@@ -256,6 +260,15 @@ def test_family_presets_take_peft_defaults_where_peft_has_them(preset):
             "model.lora.modules_to_save: pooler",
         ),
         ("tiny_albert", ["model.lora.target_modules=null"], "PEFT has no default for albert models"),
+        # BERT's q/v names on DistilBERT, as a user types them: every DistilBERT linear listed, in order. The same
+        # command line through train.py (one line, exit code 2, no run folder) is
+        # tests/test_bad_input_early.py's lora-target-of-another-family case.
+        (
+            "tiny_distilbert",
+            ["model.lora.target_modules=[query,value]"],
+            "model.lora.target_modules: query, value match no layer of this distilbert model (its linear layers: "
+            "attention.q_lin, attention.k_lin, attention.v_lin, attention.out_lin, ffn.lin1, ffn.lin2",
+        ),
     ],
 )
 def test_family_lora_targets_that_match_nothing_are_one_line(preset, overrides, message, compose_cfg):
@@ -271,13 +284,3 @@ def test_family_lora_targets_that_match_nothing_are_one_line(preset, overrides, 
     listed = str(err.value).split("linear layers: ")[1].rstrip(")").split(", ")
     for name in linear_names(plain):
         assert any(name.endswith(entry) for entry in listed), name
-
-
-def test_family_bad_lora_targets_from_the_command_line(tiny_imdb_dir, cache_dir, tmp_path):
-    out = tmp_path / "run"
-    proc = run_train(
-        tiny_imdb_dir, cache_dir, out, "model=tiny_distilbert", "model.lora.target_modules=[query,value]"
-    )
-    line = assert_one_line_error(proc, "error: model.lora.target_modules: query, value match no layer")
-    assert "attention.q_lin, attention.k_lin, attention.v_lin, attention.out_lin, ffn.lin1, ffn.lin2" in line
-    assert not out.exists() or not any(out.iterdir())  # Hydra may make the folder; nothing lands in it
