@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -21,23 +22,40 @@ from transformers import AutoModelForSequenceClassification
 from adls_lightning.app.training import run
 from adls_lightning.build import build
 from adls_lightning.lora import merge_lora
+from adls_lightning.tools.export import main as export_main
+from adls_lightning.tools.graph import run as graph_run
 from tests.glue_layouts import glue_overrides, write_glue_task
-from tests.helpers import TINY_NAS
+from tests.helpers import TINY_NAS, call, compose_config, train_run
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = {"stsb": "pearson", "mnli": "acc"}
 
 
+@pytest.fixture(scope="module")
+def fine_tuned_glue(tmp_path_factory, tiny_imdb_dir, cache_dir) -> Callable[[str], tuple[Path, Path, dict]]:
+    """``fine_tuned_glue(task) -> (GLUE root, best checkpoint, metrics)``: the task's folder and its short fine-tune,
+    made once per task: both tests of a task start their runs from it and only read it (one training run per task
+    instead of one per test)."""
+    made: dict[str, tuple[Path, Path, dict]] = {}
+
+    def get(task: str) -> tuple[Path, Path, dict]:
+        if task not in made:
+            folder = tmp_path_factory.mktemp(task)
+            root = write_glue_task(folder / "glue", task)
+            metrics = train_run(folder / "fp", glue_overrides(root, task), tiny_imdb_dir, cache_dir)
+            made[task] = (root, next((folder / "fp" / "checkpoints").glob("best-*.ckpt")), metrics)
+        return made[task]
+
+    return get
+
+
 @pytest.mark.parametrize("task", ["stsb", "mnli"])
 def test_quant_prune_mxint8_search_and_export_on_regression_and_three_classes(
-    compose_cfg, tmp_path, task, cache_dir
+    compose_cfg, fine_tuned_glue, tmp_path, task, cache_dir
 ):
-    root = write_glue_task(tmp_path / "glue", task)
+    root, ckpt, fp = fine_tuned_glue(task)
     base = glue_overrides(root, task)
     main = f"val/{MAIN[task]}"
-
-    fp = run(compose_cfg(base, tmp_path / "fp"))
-    ckpt = next((tmp_path / "fp" / "checkpoints").glob("best-*.ckpt"))
 
     # int8 QAT + L1 50 % of the fine-tuned model, then MXINT8 packed evaluation
     # the head stays at full precision (as users keep it): a tiny random model's pooled outputs differ by less than
@@ -51,14 +69,12 @@ def test_quant_prune_mxint8_search_and_export_on_regression_and_three_classes(
     assert f"mxint8/{main.replace('/', '_')}_packed" in packed
 
     # export: the merged folder reloads with AutoModelForSequenceClassification, labels and predictions kept
+    # (the command's main in this process: the folder is what is checked; `python -m adls_lightning.export
+    # format=hf` as a command: tests/test_export.py)
     model_overrides = ["model=tiny_random", "data=glue", f"data.task={task}", f"data.data_dir={root}"]
     out = tmp_path / "hf"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "adls_lightning.export", f"ckpt={ckpt}", f"out={out}", "format=hf", *model_overrides],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, _, stderr = call(export_main, f"ckpt={ckpt}", f"out={out}", "format=hf", *model_overrides)
+    assert code == 0, stderr[-3000:]
     reloaded = AutoModelForSequenceClassification.from_pretrained(out).eval()
     cfg = compose_cfg(base, tmp_path / "unused")
     datamodule = build(cfg.data, "data")
@@ -84,6 +100,7 @@ def test_quant_prune_mxint8_search_and_export_on_regression_and_three_classes(
 
     # a 2-trial NAS whose objective is the task's main metric (val/pearson, val/acc)
     sweep = tmp_path / "sweep"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "search.py"), "search=nas", "hydra.sweeper.n_trials=2", *TINY_NAS,
          f"hydra.sweep.dir={sweep}", f"paths.cache_dir={cache_dir}", "trainer=cpu",
@@ -101,14 +118,15 @@ def test_quant_prune_mxint8_search_and_export_on_regression_and_three_classes(
 
 
 def test_graph_capture_with_pair_inputs(tmp_path):
-    out = tmp_path / "graph"
-    proc = subprocess.run(
-        [sys.executable, "-m", "adls_lightning.graph", "model=tiny_random", f"out={out}", "draw.formats=[svg]",
-         "inputs=[input_ids,attention_mask,token_type_ids]", "text=[a cat sat,it rained]",
-         "text_pair=[a dog ran home today,no]"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600,
+    # the graph command's run in this process (the command line itself: tests/test_graph.py), into a folder that
+    # exists and is empty (the command's runs in tests/test_graph.py make theirs)
+    out = tmp_path
+    cfg = compose_config(
+        "graph",
+        ["model=tiny_random", f"out={out}", "draw.formats=[svg]", "inputs=[input_ids,attention_mask,token_type_ids]",
+         "text=[a cat sat,it rained]", "text_pair=[a dog ran home today,no]"],
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert graph_run(cfg) == out
     graph_files = list(out.glob("graph*"))
     assert graph_files
     report = (out / "report.csv").read_text() if (out / "report.csv").exists() else ""
@@ -139,15 +157,13 @@ def linear_rows(state: dict, kind: str) -> dict[int, int]:
 
 
 @pytest.mark.parametrize("task", ["stsb", "mnli"])
-def test_every_pruning_method_on_regression_and_three_classes(compose_cfg, tmp_path, task):
+def test_every_pruning_method_on_regression_and_three_classes(compose_cfg, fine_tuned_glue, tmp_path, task):
     """One-shot (Wanda, SparseGPT), 2:4, movement, structured pruning with distillation and compression-aware
     fine-tuning with distillation on STS-B (one regression output, MSE distillation) and MNLI (three classes, two
     test splits): each run ends with the sparsity it asked for, counted here from the checkpoint, and finite
     metrics on every test split."""
-    root = write_glue_task(tmp_path / "glue", task)
+    root, ckpt, _ = fine_tuned_glue(task)
     base = glue_overrides(root, task)
-    run(compose_cfg(base, tmp_path / "fp"))
-    ckpt = next((tmp_path / "fp" / "checkpoints").glob("best-*.ckpt"))
     dense = torch.load(ckpt, weights_only=False)["state_dict"]
     splits = ["test"] if task == "stsb" else ["test", "test_mm"]
     for name, extra in PRUNE_METHODS.items():
