@@ -25,7 +25,7 @@ from adls_lightning.prune import (
     Pruner,
     WeightMask,
 )
-from tests.helpers import assert_one_line_error, kill_and_resume, run_train
+from tests.helpers import assert_one_line_error, kill_and_resume, recording, run_train
 
 SMALL = ["data.train_size=64", "data.val_size=16", "data.test_size=16", "data.max_length=32"]
 MASK_SUFFIX = ".parametrizations.weight.0.mask"
@@ -546,20 +546,52 @@ def _masks(checkpoint: dict) -> dict[str, torch.Tensor]:
     return {k: v for k, v in checkpoint["state_dict"].items() if k.endswith(MASK_SUFFIX)}
 
 
-@pytest.mark.parametrize(("preset", "log_every"), [("movement_0.9", 1), ("movement_adam_0.9", 4)])
-def test_movement_preset_runs_through_train_py(tiny_imdb_dir, cache_dir, tmp_path, preset, log_every):
-    out = tmp_path / "movement"
-    proc = run_train(
-        tiny_imdb_dir,
-        cache_dir,
-        out,
+# The progress display, a line per batch: movement_0.9's run shows it (test_progress_lines_follow_the_schedule).
+PROGRESS = [
+    "+callbacks.progress._target_=adls_lightning.callbacks.progress.progress_bar",
+    "+callbacks.progress.interval_s=0",
+]
+# How often each preset's run logs (the score consistency is logged on the logging steps).
+LOG_EVERY = {"movement_0.9": 1, "movement_adam_0.9": 4}
+
+
+def _preset_run(preset: str) -> list[str]:
+    """A preset's 16-step run (64 rows, batch 8, 2 epochs), a CSV log and a last.ckpt every 3 steps."""
+    return [
         *SMALL,
         f"prune={preset}",
         "trainer.max_epochs=2",
+        "data.batch_size=8",
         "logger=csv",
-        f"trainer.log_every_n_steps={log_every}",
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+        f"trainer.log_every_n_steps={LOG_EVERY[preset]}",
+        "callbacks.last_checkpoint.every_n_train_steps=3",
+        *(PROGRESS if preset == "movement_0.9" else []),
+    ]
+
+
+@pytest.fixture(scope="module")
+def preset_runs(tmp_path_factory, tiny_imdb_dir, cache_dir):
+    """``preset_runs(preset) -> (folder, finished process)``: one uninterrupted train.py run per preset, shared by the
+    preset's end-to-end test, movement_0.9's progress lines and the kill-and-resume's reference run (the same
+    overrides serve all three: logging, progress lines, periodic checkpoints and recorded batches change no
+    training). Nobody writes into it."""
+    done: dict[str, tuple[Path, object]] = {}
+
+    def get(preset: str):
+        if preset not in done:
+            out = tmp_path_factory.mktemp(preset) / "whole"
+            proc = run_train(tiny_imdb_dir, cache_dir, out, *_preset_run(preset), *recording(out))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            done[preset] = (out, proc)
+        return done[preset]
+
+    return get
+
+
+@pytest.mark.parametrize("preset", ["movement_0.9", "movement_adam_0.9"])
+def test_movement_preset_runs_through_train_py(preset_runs, preset):
+    out, proc = preset_runs(preset)
+    log_every = LOG_EVERY[preset]
     # the scores' consistency is logged on the logging steps once two steps are measured (the CSV counts steps
     # from 0); it is a diagnostic, with no warning
     with (out / "csv" / "metrics.csv").open(newline="") as handle:
@@ -591,18 +623,10 @@ def test_movement_preset_runs_through_train_py(tiny_imdb_dir, cache_dir, tmp_pat
         assert "score_optimizer" not in state
 
 
-def test_progress_lines_follow_the_schedule(tiny_imdb_dir, cache_dir, tmp_path):
+def test_progress_lines_follow_the_schedule(preset_runs):
     """The progress display (a line per batch here) shows the schedule's sparsity rising to 0.9 and the scores'
-    consistency beside the loss, as a person watching a movement run would want them."""
-    progress = [
-        "+callbacks.progress._target_=adls_lightning.callbacks.progress.progress_bar",
-        "+callbacks.progress.interval_s=0",
-    ]
-    out = tmp_path / "watched"
-    proc = run_train(
-        tiny_imdb_dir, cache_dir, out, *SMALL, "prune=movement_0.9", "trainer.max_epochs=2", *progress
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    consistency beside the loss, as a person watching a movement run would want them (movement_0.9's shared run)."""
+    _, proc = preset_runs("movement_0.9")
     lines = [
         line
         for line in (proc.stdout + proc.stderr).splitlines()
@@ -626,18 +650,14 @@ def test_train_false_is_one_line_on_the_command_line(tiny_imdb_dir, cache_dir, t
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["movement_0.9", "movement_adam_0.9"])
 def test_killed_movement_run_resumes_with_the_same_scores_and_masks(
-    tiny_imdb_dir, cache_dir, tmp_path, preset
+    preset_runs, tiny_imdb_dir, cache_dir, tmp_path, preset
 ):
     """Killed mid-ramp (step 11 of 16; warm-up 2 steps, cool-down 2) and resumed from the last.ckpt of step 9: the
-    same masks and scores (and Adam's moments) at the end as an uninterrupted run, and the same metrics bit for bit."""
-    overrides = [
-        *SMALL,
-        f"prune={preset}",
-        "trainer.max_epochs=2",
-        "data.batch_size=8",
-        "callbacks.last_checkpoint.every_n_train_steps=3",
-    ]
-    runs = kill_and_resume(tiny_imdb_dir, cache_dir, tmp_path, overrides, 11)
+    same masks and scores (and Adam's moments) at the end as an uninterrupted run (the preset's shared run), and the
+    same metrics bit for bit."""
+    whole_dir, _ = preset_runs(preset)
+    runs = kill_and_resume(tiny_imdb_dir, cache_dir, tmp_path, _preset_run(preset), 11, uninterrupted=False)
+    runs["whole"] = whole_dir
     assert runs["resumed_from_step"] == 9
     for name in (
         "last.ckpt",
