@@ -2,8 +2,9 @@
 uninterrupted run of the same seed trains on, ends with the same metrics (bit-for-bit on CPU) and the same CSV log;
 checkpoint and metrics writes never destroy the previous good file.
 
-The runs are real ``train.py`` subprocesses (a tiny random BERT, 64 training rows, 8 steps per epoch, 2 epochs),
-killed at a fixed step by ``tests.helpers.KillAtStep`` (see :func:`tests.helpers.kill_and_resume`).
+The killed, resumed and uninterrupted runs are real ``train.py`` subprocesses (a tiny random BERT, 64 training rows,
+8 steps per epoch, 2 epochs), killed at a fixed step by ``tests.helpers.KillAtStep`` (see
+:func:`tests.helpers.kill_and_resume`); evaluations of a checkpoint run in this process.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import os
 import shlex
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning as L
@@ -24,7 +23,7 @@ import torch
 
 from adls_lightning.files.atomic import atomic_write_json
 from adls_lightning.files.lightning_io import AtomicCheckpointIO, ResumableCSVWriter
-from tests.helpers import kill_and_resume, recorded_batches, recording, run_train, train_cmd
+from tests.helpers import kill_and_resume, recorded_batches, recording, run_train, train_cmd, train_run
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS_PER_EPOCH = 8  # 64 rows / batch 8
@@ -73,6 +72,17 @@ def _train_steps(rows: list[dict[str, str]]) -> list[int]:
     return [int(row["step"]) for row in rows if row.get("train/loss")]
 
 
+@pytest.fixture(scope="module")
+def plain_fit(tmp_path_factory, tiny_imdb_dir, cache_dir) -> Path:
+    """One uninterrupted ``train.py`` run of SMALL_RUN (batches recorded beside its folder), shared: it is the plain
+    kill-and-resume's reference run and the finished fit whose last.ckpt is read, evaluated and resumed (the same
+    overrides: RecordBatches writes outside the run folder and changes no training). Nobody writes into it."""
+    out = tmp_path_factory.mktemp("plain_fit") / "whole"
+    fit = run_train(tiny_imdb_dir, cache_dir, out, *SMALL_RUN, *recording(out))
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    return out
+
+
 # The plain run is `make test-fast`'s kill-and-resume test; the compressed ones are slow (3 runs each).
 @pytest.mark.parametrize(
     "preset",
@@ -87,17 +97,21 @@ def _train_steps(rows: list[dict[str, str]]) -> list[int]:
         ),
     ],
 )
-def test_killed_run_resumes_exactly(tmp_path, tiny_imdb_dir, cache_dir, preset):
+def test_killed_run_resumes_exactly(request, tmp_path, tiny_imdb_dir, cache_dir, preset):
     logged_before_resume: list[list[dict[str, str]]] = []
+    # the plain run's uninterrupted reference is the module's plain_fit (shared with the finished-fit test)
+    plain = not preset
     runs = kill_and_resume(
         tiny_imdb_dir,
         cache_dir,
         tmp_path,
         [*SMALL_RUN, *preset],
         KILL_AT_STEP,
+        uninterrupted=not plain,
         on_killed=lambda folder: logged_before_resume.append(_csv_rows(folder)),
     )
-    whole_dir, killed_dir = runs["whole"], runs["killed"]
+    whole_dir = request.getfixturevalue("plain_fit") if plain else runs["whole"]
+    killed_dir = runs["killed"]
     assert runs["resumed_from_step"] == 9  # mid-epoch: the last.ckpt of step 9, two steps before the kill
     # The same batches at every step: two full epochs, none repeated or skipped.
     whole_batches, resumed_batches = recorded_batches(whole_dir), recorded_batches(killed_dir)
@@ -172,19 +186,23 @@ def test_checkpoint_write_never_goes_through_tmpdir(tmp_path, monkeypatch):
     assert [p.name for p in target.parent.iterdir()] == ["last.ckpt"]
 
 
-_KILL_DURING_WRITE = """
-import os, sys, torch
-from adls_lightning.files import atomic, lightning_io
-real_fsync = os.fsync
-def dying_fsync(fd):  # the new bytes are out, not yet renamed over the target: die here
-    os._exit(9)
-os.fsync = dying_fsync
-target = sys.argv[1]
-if target.endswith(".json"):
-    atomic.atomic_write_json(target, {"new": list(range(100000))})
-else:
-    lightning_io.AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(100000)}}, target)
-"""
+def _die_while_writing(target: Path) -> int:
+    """Write ``target`` (a new checkpoint or metrics.json) in a child process that dies inside the write, its new
+    bytes out but not yet renamed over the target (``os._exit`` in fsync: no clean-up runs); its exit code. The
+    child is forked from this process: a real process dying mid-write, without a Python start-up and Lightning's
+    imports."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.fsync = lambda fd: os._exit(9)
+            if target.name.endswith(".json"):
+                atomic_write_json(target, {"new": list(range(100000))})
+            else:
+                AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.zeros(100000)}}, target)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
 
 
 @pytest.mark.slow
@@ -196,9 +214,7 @@ def test_kill_during_write_keeps_previous_file(tmp_path, name):
     else:
         AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(3)}}, target)
     before = target.read_bytes()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    died = subprocess.run([sys.executable, "-c", _KILL_DURING_WRITE, str(target)], env=env, timeout=300)
-    assert died.returncode == 9
+    assert _die_while_writing(target) == 9
     assert target.read_bytes() == before  # the previous good file is whole
     stale = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     assert len(stale) == 1  # the killed write's temporary file ...
@@ -223,12 +239,17 @@ def _last_fit_validation(run_dir: Path) -> dict[str, float]:
     [pytest.param([], id="plain"), pytest.param(["compress=l1_0.5"], id="compress", marks=pytest.mark.slow)],
 )
 def test_last_checkpoint_of_a_finished_fit_holds_its_final_weights(
-    tmp_path, tiny_imdb_dir, cache_dir, preset
+    request, tmp_path, tiny_imdb_dir, cache_dir, preset
 ):
     # 16 steps (more with compress's recovery epoch), last.ckpt every 3: the fit ends between two periodic saves.
-    fit_dir, eval_dir, more_dir = tmp_path / "fit", tmp_path / "eval", tmp_path / "more"
-    fit = run_train(tiny_imdb_dir, cache_dir, fit_dir, *SMALL_RUN, *preset)
-    assert fit.returncode == 0, fit.stderr[-3000:]
+    # The plain fit is the module's train.py run plain_fit (the plain kill-and-resume's reference); the compressed
+    # one and both evaluations run in this process (what the checkpoint holds is the subject, not the command line).
+    eval_dir, more_dir = tmp_path / "eval", tmp_path / "more"
+    if preset:
+        fit_dir = tmp_path / "fit"
+        train_run(fit_dir, [*SMALL_RUN, *preset], tiny_imdb_dir, cache_dir)
+    else:
+        fit_dir = request.getfixturevalue("plain_fit")
     fit_metrics = json.loads((fit_dir / "metrics.json").read_text())
     steps = fit_metrics["train/samples_seen"] // 8
     last = fit_dir / "checkpoints" / "last.ckpt"
@@ -236,10 +257,7 @@ def test_last_checkpoint_of_a_finished_fit_holds_its_final_weights(
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == steps
 
     # Evaluating last.ckpt alone gives exactly what the fit's last validation logged.
-    evaluated = run_train(
-        tiny_imdb_dir, cache_dir, eval_dir, *SMALL_RUN, *preset, "train=false", f"ckpt_path={last}"
-    )
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    train_run(eval_dir, [*SMALL_RUN, *preset, "train=false", f"ckpt_path={last}"], tiny_imdb_dir, cache_dir)
     eval_metrics = json.loads((eval_dir / "metrics.json").read_text())
     assert {key: eval_metrics[key] for key in ("val/loss", "val/acc")} == pytest.approx(
         _last_fit_validation(fit_dir), rel=1e-6
