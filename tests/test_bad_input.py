@@ -72,8 +72,10 @@ TRAIN_TARGETS = {  # a hostile _target_ per config group / node a run builds
     "paths.evil": (_open("paths.evil"),),
     "hydra.callbacks.evil": (_open("hydra.callbacks.evil"),),
     "hydra.launcher": _replace("hydra.launcher"),
-    "hydra.job_logging.handlers.evil": (
-        "+hydra.job_logging.handlers.evil={'()': builtins.open, file: '{pwned}', mode: w}",
+    # logging builds a handler from its ``class`` (or ``()``, which the override grammar cannot spell): the guard
+    # names the key with ``.class``, which a parse error echoing the override would not
+    "hydra.job_logging.handlers.evil.class": (
+        "+hydra.job_logging.handlers.evil={class: builtins.open, file: '{pwned}', mode: w}",
     ),
     "callbacks.nested.dirpath": (
         "+callbacks.nested={_target_: lightning.pytorch.callbacks.ModelCheckpoint, "
