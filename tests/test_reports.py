@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import optuna
@@ -47,10 +46,30 @@ def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     return proc
 
 
+# search.py's and train.py's entry points, each with its command line in turn, in one Python process (as the
+# scripts run them): a process's start-up (Lightning's imports, ~15 CPU-s) costs more than these tiny runs.
+ENTRY_POINTS_APP = """
+import json, sys
+from pathlib import Path
+from hydra.core.global_hydra import GlobalHydra
+from adls_lightning.app import cli
+conf, commands = Path(sys.argv[1]), json.loads(sys.argv[2])
+for script, *argv in commands:
+    sys.argv = [script, *argv]
+    GlobalHydra.instance().clear()
+    try:
+        getattr(cli, script.removesuffix(".py"))(conf)
+    except SystemExit as err:
+        if err.code:
+            print("EXIT", script, err.code, flush=True)
+"""
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_imdb_dir, cache_dir) -> dict[str, Path]:
     """A NAS study in SQLite, a two-objective mixed-precision study in a journal file (search.py, 3 trials each)
-    and a 3-job train.py multirun over the learning rate, run side by side; their folders."""
+    and a 3-job train.py multirun over the learning rate, by the scripts' entry points in one process (what the
+    reports read is what the runs write, not how they were started); their folders."""
     base = tmp_path_factory.mktemp("reports")
     folders = {"sqlite": base / "nas", "journal": base / "mp", "multirun": base / "multirun"}
     common = tiny_run(tiny_imdb_dir, cache_dir)
@@ -64,9 +83,8 @@ def runs(tmp_path_factory, tiny_imdb_dir, cache_dir) -> dict[str, Path]:
         ["train.py", "-m", f"hydra.sweep.dir={folders['multirun']}", "model=tiny_random", "logger=none", *common,
          "model.optimizer.lr=0.001,0.01,0.1"],
     ]  # fmt: skip
-    with ThreadPoolExecutor(len(commands)) as pool:
-        for proc in pool.map(lambda c: run(*c), commands):
-            ok(proc)
+    proc = ok(run("-c", ENTRY_POINTS_APP, str(ROOT / "conf"), json.dumps(commands)))
+    assert "EXIT" not in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     return folders
 
 
@@ -124,10 +142,24 @@ def test_study_report_of_an_sqlite_study(runs, tmp_path):
     assert rerun.callbacks.optuna_pruning is None
 
 
-def test_study_report_of_a_two_objective_journal_study_has_its_pareto_front(runs, tmp_path):
+@pytest.fixture(scope="module")
+def pages(runs, tmp_path_factory) -> dict[str, Path]:
+    """The journal study's report and the multirun's sweep report, as the commands write them: the folder of each
+    page. Shared by the tests of their content and the browser's test (a report command is a process start)."""
+    base = tmp_path_factory.mktemp("pages")
+    commands = {
+        "study": ["-m", "adls_lightning.reports.study", storage_of(runs, "journal")[0]],
+        "sweep": ["-m", "adls_lightning.reports.sweep", f"sweep={runs['multirun']}"],
+    }
+    for name, args in commands.items():
+        (base / name).mkdir()  # an existing empty folder is a report's to write in
+        ok(run(*args, f"out={base / name}"))
+    return {name: base / name for name in commands}
+
+
+def test_study_report_of_a_two_objective_journal_study_has_its_pareto_front(runs, pages):
     journal, name = storage_of(runs, "journal")
-    ok(run("-m", "adls_lightning.reports.study", journal, f"out={tmp_path}"))
-    page = (tmp_path / "index.html").read_text()
+    page = (pages["study"] / "index.html").read_text()
     titles = figure_titles(page)
     assert titles[0] == "Pareto front"
     assert (
@@ -138,9 +170,8 @@ def test_study_report_of_a_two_objective_journal_study_has_its_pareto_front(runs
     assert f"Pareto front ({len(study.best_trials)} trials)" in page
 
 
-def test_sweep_report_of_a_multirun(runs, tmp_path):
-    ok(run("-m", "adls_lightning.reports.sweep", f"sweep={runs['multirun']}", f"out={tmp_path}"))
-    page = (tmp_path / "index.html").read_text()
+def test_sweep_report_of_a_multirun(runs, pages):
+    page = (pages["sweep"] / "index.html").read_text()
     assert figure_titles(page) == ["val/acc vs model.optimizer.lr"]
     rows = table_rows(page, "jobs")
     assert [(r[0], float(r[1])) for r in rows] == [("0", 0.001), ("1", 0.01), ("2", 0.1)]
@@ -228,26 +259,21 @@ def test_report_bad_input_is_one_line(tmp_path):
 @pytest.mark.skipif(
     CHROMIUM is None, reason="no headless Chromium on this machine (apt-get install chromium)"
 )
-def test_reports_as_a_browser_shows_them(runs, tmp_path):
-    """Headless Chromium opens each page: every figure is drawn (plotly's SVG with its traces' points), the
-    table holds every trial, and the screenshot is not blank."""
+def test_reports_as_a_browser_shows_them(pages, tmp_path):
+    """Headless Chromium opens each page (the journal study's, the multirun's): every figure is drawn (plotly's
+    SVG with its traces' points), the table holds every trial, and the screenshot is not blank."""
     import numpy as np
     from matplotlib.image import imread
 
-    pages = {
-        "study": (["-m", "adls_lightning.reports.study", storage_of(runs, "journal")[0]], TRIALS),
-        "sweep": (["-m", "adls_lightning.reports.sweep", f"sweep={runs['multirun']}"], 3),
-    }
-    for name, (args, rows) in pages.items():
-        ok(run(*args, f"out={tmp_path / name}"))
-        url = (tmp_path / name / "index.html").as_uri()
+    for name, rows in {"study": TRIALS, "sweep": 3}.items():
+        url = (pages[name] / "index.html").as_uri()
         browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                    "--window-size=1280,2000", "--virtual-time-budget=10000"]  # fmt: skip
         dom = subprocess.run(
             [*browser, "--dump-dom", url], capture_output=True, text=True, timeout=300
         ).stdout
         figures = re.split(r"<div class=\"figure\">", dom)[1:]
-        assert len(figures) == len(figure_titles((tmp_path / name / "index.html").read_text())) >= 1
+        assert len(figures) == len(figure_titles((pages[name] / "index.html").read_text())) >= 1
         for figure in figures:
             assert 'class="main-svg"' in figure  # plotly.js ran and drew it
             # its data drawn: markers and bars (class "point"), parallel coordinates' lines ("js-line")
