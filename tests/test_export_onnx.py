@@ -72,15 +72,15 @@ def torch_logits(model, inputs: dict[str, torch.Tensor]) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def lora_export(tmp_path_factory) -> tuple[Path, Path, str]:
-    """A LoRA checkpoint (non-zero B) exported with int8=true: (ckpt, folder, the command's stdout)."""
+    """A LoRA checkpoint (non-zero B) exported with int8=true by the command, as a user runs it: (ckpt, folder, the
+    command's stdout). The file's one command-line export (test_command_line_export reads it): the other tests
+    read its folder or its checkpoint."""
     folder = tmp_path_factory.mktemp("lora_onnx")
     ckpt = folder / "tiny.ckpt"
     trained_checkpoint(ckpt, TINY)
-    code, stdout, stderr = export_in_process(
-        f"ckpt={ckpt}", f"out={folder / 'out'}", "format=onnx", "int8=true", *TINY
-    )
-    assert code == 0, stderr[-3000:]
-    return ckpt, folder / "out", stdout
+    result = run_export(f"ckpt={ckpt}", f"out={folder / 'out'}", "format=onnx", "int8=true", *TINY)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return ckpt, folder / "out", result.stdout
 
 
 def test_lora_export_matches_the_merged_model_at_other_shapes(lora_export):
@@ -245,11 +245,10 @@ def test_logits_off_the_tolerance_fail_loudly(lora_export, tmp_path, monkeypatch
 
 
 @pytest.mark.slow
-def test_command_line_export(lora_export, tmp_path):
-    result = run_export(f"ckpt={lora_export[0]}", f"out={tmp_path / 'out'}", "format=onnx", *TINY)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.startswith(f"exported onnx to {tmp_path / 'out'}: model.onnx ")
-    assert (tmp_path / "out" / onnx_export.ONNX_FILE).is_file()
+def test_command_line_export(lora_export):
+    _, out, stdout = lora_export
+    assert stdout.startswith(f"exported onnx to {out}: model.onnx ")
+    assert (out / onnx_export.ONNX_FILE).is_file()
 
 
 @pytest.mark.slow
