@@ -204,13 +204,19 @@ def test_help_is_the_usage():
     assert proc.returncode == 0 and "RUN_OR_GLOB" in proc.stdout and "mean ± std" in proc.stdout
 
 
+# The real sweep's jobs train this briefly; a run of one job's configuration, compiled, differs from that job only in
+# its compile keys (test_a_real_compiled_run_and_an_uncompiled_one_say_which_is_which).
+SWEEP_RUN = ["trainer.max_epochs=1", "+trainer.limit_train_batches=4", "+trainer.limit_val_batches=2"]
+
+
 @pytest.fixture(scope="module")
 def real_sweep(tmp_path_factory, tiny_imdb_dir, cache_dir) -> Path:
-    """A real multirun of train.py: prune=l1_0.5,none x seed=1,2 (4 jobs, a few seconds each)."""
+    """A real multirun of train.py: prune=l1_0.5,none x seed=1,2 (4 jobs, a few seconds each). Shared by the
+    multirun's table and, as its uncompiled run, by the compile column's test: one train.py start fewer."""
     folder = tmp_path_factory.mktemp("real_sweep")
     cmd = train_cmd(
         tiny_imdb_dir, cache_dir, folder / "unused", "prune=l1_0.5,none", "seed=1,2",
-        f"hydra.sweep.dir={folder / 'sweep'}", "trainer.max_epochs=1", "+trainer.limit_train_batches=4",
+        f"hydra.sweep.dir={folder / 'sweep'}", *SWEEP_RUN,
     )  # fmt: skip
     # -m first: overrides after it are not seen by train.py's pre-flight check (argparse splits them off)
     proc = subprocess.run(
@@ -302,13 +308,20 @@ def test_a_key_a_run_left_alone_shows_what_the_run_ran_with(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_real_compiled_run_and_an_uncompiled_one_say_which_is_which(tiny_imdb_dir, cache_dir, tmp_path):
-    few = ["trainer.max_epochs=1", "+trainer.limit_train_batches=2", "+trainer.limit_val_batches=2"]
-    plain = run_train(tiny_imdb_dir, cache_dir, tmp_path / "plain", *few)
-    assert plain.returncode == 0, plain.stderr[-3000:]
+def test_a_real_compiled_run_and_an_uncompiled_one_say_which_is_which(
+    real_sweep, tiny_imdb_dir, cache_dir, tmp_path
+):
+    # the uncompiled run: the real sweep's job of prune=none, seed=1; the compiled one is that job's configuration
+    # run alone with compile=aot_eager compile.backend=eager, so the compile keys are all that differ
+    [plain] = [
+        job
+        for job in sorted(real_sweep.glob("[0-9]*"))
+        if {"prune=none", "seed=1"} <= set(yaml.safe_load((job / ".hydra/overrides.yaml").read_text()))
+    ]
     compiled = run_train(
-        tiny_imdb_dir, cache_dir, tmp_path / "compiled", *few, "compile=aot_eager", "compile.backend=eager"
-    )
+        tiny_imdb_dir, cache_dir, tmp_path / "compiled", "prune=none", "seed=1", *SWEEP_RUN,
+        "compile=aot_eager", "compile.backend=eager",
+    )  # fmt: skip
     assert compiled.returncode == 0, compiled.stderr[-3000:]
     # the run summary shows the compile counts metrics.json records, as it shows the other groups'
     recorded = json.loads((tmp_path / "compiled" / "metrics.json").read_text())
@@ -316,7 +329,7 @@ def test_a_real_compiled_run_and_an_uncompiled_one_say_which_is_which(tiny_imdb_
     assert {"compile/seconds", "compile/graphs"} <= set(shown) & {
         k for k in recorded if k.startswith("compile/")
     }
-    proc = table(tmp_path / "plain", tmp_path / "compiled")
+    proc = table(plain, tmp_path / "compiled")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].startswith("| compile | compile.backend | n |")
     assert {row: cells[0] for row, cells in table_rows(proc.stdout).items()} == {
