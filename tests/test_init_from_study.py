@@ -88,6 +88,26 @@ def _train(*overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
+# search.py's, then train.py's entry point with their command lines, in one Python process (as the scripts run
+# them): the search and the run it starts are the audit's, and one process start-up (Lightning's imports, ~15
+# CPU-s) is saved. The refusal, whose one line and exit code are the subject, runs as train.py itself.
+SEARCH_THEN_TRAIN_APP = """
+import json, sys
+from pathlib import Path
+from hydra.core.global_hydra import GlobalHydra
+from adls_lightning.app import cli
+conf, commands = Path(sys.argv[1]), json.loads(sys.argv[2])
+for script, *argv in commands:
+    sys.argv = [script, *argv]
+    GlobalHydra.instance().clear()
+    try:
+        getattr(cli, script.removesuffix(".py"))(conf)
+    except SystemExit as err:
+        if err.code:
+            sys.exit(f"{script} exited with {err.code}")
+"""
+
+
 @pytest.mark.slow
 def test_a_full_fine_tune_study_starts_a_run_and_its_checkpoint_is_refused_by_a_lora_model(
     tmp_path, tiny_imdb_dir, cache_dir
@@ -95,18 +115,19 @@ def test_a_full_fine_tune_study_starts_a_run_and_its_checkpoint_is_refused_by_a_
     """The audit's commands: a full fine-tune search with paths.log_dir, then train.py init_from_study=NAME with the
     same paths.log_dir; and its checkpoint given as init_ckpt to the default (LoRA) model."""
     data = tiny_run(tiny_imdb_dir, cache_dir)
-    env = {**os.environ, "PROJECT_ROOT": str(ROOT)}
-    search = [sys.executable, str(ROOT / "search.py"), "search=hparams", "model=tiny_random", "model/lora=none",
+    env = {**os.environ, "PROJECT_ROOT": str(ROOT), "OMP_NUM_THREADS": "1"}
+    search = ["search.py", "search=hparams", "model=tiny_random", "model/lora=none",
               "model.optimizer.lr=tag(log, interval(1e-5, 1e-2))", "hydra.sweeper.n_trials=1",
               f"paths.log_dir={tmp_path / 'logs'}", *data]  # fmt: skip
-    ok(subprocess.run(search, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900))
+    evaluate = ["train.py", "logger=none", f"init_from_study={NAME}", f"paths.log_dir={tmp_path / 'logs'}",
+                "train=false", f"hydra.run.dir={tmp_path / 'eval'}", *data]  # fmt: skip
+    app = [sys.executable, "-c", SEARCH_THEN_TRAIN_APP, str(ROOT / "conf"), json.dumps([search, evaluate])]
+    ok(subprocess.run(app, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900))
     study = optuna.load_study(
         study_name=NAME, storage=f"sqlite:///{tmp_path / 'logs' / 'search' / NAME / NAME}.db"
     )
     best = study.best_trial
 
-    ok(_train(f"init_from_study={NAME}", f"paths.log_dir={tmp_path / 'logs'}", "train=false",
-              f"hydra.run.dir={tmp_path / 'eval'}", *data))  # fmt: skip
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert metrics["model/lora_params"] == 0
     assert metrics["val/loss"] == pytest.approx(best.user_attrs["metrics"]["val/loss"], abs=1e-6)
