@@ -18,12 +18,11 @@ from optuna.trial import TrialState
 
 from tests.helpers import (
     FORMATS,
+    STUDIES_APP,
     TINY_NAS,
     expected_param_count,
     linear_layers,
-    load_study,
     ok,
-    run_studies,
     tiny_run,
 )
 
@@ -32,12 +31,77 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 MINILM_VOCAB, POSITIONS = 30522, 512
+GRID = "hydra.sweeper.grid={num_hidden_layers:[1,2,4],hidden_size:[32,64]}"
+SAMPLERS = {
+    "random": ["hydra/sweeper/sampler=random"],
+    "tpe": ["hydra/sweeper/sampler=tpe"],
+    "grid": ["hydra/sweeper/sampler=grid", GRID],
+}
 
 
-def test_nas_trials_build_the_sampled_architectures_and_resume(search, tmp_path):
-    ok(search("search=nas", "hydra.sweeper.n_trials=3", *TINY_NAS))
-    study = load_study(tmp_path, "nas-acc-tpe")
+def studies_commands(root: Path, data: list[str]) -> dict[str, list[str]]:
+    """search.py's overrides of every study this module inspects, by sweep folder (``root/<key>``)."""
+    nas = ["search=nas", "hydra.sweeper.n_trials=3", *TINY_NAS]
+    commands = {
+        # one 1-trial study per search.precision (the 12 formats and all) on the tiny model
+        **{
+            f"precision/{p}": ["search=mixed_precision", "model=tiny_random", "hydra.sweeper.n_trials=1",
+                               f"search.precision={p}"]
+            for p in (*FORMATS, "all")
+        },  # fmt: skip
+        "nas": nas,
+        # a threshold above any accuracy prunes every trial at its first validation
+        "pruned": ["search=nas", "hydra.sweeper.n_trials=2", "trainer.max_epochs=3", *TINY_NAS,
+                   "search.pruner._target_=optuna.pruners.ThresholdPruner", "++search.pruner.lower=1.01"],
+        "acc_bits": ["search=mixed_precision", "model=tiny_random", "search/objective=acc_bits",
+                     "hydra/sweeper/sampler=nsgaii", "hydra.sweeper.n_trials=2"],
+        "nas_compression": ["search=nas_compression", "compress.post_epochs=0", "hydra.sweeper.n_trials=1",
+                            *TINY_NAS],
+        # The CPU lab preset's NAS space and sampler settings (startup_trials=3), trials cut to seconds. Six
+        # trials: three start-up draws and three of TPE's model.
+        **{
+            f"samplers/{s}": ["search=nas", "search/preset=cpu", "hydra.sweeper.n_trials=6", *extra]
+            for s, extra in SAMPLERS.items()
+        },
+        # Lab 3 from Lab 2's best: a study of its own, named after where it started (after "nas": it reads it)
+        "lab3": ["search=mixed_precision", f"init_from_study={root / 'nas' / 'nas-acc-tpe.db'}",
+                 "hydra.sweeper.n_trials=1"],
+    }  # fmt: skip
+    return {key: [*data, f"hydra.sweep.dir={root / key}", *overrides] for key, overrides in commands.items()}
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory, tiny_imdb_dir, cache_dir) -> Path:
+    """Every study the tests below inspect, made by search.py's entry point in one Python process: a process's
+    start-up (Lightning's imports, ~15 CPU-s) costs several times a tiny trial (~2), and what these tests check
+    is in the studies, not in the command. The command itself runs where it is the subject (the NAS study's
+    resume, the refusals). Their root folder, one sweep folder per key of :func:`studies_commands`."""
+    root = tmp_path_factory.mktemp("studies")
+    (root / "studies.py").write_text(STUDIES_APP)  # helpers.run_studies's app, with room for 40 trials
+    runs = list(studies_commands(root, tiny_run(tiny_imdb_dir, cache_dir)).values())
+    env = {**os.environ, "PROJECT_ROOT": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(root / "studies.py"), str(ROOT / "conf"), json.dumps(runs)], cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=3600,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "EXIT" not in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return root
+
+
+def study_in(folder: Path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{folder / name}.db")
+
+
+def search_py(*overrides: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PROJECT_ROOT": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "search.py"), *overrides]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_nas_trials_build_the_sampled_architectures_and_resume(studies, tiny_imdb_dir, cache_dir):
+    study = study_in(studies / "nas", "nas-acc-tpe")
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+    finished = [(t.number, t.datetime_complete) for t in study.trials]  # read now: a Study reads its storage
     for t in study.trials:
         p, metrics = t.params, t.user_attrs["metrics"]
         identities = sum(v == "identity" for k, v in p.items() if k.startswith("bert."))
@@ -55,28 +119,18 @@ def test_nas_trials_build_the_sampled_architectures_and_resume(search, tmp_path)
         # one validation during fit, reported to the trial at step 1 (the best checkpoint is that epoch's)
         assert list(t.intermediate_values) == [1]
         assert t.intermediate_values[1] == pytest.approx(metrics["val/acc"])
-    best = json.loads((tmp_path / "sweep" / "nas-acc-tpe_best.json").read_text())
+    best = json.loads((studies / "nas" / "nas-acc-tpe_best.json").read_text())
     assert best["best_trials"][0]["values"]["val/acc"] == max(t.value for t in study.trials)
 
-    ok(search("search=nas", "hydra.sweeper.n_trials=3", *TINY_NAS))  # the same command again: nothing to do
-    assert [(t.number, t.datetime_complete) for t in load_study(tmp_path, "nas-acc-tpe").trials] == [
-        (t.number, t.datetime_complete) for t in study.trials
-    ]
+    # the same command again, as a user types it: nothing to do
+    ok(search_py(*studies_commands(studies, tiny_run(tiny_imdb_dir, cache_dir))["nas"]))
+    assert [
+        (t.number, t.datetime_complete) for t in study_in(studies / "nas", "nas-acc-tpe").trials
+    ] == finished
 
 
-def test_pruner_stops_lightning_trials_and_they_are_recorded_pruned(search, tmp_path):
-    # a threshold above any accuracy prunes every trial at its first validation
-    ok(
-        search(
-            "search=nas",
-            "hydra.sweeper.n_trials=2",
-            "trainer.max_epochs=3",
-            *TINY_NAS,
-            "search.pruner._target_=optuna.pruners.ThresholdPruner",
-            "++search.pruner.lower=1.01",
-        )
-    )
-    study = load_study(tmp_path, "nas-acc-tpe")
+def test_pruner_stops_lightning_trials_and_they_are_recorded_pruned(studies):
+    study = study_in(studies / "pruned", "nas-acc-tpe")
     assert [t.state for t in study.trials] == [TrialState.PRUNED] * 2
     for t in study.trials:
         assert list(t.intermediate_values) == [1]
@@ -84,17 +138,8 @@ def test_pruner_stops_lightning_trials_and_they_are_recorded_pruned(search, tmp_
         assert "pruned at validation 1" in t.user_attrs["pruned_reason"]
 
 
-def test_mixed_precision_trials_quantize_each_layer_as_sampled(search, tmp_path):
-    ok(
-        search(
-            "search=mixed_precision",
-            "model=tiny_random",
-            "search/objective=acc_bits",
-            "hydra/sweeper/sampler=nsgaii",
-            "hydra.sweeper.n_trials=2",
-        )
-    )
-    study = load_study(tmp_path, "mixed_precision-integer-acc_bits-nsgaii")
+def test_mixed_precision_trials_quantize_each_layer_as_sampled(studies):
+    study = study_in(studies / "acc_bits", "mixed_precision-integer-acc_bits-nsgaii")
     sizes = linear_layers(hidden=32, intermediate=64, layers=2)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
     for t in study.trials:
@@ -109,22 +154,6 @@ def test_mixed_precision_trials_quantize_each_layer_as_sampled(search, tmp_path)
         assert t.user_attrs["metrics"]["quant/layers"] == quantized
 
 
-@pytest.fixture(scope="module")
-def one_trial_per_precision(tmp_path_factory, tiny_imdb_dir, cache_dir):
-    """One 1-trial study per ``search.precision`` (the 12 formats and ``all``) on the tiny model; their sweep dir."""
-    sweeps = tmp_path_factory.mktemp("precisions")
-    base = [
-        *tiny_run(tiny_imdb_dir, cache_dir),
-        "search=mixed_precision",
-        "model=tiny_random",
-        "hydra.sweeper.n_trials=1",
-    ]
-    run_studies(
-        sweeps, [[*base, f"hydra.sweep.dir={sweeps / p}", f"search.precision={p}"] for p in (*FORMATS, "all")]
-    )
-    return sweeps
-
-
 def test_the_registry_holds_the_twelve_formats_and_each_has_a_search_space():
     from adls_lightning.quant.quantizers import QUANTIZERS
 
@@ -136,12 +165,9 @@ def test_the_registry_holds_the_twelve_formats_and_each_has_a_search_space():
 
 
 @pytest.mark.parametrize("precision", [*FORMATS, "all"])
-def test_every_precision_completes_a_trial(one_trial_per_precision, precision):
-    name = f"mixed_precision-{precision}-acc-tpe"  # an all-formats study is named as such
-    study = optuna.load_study(
-        study_name=name, storage=f"sqlite:///{one_trial_per_precision / precision / name}.db"
-    )
-    (trial,) = study.trials
+def test_every_precision_completes_a_trial(studies, precision):
+    # an all-formats study is named as such
+    (trial,) = study_in(studies / "precision" / precision, f"mixed_precision-{precision}-acc-tpe").trials
     assert trial.state == TrialState.COMPLETE, trial.user_attrs
     formats = [v for k, v in trial.params.items() if k.endswith("/format")]
     assert len(formats) == len(linear_layers(hidden=32, intermediate=64, layers=2))
@@ -151,31 +177,13 @@ def test_every_precision_completes_a_trial(one_trial_per_precision, precision):
     assert trial.user_attrs["metrics"]["quant/layers"] == sum(f != "fp32" for f in formats)
 
 
-GRID = "hydra.sweeper.grid={num_hidden_layers:[1,2,4],hidden_size:[32,64]}"
-
-
-def test_samplers_draw_different_trials_at_the_lab_preset(tmp_path, tiny_imdb_dir, cache_dir):
-    # The CPU lab preset's NAS space and sampler settings (startup_trials=3), trials cut to seconds. Before each
-    # sampler had its own random stream, TPE's start-up trials were the random sampler's very draws. Six trials:
-    # three start-up draws and three of TPE's model.
-    base = [*tiny_run(tiny_imdb_dir, cache_dir), "search=nas", "search/preset=cpu", "data.train_size=32",
-            "data.val_size=32", "data.test_size=32", "data.max_length=16", "hydra.sweeper.n_trials=6"]  # fmt: skip
-    runs = {
-        "random": ["hydra/sweeper/sampler=random"],
-        "tpe": ["hydra/sweeper/sampler=tpe"],
-        "grid": ["hydra/sweeper/sampler=grid", GRID],
-    }
-    run_studies(tmp_path, [[*base, f"hydra.sweep.dir={tmp_path / s}", *extra] for s, extra in runs.items()])
+def test_samplers_draw_different_trials_at_the_lab_preset(studies):
+    # Before each sampler had its own random stream, TPE's start-up trials were the random sampler's very draws.
     trials = {
-        s: sorted(
-            optuna.load_study(
-                study_name=f"nas-acc-{s}", storage=f"sqlite:///{tmp_path / s}/nas-acc-{s}.db"
-            ).trials,
-            key=lambda t: t.number,
-        )
-        for s in runs
+        s: sorted(study_in(studies / "samplers" / s, f"nas-acc-{s}").trials, key=lambda t: t.number)
+        for s in SAMPLERS
     }
-    assert [len(trials[s]) for s in runs] == [6, 6, 6]  # the grid has 6 points
+    assert [len(trials[s]) for s in SAMPLERS] == [6, 6, 6]  # the grid has 6 points
     knobs = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size")
     for a, b in zip(trials["random"], trials["tpe"]):
         assert a.params != b.params, (a.number, a.params)
@@ -188,9 +196,8 @@ def test_samplers_draw_different_trials_at_the_lab_preset(tmp_path, tiny_imdb_di
     assert grid != [(t.params["num_hidden_layers"], t.params["hidden_size"]) for t in trials["random"]]
 
 
-def test_compression_aware_nas_scores_after_compression(search, tmp_path):
-    ok(search("search=nas_compression", "compress.post_epochs=0", "hydra.sweeper.n_trials=1", *TINY_NAS))
-    (trial,) = load_study(tmp_path, "nas_compression-post0-acc-tpe").trials
+def test_compression_aware_nas_scores_after_compression(studies):
+    (trial,) = study_in(studies / "nas_compression", "nas_compression-post0-acc-tpe").trials
     metrics = trial.user_attrs["metrics"]
     assert trial.state == TrialState.COMPLETE
     assert trial.value == metrics["val/acc"] == pytest.approx(metrics["compress/val_acc_after_compression"])
@@ -203,13 +210,10 @@ def train(*overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_runs_start_from_the_best_trial_of_a_study(search, tmp_path, tiny_imdb_dir, cache_dir):
-    ok(search("search=nas", "hydra.sweeper.n_trials=2", *TINY_NAS))
-    db = tmp_path / "sweep" / "nas-acc-tpe.db"
-    best = load_study(tmp_path, "nas-acc-tpe").best_trial
-    data = [f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}", "trainer=cpu",
-            "callbacks.rich_progress_bar=null", "data.max_length=32", "data.batch_size=16", "data.val_size=64",
-            "data.train_size=128", "data.test_size=64"]  # fmt: skip
+def test_runs_start_from_the_best_trial_of_a_study(studies, tmp_path, tiny_imdb_dir, cache_dir):
+    db = studies / "nas" / "nas-acc-tpe.db"
+    best = study_in(studies / "nas", "nas-acc-tpe").best_trial
+    data = tiny_run(tiny_imdb_dir, cache_dir)  # the data the study's trials read
     # evaluation only: the rebuilt architecture with the trial's best weights scores exactly what the trial did
     ok(train(f"init_from_study={db}", "train=false", f"hydra.run.dir={tmp_path / 'eval'}", *data))
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
@@ -224,12 +228,7 @@ def test_runs_start_from_the_best_trial_of_a_study(search, tmp_path, tiny_imdb_d
     assert f"- init_ckpt={Path(best.user_attrs['output_dir']).resolve()}/checkpoints/best" in recorded
 
     # Lab 3 from Lab 2's best: a study of its own, named after where it started
-    lab3 = tmp_path / "lab3"
-    lab3.mkdir()
-    run_studies(lab3, [[*tiny_run(tiny_imdb_dir, cache_dir), f"hydra.sweep.dir={lab3}", "search=mixed_precision",
-                        f"init_from_study={db}", "hydra.sweeper.n_trials=1"]])  # fmt: skip
-    name = "mixed_precision-integer-from-nas-acc-tpe-acc-tpe"
-    (trial,) = optuna.load_study(study_name=name, storage=f"sqlite:///{lab3 / name}.db").trials
+    (trial,) = study_in(studies / "lab3", "mixed_precision-integer-from-nas-acc-tpe-acc-tpe").trials
     assert trial.state == TrialState.COMPLETE
     assert trial.user_attrs["metrics"]["params/total"] == trial_metrics["params/total"]
 
