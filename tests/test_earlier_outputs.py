@@ -78,3 +78,18 @@ def test_an_interrupt_after_the_set_aside_restores_the_earlier_run_and_removes_n
         (fresh / "a.txt").write_text("this run's a")
         raise KeyboardInterrupt
     assert not (tmp_path / "new").exists()
+
+
+def test_a_ctrl_c_that_python_dropped_still_restores_the_earlier_run(tmp_path):
+    """A Ctrl-C noted but swallowed on its way (Python prints "Exception ignored in" for one raised in a callback,
+    as matplotlib's clean-up during savefig) lets the block finish: the run is undone all the same, and the caller
+    sees the interrupt."""
+    out = tmp_path / "out"
+    files = earlier_run(out)
+    with (
+        pytest.raises(KeyboardInterrupt),
+        earlier_outputs_kept_until_done(out, ".kept", outputs, interrupts=[signal.SIGINT]),
+    ):
+        set_aside(outputs(out), out / ".kept")
+        (out / "a.txt").write_text("this run's a")
+    assert contents(out) == files

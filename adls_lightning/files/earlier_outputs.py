@@ -60,6 +60,10 @@ def earlier_outputs_kept_until_done(
     existed = kept.exists()  # not this run's: the tools refuse to go on with one
     try:
         yield
+        if interrupts:
+            # a Ctrl-C that Python reported and dropped ("Exception ignored in" a callback: matplotlib's clean-up
+            # during savefig) let the block finish: interrupted all the same, as the user asked
+            raise KeyboardInterrupt
     except BaseException:
         set_aside_here = kept.is_dir() and not existed
         discard = discard_on_failure or bool(interrupts)

@@ -18,7 +18,7 @@ import contextlib
 import copy
 import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -138,7 +138,7 @@ def graph_outputs(out: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def writing_one_run(out: Path, overwrite: bool) -> Iterator[list[str]]:
+def writing_one_run(out: Path, overwrite: bool, interrupts: Sequence[int] = ()) -> Iterator[list[str]]:
     """``out`` made ready for this run's files, right before the first is written; yields the names of the earlier
     run's files that ``overwrite=true`` replaces.
 
@@ -146,9 +146,12 @@ def writing_one_run(out: Path, overwrite: bool) -> Iterator[list[str]]:
     ``adls-export`` does) and deleted when the block succeeds, so ``out`` then holds this run's files and none of an
     earlier run's (with other settings it wrote pictures this run does not). When the block fails (an error,
     Ctrl-C), this run's files are deleted, the earlier ones put back, and the folders it created removed: ``out``
-    is as it was, not half-written as if whole. Files the command does not write stay.
+    is as it was, not half-written as if whole. Files the command does not write stay. ``interrupts``: Ctrl-C as
+    :func:`~adls_lightning.app.cli.noting_interrupts` notes it (one that Python dropped fails the block too).
     """
-    with earlier_outputs_kept_until_done(out, EARLIER_RUN_DIR, graph_outputs, discard_on_failure=True):
+    with earlier_outputs_kept_until_done(
+        out, EARLIER_RUN_DIR, graph_outputs, discard_on_failure=True, interrupts=interrupts
+    ):
         out.mkdir(parents=True, exist_ok=True)
         earlier = graph_outputs(out) if overwrite else []
         if earlier:
@@ -187,8 +190,8 @@ def tokenized_inputs(cfg: DictConfig) -> dict[str, torch.Tensor]:
     return inputs
 
 
-def run(cfg: DictConfig) -> Path:
-    """Everything the command does; returns the output folder."""
+def run(cfg: DictConfig, interrupts: Sequence[int] = ()) -> Path:
+    """Everything the command does; returns the output folder. ``interrupts``: as :func:`writing_one_run`."""
     import torch  # here, not at the top: --help needs none, and a Ctrl-C in its seconds of loading is one line
 
     validate(cfg)
@@ -196,7 +199,7 @@ def run(cfg: DictConfig) -> Path:
     model = build_model(cfg)
     inputs = tokenized_inputs(cfg)
     out = Path(str(cfg.out))
-    with writing_one_run(out, cfg.overwrite) as removed:
+    with writing_one_run(out, cfg.overwrite, interrupts) as removed:
         written = write_outputs(cfg, model, inputs, out)
     for line in removed_lines(removed, "run"):
         print(line)
@@ -329,7 +332,7 @@ def guarded_main(
 def task(cfg: DictConfig) -> None:
     with noting_interrupts() as interrupts:
         try:
-            run(cfg)
+            run(cfg, interrupts)
         except ConfigError as err:
             exit_with(str(err))
         except BaseException:
