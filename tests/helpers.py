@@ -389,34 +389,41 @@ FORMATS = (
 )  # fmt: skip
 
 
-# Runs search.py's entry point once per argv in one process: 13 studies in one Python start-up.
-STUDIES_APP = """
+# The entry points' commands (``[script, *argv]``, the script ``search.py`` or ``train.py``), each in turn in one
+# Python process as the script runs it: a process's start-up (Lightning's imports, ~15 CPU-s) costs several times a
+# tiny run or study. A command that exits non-zero prints ``EXIT <script> <code>`` and the next one runs.
+ENTRY_POINTS_APP = """
 import json, sys
 from pathlib import Path
 from hydra.core.global_hydra import GlobalHydra
-from adls_lightning.app.cli import search
-conf, runs = Path(sys.argv[1]), json.loads(sys.argv[2])
-for argv in runs:
-    sys.argv = ["search.py", *argv]
+from adls_lightning.app import cli
+conf, commands = Path(sys.argv[1]), json.loads(sys.argv[2])
+for script, *argv in commands:
+    sys.argv = [script, *argv]
     GlobalHydra.instance().clear()
     try:
-        search(conf)
+        getattr(cli, script.removesuffix(".py"))(conf)
     except SystemExit as err:
-        print("EXIT", argv[-1], err.code, flush=True)
+        if err.code:
+            print("EXIT", script, err.code, flush=True)
 """
 
 
-def run_studies(folder: Path, runs: list[list[str]]) -> None:
-    """Run search.py once per override list, all in one Python process (start-up dominates tiny studies)."""
-    app = folder / "studies.py"
-    app.write_text(STUDIES_APP)
-    # one thread: the studies are tiny, and OpenMP threads spin on a shared CPU
+def run_entry_points(commands: list[list[str]], timeout: float = 900) -> subprocess.CompletedProcess:
+    """:data:`ENTRY_POINTS_APP` over ``commands`` in one process; asserts that every command exited 0."""
+    # one thread: the runs are tiny, and OpenMP threads spin on a shared CPU
     env = {**os.environ, "PROJECT_ROOT": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(app), str(ROOT / "conf"), json.dumps(runs)], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=900,
+        [sys.executable, "-c", ENTRY_POINTS_APP, str(CONF_DIR), json.dumps(commands)], cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
     assert proc.returncode == 0 and "EXIT" not in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def run_studies(runs: list[list[str]], timeout: float = 900) -> None:
+    """search.py once per override list, all in one Python process (:func:`run_entry_points`)."""
+    run_entry_points([["search.py", *argv] for argv in runs], timeout)
 
 
 def tiny_run(data_dir: Path, cache_dir: Path) -> list[str]:

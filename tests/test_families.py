@@ -213,9 +213,7 @@ def test_family_mixed_precision_search_of_two_trials(tmp_path, tiny_imdb_dir, ca
         "hydra.sweeper.n_trials=2",
         "test=false",
     ]
-    run_studies(
-        tmp_path, [[*base, f"model={p}", f"hydra.sweep.dir={tmp_path / p / 'sweep'}"] for p in FAMILIES]
-    )
+    run_studies([[*base, f"model={p}", f"hydra.sweep.dir={tmp_path / p / 'sweep'}"] for p in FAMILIES])
     for preset in FAMILIES:
         study = load_study(tmp_path / preset, "mixed_precision-integer-acc-tpe")
         plain = build_module([f"model={preset}", "model/lora=none"]).model

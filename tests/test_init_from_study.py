@@ -21,7 +21,7 @@ import yaml
 
 from adls_lightning.errors import ConfigError
 from adls_lightning.search.from_study import expand_command_line
-from tests.helpers import assert_one_line_error, ok, tiny_run
+from tests.helpers import assert_one_line_error, run_entry_points, tiny_run
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "hparams-acc-tpe"
@@ -89,23 +89,8 @@ def _train(*overrides: str) -> subprocess.CompletedProcess:
 
 
 # search.py's, then train.py's entry point with their command lines, in one Python process (as the scripts run
-# them): the search and the run it starts are the audit's, and one process start-up (Lightning's imports, ~15
-# CPU-s) is saved. The refusal, whose one line and exit code are the subject, runs as train.py itself.
-SEARCH_THEN_TRAIN_APP = """
-import json, sys
-from pathlib import Path
-from hydra.core.global_hydra import GlobalHydra
-from adls_lightning.app import cli
-conf, commands = Path(sys.argv[1]), json.loads(sys.argv[2])
-for script, *argv in commands:
-    sys.argv = [script, *argv]
-    GlobalHydra.instance().clear()
-    try:
-        getattr(cli, script.removesuffix(".py"))(conf)
-    except SystemExit as err:
-        if err.code:
-            sys.exit(f"{script} exited with {err.code}")
-"""
+# them: tests.helpers.run_entry_points): the search and the run it starts are the audit's, and one process
+# start-up is saved. The refusal, whose one line and exit code are the subject, runs as train.py itself.
 
 
 @pytest.mark.slow
@@ -115,14 +100,12 @@ def test_a_full_fine_tune_study_starts_a_run_and_its_checkpoint_is_refused_by_a_
     """The audit's commands: a full fine-tune search with paths.log_dir, then train.py init_from_study=NAME with the
     same paths.log_dir; and its checkpoint given as init_ckpt to the default (LoRA) model."""
     data = tiny_run(tiny_imdb_dir, cache_dir)
-    env = {**os.environ, "PROJECT_ROOT": str(ROOT), "OMP_NUM_THREADS": "1"}
     search = ["search.py", "search=hparams", "model=tiny_random", "model/lora=none",
               "model.optimizer.lr=tag(log, interval(1e-5, 1e-2))", "hydra.sweeper.n_trials=1",
               f"paths.log_dir={tmp_path / 'logs'}", *data]  # fmt: skip
     evaluate = ["train.py", "logger=none", f"init_from_study={NAME}", f"paths.log_dir={tmp_path / 'logs'}",
                 "train=false", f"hydra.run.dir={tmp_path / 'eval'}", *data]  # fmt: skip
-    app = [sys.executable, "-c", SEARCH_THEN_TRAIN_APP, str(ROOT / "conf"), json.dumps([search, evaluate])]
-    ok(subprocess.run(app, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900))
+    run_entry_points([search, evaluate])
     study = optuna.load_study(
         study_name=NAME, storage=f"sqlite:///{tmp_path / 'logs' / 'search' / NAME / NAME}.db"
     )

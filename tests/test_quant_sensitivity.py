@@ -223,7 +223,7 @@ def test_the_written_search_runs_over_the_sensitive_layers_with_the_rest_fixed(
         "model=tiny_random" in words and f"init_ckpt={ckpt.absolute()}" in words
     )  # the run's, not the default
     overrides = [*tiny_run(tiny_imdb_dir, cache_dir), "hydra.sweeper.n_trials=1"]
-    run_studies(tmp_path, [[*words[2:], *overrides, f"hydra.sweep.dir={sweep}"]])
+    run_studies([[*words[2:], *overrides, f"hydra.sweep.dir={sweep}"]])
     storage = f"sqlite:///{sweep / 'mixed_precision-integer-acc-tpe'}.db"
     (trial,) = optuna.load_study(study_name="mixed_precision-integer-acc-tpe", storage=storage).trials
     searched = {name.split("/")[0] for name in trial.params}

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from plotly.offline import get_plotlyjs
 
 from adls_lightning.search.storage import open_storage
-from tests.helpers import assert_one_line_error, tiny_run
+from tests.helpers import assert_one_line_error, run_entry_points, tiny_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIALS = 3
@@ -46,25 +46,6 @@ def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     return proc
 
 
-# search.py's and train.py's entry points, each with its command line in turn, in one Python process (as the
-# scripts run them): a process's start-up (Lightning's imports, ~15 CPU-s) costs more than these tiny runs.
-ENTRY_POINTS_APP = """
-import json, sys
-from pathlib import Path
-from hydra.core.global_hydra import GlobalHydra
-from adls_lightning.app import cli
-conf, commands = Path(sys.argv[1]), json.loads(sys.argv[2])
-for script, *argv in commands:
-    sys.argv = [script, *argv]
-    GlobalHydra.instance().clear()
-    try:
-        getattr(cli, script.removesuffix(".py"))(conf)
-    except SystemExit as err:
-        if err.code:
-            print("EXIT", script, err.code, flush=True)
-"""
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_imdb_dir, cache_dir) -> dict[str, Path]:
     """A NAS study in SQLite, a two-objective mixed-precision study in a journal file (search.py, 3 trials each)
@@ -83,8 +64,7 @@ def runs(tmp_path_factory, tiny_imdb_dir, cache_dir) -> dict[str, Path]:
         ["train.py", "-m", f"hydra.sweep.dir={folders['multirun']}", "model=tiny_random", "logger=none", *common,
          "model.optimizer.lr=0.001,0.01,0.1"],
     ]  # fmt: skip
-    proc = ok(run("-c", ENTRY_POINTS_APP, str(ROOT / "conf"), json.dumps(commands)))
-    assert "EXIT" not in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_entry_points(commands)
     return folders
 
 

@@ -18,11 +18,11 @@ from optuna.trial import TrialState
 
 from tests.helpers import (
     FORMATS,
-    STUDIES_APP,
     TINY_NAS,
     expected_param_count,
     linear_layers,
     ok,
+    run_studies,
     tiny_run,
 )
 
@@ -77,14 +77,8 @@ def studies(tmp_path_factory, tiny_imdb_dir, cache_dir) -> Path:
     is in the studies, not in the command. The command itself runs where it is the subject (the NAS study's
     resume, the refusals). Their root folder, one sweep folder per key of :func:`studies_commands`."""
     root = tmp_path_factory.mktemp("studies")
-    (root / "studies.py").write_text(STUDIES_APP)  # helpers.run_studies's app, with room for 40 trials
-    runs = list(studies_commands(root, tiny_run(tiny_imdb_dir, cache_dir)).values())
-    env = {**os.environ, "PROJECT_ROOT": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(root / "studies.py"), str(ROOT / "conf"), json.dumps(runs)], cwd=ROOT, env=env,
-        capture_output=True, text=True, timeout=3600,
-    )  # fmt: skip
-    assert proc.returncode == 0 and "EXIT" not in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # room for 40 trials on a loaded machine
+    run_studies(list(studies_commands(root, tiny_run(tiny_imdb_dir, cache_dir)).values()), timeout=3600)
     return root
 
 
