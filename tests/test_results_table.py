@@ -206,7 +206,7 @@ def test_help_is_the_usage():
 
 # The real sweep's jobs train this briefly; a run of one job's configuration, compiled, differs from that job only in
 # its compile keys (test_a_real_compiled_run_and_an_uncompiled_one_say_which_is_which).
-SWEEP_RUN = ["trainer.max_epochs=1", "+trainer.limit_train_batches=4", "+trainer.limit_val_batches=2"]
+SWEEP_RUN = ["trainer.max_epochs=1", "+trainer.limit_train_batches=2", "+trainer.limit_val_batches=2"]
 
 
 @pytest.fixture(scope="module")
