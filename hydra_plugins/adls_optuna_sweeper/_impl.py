@@ -452,6 +452,8 @@ class StudySweeper(Sweeper):
         self.keep_checkpoints = keep_checkpoints
         # the Ctrl-Cs :meth:`sweep` received (a trial stopped by one is recorded as interrupted, not as broken)
         self.sigints_received: list[int] = []
+        # search.objective's names (:meth:`_check_objectives`), given to the study as it is opened
+        self.objective_names: tuple[str, ...] | None = None
         self._validate()
 
     def _validate(self) -> None:
@@ -561,7 +563,7 @@ class StudySweeper(Sweeper):
     def _check_objectives(self) -> None:
         """Check ``search.objective`` against the directions and keep its objectives' names (None: a plain task
         function's values, named by the first trial that returns them)."""
-        self.objective_names: tuple[str, ...] | None = None
+        self.objective_names = None
         objective = OmegaConf.select(self.config, "search.objective")
         if objective is None:
             return
