@@ -27,7 +27,7 @@ from adls_lightning.search.identity import (
     settings_record,
     study_settings,
 )
-from tests.helpers import assert_one_line_error, compose_config
+from tests.helpers import assert_one_line_error, compose_config, tiny_run
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_NAS = [
@@ -225,10 +225,7 @@ def test_a_second_nas_compression_search_is_refused_and_the_first_resumes(tmp_pa
     One process instead of three: a search process's start-up (~15 CPU-s) costs more than its tiny trial."""
     first, other, named = SPACE_KINDS["nas_compression"]
     sweep = tmp_path / "sweep"
-    data = [f"hydra.sweep.dir={sweep}", f"data.data_dir={tiny_imdb_dir}", f"paths.cache_dir={cache_dir}",
-            "trainer=cpu", "trainer.max_epochs=1", "callbacks.rich_progress_bar=null", "data.max_length=16",
-            "data.batch_size=16", "data.train_size=32", "data.val_size=32", "data.test_size=32",
-            "hydra.sweeper.n_trials=1"]  # fmt: skip
+    data = [f"hydra.sweep.dir={sweep}", *tiny_run(tiny_imdb_dir, cache_dir), "hydra.sweeper.n_trials=1"]
     runs = [[*data, *first], [*data, *other], [*data, *first, "hydra.sweeper.n_trials=2"]]
     env = {**os.environ, "PROJECT_ROOT": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
